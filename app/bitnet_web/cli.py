@@ -1,0 +1,211 @@
+"""Command line: `python -m bitnet_web {inspect,tokenize,generate,logits,convert,bench} ...`.
+
+Bad input prints one line to stderr and exits with status 2; nothing a user can cause prints a
+traceback (set BITNET_WEB_DEBUG=1 to see one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+EXIT_BAD_INPUT = 2
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"token ids must be comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("at least one token id is needed")
+    return ids
+
+
+def _progress(phase: str, done: int, total: int) -> None:
+    if total:
+        print(f"\r{phase}: {done / total:6.1%} ({done / 1e6:.1f} / {total / 1e6:.1f} MB)", end="", file=sys.stderr)
+        if done >= total:
+            print(file=sys.stderr)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .gguf import describe, open_gguf
+
+    print(describe(open_gguf(args.file)))
+    return 0
+
+
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    from .gguf import open_gguf
+    from .tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_gguf(open_gguf(args.model).metadata)
+    print(json.dumps(tokenizer.encode(args.text, add_bos=args.bos, allow_special=args.special)))
+    return 0
+
+
+def _load_engine(args: argparse.Namespace):
+    from .engine import Engine
+
+    engine = Engine(max_binding_size=getattr(args, "max_binding_size", None))
+    engine.load(args.model, progress=None if args.quiet else _progress)
+    return engine
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .sampler import SamplerSettings
+
+    settings = SamplerSettings(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repeat_penalty, seed=args.seed,
+    )
+    engine = _load_engine(args)
+    try:
+        if args.tokens is not None:
+            stream = engine.generate(tokens=args.tokens, settings=settings, max_tokens=args.max_tokens)
+        elif args.chat:
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            messages.append({"role": "user", "content": args.prompt})
+            stream = engine.generate(messages=messages, settings=settings, max_tokens=args.max_tokens)
+        else:
+            stream = engine.generate(args.prompt, settings=settings, max_tokens=args.max_tokens)
+        pieces = []
+        for piece in stream:
+            pieces.append(piece)
+            if not args.json:
+                print(piece, end="", flush=True)
+        stats = engine.last_stats
+        if args.json:
+            print(json.dumps({"tokens": engine.generated_tokens, "text": "".join(pieces),
+                              "stats": stats.as_dict()}, ensure_ascii=False))
+        else:
+            print()
+            if not args.quiet:
+                print(f"[{stats.n_generated} tokens, prefill {stats.prefill_tok_per_s:.1f} tok/s, "
+                      f"decode {stats.decode_tok_per_s:.1f} tok/s, stop: {stats.stop_reason}]", file=sys.stderr)
+    finally:
+        engine.close()
+    return 0
+
+
+def cmd_logits(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    engine = _load_engine(args)
+    try:
+        logits = engine.logits(args.tokens)
+    finally:
+        engine.close()
+    np.save(args.out, logits.astype(np.float32))
+    if not args.quiet:
+        print(f"wrote {logits.shape[0]} x {logits.shape[1]} float32 logits to {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from .convert_hf import convert
+
+    convert(args.hf_dir, args.out)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bitnet_web", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("inspect", help="summarize a GGUF file")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("tokenize", help="print the token ids of a text as a JSON list")
+    p.add_argument("--model", required=True, help="a GGUF with tokenizer metadata (vocab-only files work)")
+    p.add_argument("--text", required=True)
+    p.add_argument("--bos", action="store_true", help="prepend the BOS token")
+    p.add_argument("--special", action="store_true", help="parse special-token text such as <|eot_id|>")
+    p.set_defaults(func=cmd_tokenize)
+
+    def model_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", required=True, help="GGUF path or http(s) URL (downloaded once, then cached)")
+        p.add_argument("--max-binding-size", type=int, default=None, help=argparse.SUPPRESS)
+        p.add_argument("--quiet", "-q", action="store_true", help="no progress or statistics on stderr")
+
+    p = sub.add_parser("generate", help="generate text (streams to stdout)")
+    model_args(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--tokens", type=_parse_ids, help="comma-separated token ids, used as given (no BOS)")
+    p.add_argument("--chat", action="store_true", help="wrap --prompt in the model's chat template")
+    p.add_argument("--system", default="", help="system prompt for --chat")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--json", action="store_true", help='print {"tokens": [...], "text": "..."} at the end')
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("logits", help="save float32 logits [n_tokens, vocab] for a token id sequence")
+    model_args(p)
+    p.add_argument("--tokens", type=_parse_ids, required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_logits)
+
+    p = sub.add_parser("convert", help="convert a Hugging Face BitNet checkpoint folder to GGUF I2_S")
+    p.add_argument("hf_dir")
+    p.add_argument("out")
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("bench", help="benchmark load, prefill and decode (prints JSON)")
+    p.add_argument("--model", default=None, help="GGUF to benchmark (default: a synthetic 2B-4T-shaped model)")
+    p.add_argument("--synthetic", default="2b4t", help="synthetic shape when no --model is given")
+    p.add_argument("--out", default=None, help="also write the JSON report here")
+    p.add_argument("--quick", action="store_true", help="fewer tokens (smoke test)")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "generate" and args.prompt is None and args.chat:
+        print("error: --chat needs --prompt", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # one clear line for anything the user can cause
+        if os.environ.get("BITNET_WEB_DEBUG"):
+            raise
+        print(f"error: {_describe(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT if _is_user_error(exc) else 1
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return f"no such file: {exc.filename}"
+    if isinstance(exc, IsADirectoryError):
+        return f"is a directory, not a GGUF file: {exc.filename}"
+    return str(exc) or type(exc).__name__
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    from .gguf import GGUFError
+
+    names = {c.__name__ for c in type(exc).__mro__}
+    return isinstance(exc, GGUFError | OSError | ValueError) or bool(
+        names & {"EngineError", "DownloadError", "GPUUnavailableError", "ModelConfigError", "TokenizerError"}
+    )

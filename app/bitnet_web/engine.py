@@ -1,0 +1,293 @@
+"""The engine: a loaded model plus its tokenizer, chat template and sampler, as one object.
+
+    engine = Engine()
+    engine.load("model.gguf", progress=print)          # CPython; in the browser: await load_async(bytes)
+    for piece in engine.generate("Once upon a time", SamplerSettings(temperature=0)):
+        print(piece, end="")
+
+Generation is an async generator underneath (the browser can only read GPU results by awaiting);
+the synchronous methods drive it with a private event loop in CPython.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import gpu
+from .chat import ChatTemplate, render_tokens
+from .config import ModelConfig, config_from_gguf
+from .gguf import GGUFFile, open_gguf
+from .model import BitNetModel
+from .sampler import Sampler, SamplerSettings, StopMatcher
+from .tokenizer import StreamDecoder, Tokenizer
+
+ProgressCallback = Callable[[str, int, int], None]
+
+
+class EngineError(RuntimeError):
+    """A request the engine cannot serve (no model loaded, context full, bad token ids...)."""
+
+
+@dataclass
+class GenerationStats:
+    n_prompt_tokens: int = 0
+    n_reused_tokens: int = 0  # prompt tokens whose KV entries were already cached
+    n_generated: int = 0
+    ttft_s: float = 0.0  # request start to first generated token
+    decode_tok_per_s: float = 0.0
+    prefill_tok_per_s: float = 0.0
+    context_used: int = 0
+    stop_reason: str = ""  # 'eos', 'stop_string', 'max_tokens', 'context_full', 'aborted'
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Engine:
+    def __init__(self, max_binding_size: int | None = None, prefill_chunk: int = 64):
+        self.max_binding_size = max_binding_size  # lower the binding limit (tests shard with it)
+        self.prefill_chunk = prefill_chunk
+        self.device: gpu.Device | None = None
+        self.gguf: GGUFFile | None = None
+        self.config: ModelConfig | None = None
+        self.tokenizer: Tokenizer | None = None
+        self.template: ChatTemplate | None = None
+        self.model: BitNetModel | None = None
+        self.name = ""
+        self.generated_tokens: list[int] = []
+        self.last_stats = GenerationStats()
+        self._abort = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # Loading ---------------------------------------------------------------------------------
+
+    def load(self, source: str | Path | GGUFFile, progress: ProgressCallback | None = None) -> None:
+        """Load a GGUF from a path or URL (CPython). A URL is downloaded once into the user cache."""
+        if isinstance(source, GGUFFile):
+            gguf, name = source, "model"
+        else:
+            path = Path(source)
+            if str(source).startswith(("http://", "https://")):
+                from .download import download_to_cache
+
+                path = download_to_cache(str(source), progress=progress)
+            gguf, name = open_gguf(path), path.name
+        self._run(self._load(gguf, name, progress))
+
+    async def load_async(self, data: np.ndarray | GGUFFile, name: str = "model",
+                         progress: ProgressCallback | None = None) -> None:
+        """Load a GGUF held in memory (the browser passes the downloaded file as a uint8 array)."""
+        gguf = data if isinstance(data, GGUFFile) else GGUFFile.from_buffer(np.asarray(data, dtype=np.uint8))
+        await self._load(gguf, name, progress)
+
+    async def _load(self, gguf: GGUFFile, name: str, progress: ProgressCallback | None) -> None:
+        self.unload()
+        if progress:
+            progress("parse", 0, 1)
+        config = config_from_gguf(gguf)
+        tokenizer = Tokenizer.from_gguf(gguf.metadata)
+        template = ChatTemplate.from_gguf(gguf.metadata)
+        if progress:
+            progress("parse", 1, 1)
+        if self.device is None or getattr(self.device, "lost_reason", None):
+            self.device = await gpu.open_device_async(max_binding_size=self.max_binding_size)
+        try:
+            model = BitNetModel(self.device, gguf, config, max_tokens=self.prefill_chunk)
+            await model.upload(progress)
+        except gpu.GPUDeviceLostError:
+            self.device = None
+            raise
+        self.gguf, self.config, self.tokenizer, self.template, self.model = gguf, config, tokenizer, template, model
+        self.name = name
+
+    def unload(self) -> None:
+        if self.model is not None:
+            self.model.release()
+        self.model = self.gguf = self.config = self.tokenizer = self.template = None
+
+    @property
+    def info(self) -> dict:
+        if self.config is None:
+            return {}
+        cfg = self.config
+        metadata = self.gguf.metadata
+        return {
+            "name": self.name,
+            "arch": cfg.arch,
+            "n_params": self.model.n_params if self.model else 0,
+            "file_size": self.gguf.file_size,
+            "context_length": cfg.context_length,
+            "vocab_size": cfg.vocab_size,
+            "dim": cfg.dim,
+            "n_layers": cfg.n_layers,
+            "template_kind": self.template.kind,
+            "description": str(metadata.get("general.description", metadata.get("general.name", ""))),
+            "device": self.device.adapter_name if self.device else "",
+            "context_used": self.model.n_cached if self.model else 0,
+        }
+
+    # Generation ------------------------------------------------------------------------------
+
+    def abort(self) -> None:
+        """Stop the running generation after the token being computed."""
+        self._abort = True
+
+    def reset(self) -> None:
+        """Forget the cached context (the next request recomputes its whole prompt)."""
+        if self.model is not None:
+            self.model.truncate(0)
+
+    def _require_model(self) -> BitNetModel:
+        if self.model is None:
+            raise EngineError("no model is loaded")
+        return self.model
+
+    def encode_prompt(self, prompt: str, add_bos: bool = True) -> list[int]:
+        self._require_model()
+        return self.tokenizer.encode(prompt, add_bos=add_bos and self.tokenizer.add_bos)
+
+    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
+        self._require_model()
+        return render_tokens(self.tokenizer, self.template, list(messages), add_generation_prompt=True)
+
+    async def generate_tokens_async(self, prompt_ids: Sequence[int], settings: SamplerSettings,
+                                    max_tokens: int = 256, stop_strings: Sequence[str] = ()) -> AsyncIterator[str]:
+        """Prefill `prompt_ids` (reusing the cached prefix), then sample up to `max_tokens` tokens,
+        yielding text as soon as it is complete UTF-8 and not part of a stop string."""
+        model = self._require_model()
+        tokenizer = self.tokenizer
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise EngineError("the prompt is empty: give at least one token")
+        bad = [t for t in prompt_ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise EngineError(f"token ids out of range 0..{self.config.vocab_size - 1}: {bad[:10]}")
+        context = self.config.context_length
+        if len(prompt_ids) >= context:
+            raise EngineError(
+                f"the prompt has {len(prompt_ids)} tokens but the model's context holds {context}: "
+                "shorten it or start a new chat"
+            )
+        self._abort = False
+        stats = GenerationStats(n_prompt_tokens=len(prompt_ids))
+        self.last_stats = stats
+        self.generated_tokens = []
+        sampler = Sampler(settings)
+        decoder = StreamDecoder(tokenizer)
+        stopper = StopMatcher(list(stop_strings) + list(self.template.stop_strings if self.template else ()))
+        start = time.perf_counter()
+
+        reused = model.reuse_prefix(prompt_ids)
+        stats.n_reused_tokens = reused
+        logits = await model.prefill(prompt_ids[reused:], chunk=self.prefill_chunk)
+        prefill_s = time.perf_counter() - start
+        stats.prefill_tok_per_s = (len(prompt_ids) - reused) / max(prefill_s, 1e-9)
+        history = list(prompt_ids)
+        decode_start = None
+        stats.stop_reason = "max_tokens"
+        for _ in range(max_tokens):
+            token = sampler.sample(logits, history)
+            if stats.n_generated == 0:
+                stats.ttft_s = time.perf_counter() - start
+                decode_start = time.perf_counter()
+            if token in tokenizer.stop_ids:
+                stats.stop_reason = "eos"
+                break
+            history.append(token)
+            self.generated_tokens.append(token)
+            stats.n_generated += 1
+            text, stopped = stopper.push(decoder.push(token))
+            if text:
+                yield text
+            if stopped:
+                stats.stop_reason = "stop_string"
+                break
+            if self._abort:
+                stats.stop_reason = "aborted"
+                break
+            if model.n_cached + 1 >= context:
+                stats.stop_reason = "context_full"
+                break
+            if stats.n_generated == max_tokens:
+                break
+            logits = await model.decode(token)
+        else:
+            pass
+        if stats.stop_reason not in ("stop_string",):
+            tail, _ = stopper.push(decoder.flush())
+            tail += stopper.flush()
+            if tail:
+                yield tail
+        if decode_start is not None and stats.n_generated > 1:
+            stats.decode_tok_per_s = (stats.n_generated - 1) / max(time.perf_counter() - decode_start, 1e-9)
+        stats.context_used = model.n_cached
+        self._abort = False
+
+    async def complete_async(self, prompt: str, settings: SamplerSettings, max_tokens: int = 256,
+                             stop_strings: Sequence[str] = ()) -> AsyncIterator[str]:
+        async for piece in self.generate_tokens_async(self.encode_prompt(prompt), settings, max_tokens, stop_strings):
+            yield piece
+
+    async def chat_async(self, messages: Sequence[dict], settings: SamplerSettings, max_tokens: int = 256
+                         ) -> AsyncIterator[str]:
+        async for piece in self.generate_tokens_async(self.encode_chat(messages), settings, max_tokens):
+            yield piece
+
+    async def logits_async(self, token_ids: Sequence[int]) -> np.ndarray:
+        """float32 logits [n_tokens, vocab] for every position of exactly these ids (no BOS added)."""
+        model = self._require_model()
+        ids = [int(t) for t in token_ids]
+        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise EngineError(f"token ids out of range 0..{self.config.vocab_size - 1}: {bad[:10]}")
+        if len(ids) > self.config.context_length:
+            raise EngineError(f"{len(ids)} tokens exceed the context length {self.config.context_length}")
+        model.truncate(0)
+        return await model.prefill(ids, chunk=self.prefill_chunk, all_logits=True)
+
+    # Synchronous wrappers (CPython) ----------------------------------------------------------------
+
+    def _run(self, coroutine):
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(coroutine)
+
+    def _iterate(self, agen: AsyncIterator[str]) -> Iterator[str]:
+        try:
+            while True:
+                try:
+                    yield self._run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._run(agen.aclose())
+
+    def generate(self, prompt: str | None = None, settings: SamplerSettings | None = None, *,
+                 tokens: Sequence[int] | None = None, messages: Sequence[dict] | None = None,
+                 max_tokens: int = 256, stop_strings: Sequence[str] = ()) -> Iterator[str]:
+        """Stream text for a plain prompt, exact token ids (no BOS added) or chat messages."""
+        settings = settings or SamplerSettings()
+        if messages is not None:
+            ids = self.encode_chat(messages)
+        elif tokens is not None:
+            ids = list(tokens)
+        elif prompt is not None:
+            ids = self.encode_prompt(prompt)
+        else:
+            raise EngineError("give a prompt, token ids or chat messages")
+        return self._iterate(self.generate_tokens_async(ids, settings, max_tokens, stop_strings))
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        return self._run(self.logits_async(token_ids))
+
+    def close(self) -> None:
+        self.unload()
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None

@@ -1,0 +1,105 @@
+"""What every kernel op shares: shader loading with injected constants, a pipeline cache, and the
+per-step parameter block.
+
+WGSL sources live in the repository's top-level `shaders/` (in the browser build, next to the
+package). Tile and workgroup sizes are chosen in Python and substituted into `${NAME}`
+placeholders, so one number is never written in two places.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from string import Template
+
+import numpy as np
+
+from .. import gpu
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+@functools.cache
+def shader_dir() -> Path:
+    candidates = (_PACKAGE_DIR / "shaders", _PACKAGE_DIR.parent.parent / "shaders")
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"WGSL shaders not found; looked in {', '.join(map(str, candidates))}")
+
+
+@functools.cache
+def _shader_source(name: str) -> str:
+    return (shader_dir() / f"{name}.wgsl").read_text(encoding="utf-8")
+
+
+def load_shader(name: str, enables: tuple[str, ...] = (), **constants: object) -> str:
+    """The text of shaders/<name>.wgsl with `${NAME}` placeholders filled from `constants`.
+
+    `enables` become `enable X;` lines at the top (e.g. 'f16', 'subgroups'); they must come
+    before any other declaration, so they are prepended here rather than written in the file.
+    Unfilled placeholders are an error, so a missing constant never reaches the compiler.
+    """
+    values = {k: _wgsl_literal(v) for k, v in constants.items()}
+    body = Template(_shader_source(name)).substitute(values)
+    header = "".join(f"enable {e};\n" for e in enables)
+    return header + body
+
+
+def _wgsl_literal(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value}u" if value >= 0 else f"{value}i"
+    if isinstance(value, float):
+        return repr(float(np.float32(value))) if np.isfinite(value) else "0.0"
+    return str(value)
+
+
+class KernelCache:
+    """Compiled pipelines keyed by shader name and constants: one pipeline per shape, shared by layers."""
+
+    def __init__(self, device: gpu.Device):
+        self.device = device
+        self._pipelines: dict[tuple, gpu.Pipeline] = {}
+
+    def pipeline(self, name: str, entry_point: str = "main", enables: tuple[str, ...] = (),
+                 **constants: object) -> gpu.Pipeline:
+        key = (name, entry_point, enables, tuple(sorted(constants.items())))
+        found = self._pipelines.get(key)
+        if found is None:
+            label = f"{name}:{entry_point}" + "".join(f" {k}={v}" for k, v in sorted(constants.items()))
+            found = self.device.pipeline(load_shader(name, enables, **constants), label, entry_point)
+            self._pipelines[key] = found
+        return found
+
+    @property
+    def count(self) -> int:
+        return len(self._pipelines)
+
+
+STEP_PARAMS_WGSL = """
+struct StepParams {
+    n_tokens: u32,     // rows in this step (1 for decode)
+    pos: u32,          // tokens already in the KV cache = absolute position of row 0
+    kv_capacity: u32,  // rows allocated in each KV cache buffer
+    _pad: u32,
+};
+"""
+
+
+class StepParams:
+    """The per-step scalars, one 16-byte uniform buffer written once per step."""
+
+    NBYTES = 16
+
+    def __init__(self, device: gpu.Device):
+        self.device = device
+        self.buffer = device.buffer(self.NBYTES, gpu.UNIFORM_USAGE, "step params")
+        self._host = np.zeros(4, dtype=np.uint32)
+
+    def write(self, n_tokens: int, pos: int, kv_capacity: int) -> None:
+        self._host[0] = n_tokens
+        self._host[1] = pos
+        self._host[2] = kv_capacity
+        self.device.upload(self.buffer, 0, self._host)
