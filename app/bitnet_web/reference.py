@@ -13,7 +13,7 @@ import numpy as np
 
 from .config import ModelConfig, config_from_gguf
 from .gguf import GGMLType, GGUFFile
-from .quants import i2s_decode, tq1_0_decode, tq2_0_decode, ternarize
+from .quants import ternarize
 
 
 @dataclass
@@ -38,16 +38,10 @@ class LayerWeights:
 
 
 def load_ternary(gguf: GGUFFile, name: str) -> TernaryWeight:
-    info = gguf.tensors[name]
-    raw = gguf.tensor_bytes(name)
-    if info.ggml_type == GGMLType.I2_S:
-        values, scale = i2s_decode(raw, info.shape)
-        return TernaryWeight(values, float(scale))
-    if info.ggml_type in (GGMLType.TQ1_0, GGMLType.TQ2_0):
-        decode = tq1_0_decode if info.ggml_type == GGMLType.TQ1_0 else tq2_0_decode
-        values, scale = ternarize(decode(raw, info.shape))
-        return TernaryWeight(values, float(scale))
-    values, scale = ternarize(np.asarray(gguf.tensor(name), dtype=np.float32))
+    if gguf.tensors[name].ggml_type in (GGMLType.I2_S, GGMLType.TQ1_0, GGMLType.TQ2_0):
+        values, scale = gguf.ternary(name)
+    else:  # float master weights (experimental post-training ternarization)
+        values, scale = ternarize(np.asarray(gguf.tensor(name), dtype=np.float32))
     return TernaryWeight(values, float(scale))
 
 

@@ -33,17 +33,79 @@ def _shader_source(name: str) -> str:
     return (shader_dir() / f"{name}.wgsl").read_text(encoding="utf-8")
 
 
-def load_shader(name: str, enables: tuple[str, ...] = (), **constants: object) -> str:
+def load_shader(name: str, enables: tuple[str, ...] = (), defines: tuple[str, ...] = (),
+                **constants: object) -> str:
     """The text of shaders/<name>.wgsl with `${NAME}` placeholders filled from `constants`.
 
     `enables` become `enable X;` lines at the top (e.g. 'f16', 'subgroups'); they must come
     before any other declaration, so they are prepended here rather than written in the file.
+    `defines` select between `//#if NAME` / `//#if !NAME` / `//#else` / `//#endif` blocks (see
+    `select_blocks`), for variants that differ in signatures (e.g. subgroup builtins).
     Unfilled placeholders are an error, so a missing constant never reaches the compiler.
     """
     values = {k: _wgsl_literal(v) for k, v in constants.items()}
-    body = Template(_shader_source(name)).substitute(values)
+    body = Template(select_blocks(_shader_source(name), defines, name)).substitute(values)
     header = "".join(f"enable {e};\n" for e in enables)
     return header + body
+
+
+def select_blocks(source: str, defines: tuple[str, ...] | frozenset[str], name: str = "shader") -> str:
+    """Keep the lines of `source` whose enclosing `//#if` conditions hold for `defines`.
+
+    Markers sit alone on their line: `//#if NAME`, `//#if !NAME`, `//#else`, `//#endif` (nestable).
+    Blocks are removed before placeholders are filled, so a dropped block needs no constants.
+    Sources without markers come back unchanged.
+    """
+    if "//#" not in source:
+        return source
+    kept: list[str] = []
+    stack: list[tuple[bool, bool]] = []  # (this block's condition, all enclosing blocks active)
+    active = True
+    for number, line in enumerate(source.splitlines(keepends=True), start=1):
+        marker = line.strip()
+        if marker.startswith("//#if "):
+            word = marker[len("//#if "):].strip()
+            condition = (word[1:] not in defines) if word.startswith("!") else (word in defines)
+            stack.append((condition, active))
+            active = active and condition
+        elif marker == "//#else":
+            if not stack:
+                raise ValueError(f"{name}.wgsl line {number}: //#else without //#if")
+            condition, outer = stack[-1]
+            stack[-1] = (not condition, outer)
+            active = outer and not condition
+        elif marker == "//#endif":
+            if not stack:
+                raise ValueError(f"{name}.wgsl line {number}: //#endif without //#if")
+            _, active = stack.pop()
+        elif active:
+            kept.append(line)
+    if stack:
+        raise ValueError(f"{name}.wgsl: {len(stack)} //#if block(s) not closed")
+    return "".join(kept)
+
+
+def subgroups_available(device: gpu.Device) -> bool:
+    return "subgroups" in device.features
+
+
+def wgsl_enables(device: gpu.Device, subgroups: bool = False, f16: bool = False) -> tuple[str, ...]:
+    """The `enable` directives a shader using subgroups / f16 needs on this device's compiler.
+
+    Tint (browsers) requires `enable subgroups;`; naga (wgpu-native 0.32) rejects that directive
+    ("not yet supported") yet compiles subgroup builtins once the device feature is on. Both take
+    `enable f16;`.
+    """
+    enables = []
+    if subgroups and device.backend == "browser":
+        enables.append("subgroups")
+    if f16:
+        enables.append("f16")
+    return tuple(enables)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _wgsl_literal(value: object) -> str:
@@ -64,12 +126,13 @@ class KernelCache:
         self._pipelines: dict[tuple, gpu.Pipeline] = {}
 
     def pipeline(self, name: str, entry_point: str = "main", enables: tuple[str, ...] = (),
-                 **constants: object) -> gpu.Pipeline:
-        key = (name, entry_point, enables, tuple(sorted(constants.items())))
+                 defines: tuple[str, ...] = (), **constants: object) -> gpu.Pipeline:
+        key = (name, entry_point, enables, tuple(sorted(defines)), tuple(sorted(constants.items())))
         found = self._pipelines.get(key)
         if found is None:
-            label = f"{name}:{entry_point}" + "".join(f" {k}={v}" for k, v in sorted(constants.items()))
-            found = self.device.pipeline(load_shader(name, enables, **constants), label, entry_point)
+            label = (f"{name}:{entry_point}" + "".join(f" {d}" for d in sorted(defines))
+                     + "".join(f" {k}={v}" for k, v in sorted(constants.items())))
+            found = self.device.pipeline(load_shader(name, enables, defines, **constants), label, entry_point)
             self._pipelines[key] = found
         return found
 

@@ -1,0 +1,146 @@
+"""`python -m bitnet_web bench`: load, prefill and decode speed of the engine, as one JSON report.
+
+Without --model it benchmarks a synthetic model with the exact BitNet b1.58 2B-4T shapes and the
+Llama 3 vocabulary size (random ternary weights, written once with the project's GGUF writer and
+cached on disk). The bandwidth floor is measured in the same run with a read-heavy compute kernel
+over a large buffer (copies under-report bandwidth on some GPUs: shared/ground-truth.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = {
+    # name: (dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, context_length)
+    "2b4t": (2560, 30, 20, 5, 6912, 128256, 4096),
+    "tiny": (256, 4, 4, 2, 768, 4096, 2048),
+}
+
+
+def synthetic_model(shape: str) -> Path:
+    from .download import cache_dir
+    from .gguf_writer import write_random_bitnet
+
+    dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab, ctx = SHAPES[shape]
+    path = Path(os.environ.get("BITNET_WEB_SYNTHETIC_DIR", cache_dir())) / f"synthetic-{shape}.gguf"
+    if not path.exists():
+        print(f"writing synthetic {shape} model to {path} ...", file=sys.stderr)
+        tmp = path.with_suffix(".tmp")
+        write_random_bitnet(tmp, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                            ffn_dim=ffn_dim, vocab_size=vocab, context_length=ctx, seed=0, arch="bitnet-b1.58")
+        tmp.rename(path)
+    return path
+
+
+def peak_host_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def measure_read_bandwidth(device, nbytes: int = 1 << 30, repeats: int = 20) -> float:
+    """GB/s of a compute kernel that reads `nbytes` once (vec4<u32> loads) and writes almost nothing."""
+    from . import gpu
+
+    nbytes = min(nbytes, device.limits.max_binding // 2 * 2)
+    words = nbytes // 16
+    source = device.buffer(nbytes, gpu.STORAGE_USAGE, "bandwidth source")
+    sink = device.buffer(4 * 65536, gpu.STORAGE_USAGE, "bandwidth sink")
+    wgsl = f"""
+@group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> dst: array<u32>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    var acc = vec4<u32>(0u);
+    let stride = nwg.x * 256u;
+    for (var i = gid.x; i < {words}u; i += stride) {{ acc ^= src[i]; }}
+    if (acc.x == 0xdeadbeefu) {{ dst[gid.x % 65536u] = acc.y; }}
+}}"""
+    pipeline = device.pipeline(wgsl, "bandwidth probe")
+    group = device.bind_group(pipeline, [source, sink])
+    workgroups = min(65535, max(1, words // 256 // 8))
+
+    def run(n: int) -> float:
+        start = time.perf_counter()
+        recorder = device.begin()
+        for _ in range(n):
+            recorder.dispatch(pipeline, group, workgroups)
+        recorder.submit()
+        device.read_sync(sink, 0, 4)
+        return time.perf_counter() - start
+
+    run(2)
+    elapsed = min(run(repeats) for _ in range(3))
+    device.release(source)
+    device.release(sink)
+    return nbytes * repeats / elapsed / 1e9
+
+
+def run_bench(model_path: Path, quick: bool) -> dict:
+    from .engine import Engine
+
+    report: dict = {"model": str(model_path), "file_size": model_path.stat().st_size}
+    engine = Engine(prefill_chunk=128)
+    t0 = time.perf_counter()
+    engine.load(model_path)
+    report["load_s"] = time.perf_counter() - t0
+    report["peak_host_mb_after_load"] = peak_host_mb()
+    model = engine.model
+    device = engine.device
+    report["device"] = device.adapter_name
+    report["gpu_bytes_allocated"] = device.bytes_allocated
+    vocab = engine.config.vocab_size
+    rng = np.random.default_rng(0)
+
+    def prompt(n: int) -> list[int]:
+        return rng.integers(0, vocab, size=n).tolist()
+
+    loop = engine._loop or asyncio.new_event_loop()
+    engine._loop = loop
+    prefill_sizes = (128,) if quick else (128, 512)
+    for n in prefill_sizes:
+        model.truncate(0)
+        loop.run_until_complete(model.prefill(prompt(n)))  # warm-up
+        model.truncate(0)
+        t0 = time.perf_counter()
+        loop.run_until_complete(model.prefill(prompt(n)))
+        report[f"prefill_{n}_tok_per_s"] = n / (time.perf_counter() - t0)
+
+    n_decode = 16 if quick else 128
+    contexts = {"short": 16} if quick else {"short": 16, "1k": 1024}
+    for label, ctx in contexts.items():
+        model.truncate(0)
+        loop.run_until_complete(model.prefill(prompt(ctx)))
+        stats = loop.run_until_complete(model.decode_greedy_benchmark(n_decode))
+        report[f"decode_{label}_tok_per_s"] = stats["tok_per_s"]
+        report[f"decode_{label}_cpu_ms_per_token"] = stats["cpu_ms_per_token"]
+        report["dispatches_per_token"] = stats["dispatches_per_token"]
+        report["passes_per_token"] = stats["passes_per_token"]
+    report["peak_host_mb"] = peak_host_mb()
+    report["host_peak_over_file"] = report["peak_host_mb"] * 1e6 / 1.048576 / report["file_size"]
+    bandwidth = measure_read_bandwidth(device)
+    report["read_bandwidth_gb_s"] = bandwidth
+    bytes_per_token = model.bytes_read_per_token
+    report["bytes_read_per_token"] = bytes_per_token
+    floor_tok_s = bandwidth * 1e9 / bytes_per_token
+    report["bandwidth_floor_tok_per_s"] = floor_tok_s
+    report["fraction_of_floor"] = report["decode_short_tok_per_s"] / floor_tok_s
+    engine.close()
+    return report
+
+
+def main(args: argparse.Namespace) -> int:
+    path = Path(args.model) if args.model else synthetic_model(args.synthetic)
+    report = run_bench(path, args.quick)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0

@@ -1,0 +1,150 @@
+"""F16 token embedding, LM head and GPU argmax.
+
+The tied embedding of BitNet 2B-4T is 128256 x 2560 F16 (657 MB): more than one storage binding on
+many devices (lavapipe 128 MiB, some browsers 128-256 MiB), so `F16Matrix` splits it by rows into
+shards and both ops run one dispatch per shard. On a device that binds it whole that is one
+dispatch each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import gpu
+from .common import STEP_PARAMS_WGSL, KernelCache, StepParams, ceil_div, subgroups_available, wgsl_enables
+
+EMBED_WORKGROUP = 64
+LM_HEAD_ROWS = 4  # rows per workgroup: 128256 rows -> 32064 workgroups (limit 65535 per dimension)
+LM_HEAD_WORKGROUP = 64  # threads: a 2560-wide row is 320 16-byte chunks, 5 per thread
+LM_HEAD_TOKENS = 4  # token rows per workgroup when logits of several tokens are wanted
+ARGMAX_WORKGROUP = 256
+
+
+class EmbeddingShapeError(ValueError):
+    """An embedding / LM-head matrix or binding with a shape the kernels cannot handle."""
+
+
+@dataclass
+class F16Matrix:
+    """A (n_rows, n_cols) F16 matrix on the GPU, split by rows into shards of at most one binding.
+
+    shards: [(first row, end row, buffer (end - first, n_cols) f16)]
+    """
+
+    shards: list[tuple[int, int, gpu.Buffer]]
+    n_rows: int
+    n_cols: int
+    label: str
+
+    @classmethod
+    def upload(cls, device: gpu.Device, matrix: np.ndarray, label: str) -> F16Matrix:
+        """Upload a 2-D float array as F16 (float32/bfloat16-as-float inputs are rounded to F16)."""
+        matrix = np.asarray(matrix)
+        if matrix.ndim != 2:
+            raise EmbeddingShapeError(f"{label}: expected a 2-D matrix, got shape {matrix.shape}")
+        n_rows, n_cols = matrix.shape
+        if n_cols % 8 or n_cols <= 0 or n_rows <= 0:
+            raise EmbeddingShapeError(f"{label}: {n_cols} columns; the kernels need a positive multiple of 8")
+        if matrix.dtype != np.float16:
+            if np.abs(matrix).max() > 65504:
+                raise EmbeddingShapeError(f"{label}: values beyond the F16 range cannot be stored as F16")
+            matrix = matrix.astype(np.float16)
+        shards = []
+        for start, stop in gpu.shard_rows(n_rows, 2 * n_cols, device.limits.max_binding):
+            buffer = device.buffer(2 * n_cols * (stop - start), label=f"{label} rows {start}:{stop}")
+            device.upload(buffer, 0, np.ascontiguousarray(matrix[start:stop]))
+            shards.append((start, stop, buffer))
+        return cls(shards, n_rows, n_cols, label)
+
+    def release(self, device: gpu.Device) -> None:
+        for _, _, buffer in self.shards:
+            device.release(buffer)
+
+
+class EmbeddingLookup:
+    """token_ids (T,) u32 -> x (T, n_cols) f32: rows of an F16 matrix, one dispatch per shard."""
+
+    def __init__(self, kernels: KernelCache, table: F16Matrix, token_ids: gpu.Buffer, x: gpu.Buffer,
+                 step: StepParams | None = None, label: str = "embedding"):
+        d = table.n_cols
+        if x.nbytes < 4 * d or token_ids.nbytes < 4:
+            raise EmbeddingShapeError(f"{label}: x ({x.nbytes} bytes) must hold a row of {d} f32 and token_ids "
+                                      f"({token_ids.nbytes} bytes) at least one id")
+        self.max_tokens = min(x.nbytes // (4 * d), token_ids.nbytes // 4)
+        self.groups_x = ceil_div(d // 4, EMBED_WORKGROUP)
+        self.dispatches = []
+        for i, (start, stop, buffer) in enumerate(table.shards):
+            pipeline = kernels.pipeline("embedding", D4=d // 4, START=start, STOP=stop, V=table.n_rows,
+                                        FIRST_SHARD=i == 0, WG=EMBED_WORKGROUP)
+            bind = kernels.device.bind_group(pipeline, [token_ids, buffer, x], f"{label} shard {i}")
+            self.dispatches.append((pipeline, bind))
+
+    def record(self, recorder: gpu.Recorder, n_tokens: int) -> None:
+        for pipeline, bind in self.dispatches:
+            recorder.dispatch(pipeline, bind, self.groups_x, n_tokens)
+
+
+class LMHead:
+    """x (T, n_cols) f32 -> logits (T, n_rows) f32 = x @ matrix.T, one dispatch per shard.
+
+    `record(recorder, n)`: logits for rows 0..n-1 of x. For n > 1 the kernel bounds token rows by
+    StepParams.n_tokens, which must then equal n (all-logits prefill).
+    """
+
+    def __init__(self, kernels: KernelCache, matrix: F16Matrix, x: gpu.Buffer, logits: gpu.Buffer,
+                 step: StepParams, label: str = "lm_head", rows_per_workgroup: int = LM_HEAD_ROWS,
+                 workgroup_size: int = LM_HEAD_WORKGROUP):
+        d, v = matrix.n_cols, matrix.n_rows
+        if x.nbytes < 4 * d or logits.nbytes < 4 * v:
+            raise EmbeddingShapeError(f"{label}: x ({x.nbytes} bytes) must hold a row of {d} f32 and logits "
+                                      f"({logits.nbytes} bytes) a row of {v} f32")
+        self.max_tokens = min(x.nbytes // (4 * d), logits.nbytes // (4 * v))
+        device = kernels.device
+        limit = device.limits.max_compute_workgroups_per_dimension
+        subgroups = subgroups_available(device)
+        enables = wgsl_enables(device, subgroups=subgroups)
+        sg = ("SUBGROUPS",) if subgroups else ()
+        self.single, self.multi = [], []
+        for i, (start, stop, buffer) in enumerate(matrix.shards):
+            groups = ceil_div(stop - start, rows_per_workgroup)
+            if groups > limit:
+                raise EmbeddingShapeError(f"{label}: shard of {stop - start} rows needs {groups} workgroups, "
+                                          f"over the device limit of {limit}; raise rows_per_workgroup")
+            common = dict(D8=d // 8, SHARD_ROWS=stop - start, START=start, V=v, ROWS=rows_per_workgroup,
+                          WG=workgroup_size)
+            one = kernels.pipeline("lm_head", enables=enables, defines=sg, TOK=1, **common)
+            many = kernels.pipeline("lm_head", enables=enables, defines=sg + ("MULTI",), TOK=LM_HEAD_TOKENS,
+                                    STEP_PARAMS=STEP_PARAMS_WGSL, **common)
+            self.single.append((one, device.bind_group(one, [buffer, x, logits], f"{label} shard {i}"), groups))
+            self.multi.append((many, device.bind_group(many, [buffer, x, logits, step.buffer],
+                                                       f"{label} shard {i} (all tokens)"), groups))
+
+    def record(self, recorder: gpu.Recorder, n_tokens: int = 1) -> None:
+        if n_tokens == 1:
+            for pipeline, bind, groups in self.single:
+                recorder.dispatch(pipeline, bind, groups)
+        else:
+            token_groups = ceil_div(n_tokens, LM_HEAD_TOKENS)
+            for pipeline, bind, groups in self.multi:
+                recorder.dispatch(pipeline, bind, groups, token_groups)
+
+
+class Argmax:
+    """out_ids[slot] = argmax(logits[row]) on the GPU (greedy decoding without a read-back)."""
+
+    def __init__(self, kernels: KernelCache, logits: gpu.Buffer, out_ids: gpu.Buffer, vocab_size: int,
+                 slot: int = 0, row: int = 0, label: str = "argmax"):
+        if logits.nbytes < 4 * vocab_size * (row + 1) or out_ids.nbytes < 4 * (slot + 1):
+            raise EmbeddingShapeError(f"{label}: logits ({logits.nbytes} bytes) must hold row {row} of "
+                                      f"{vocab_size} f32 and out_ids ({out_ids.nbytes} bytes) slot {slot}")
+        device = kernels.device
+        subgroups = subgroups_available(device)
+        self.pipeline = kernels.pipeline("argmax", enables=wgsl_enables(device, subgroups=subgroups),
+                                         defines=("SUBGROUPS",) if subgroups else (), V=vocab_size, ROW=row,
+                                         SLOT=slot, WG=ARGMAX_WORKGROUP)
+        self.bind_group = device.bind_group(self.pipeline, [logits, out_ids], label)
+
+    def record(self, recorder: gpu.Recorder, n_tokens: int = 1) -> None:
+        recorder.dispatch(self.pipeline, self.bind_group, 1)

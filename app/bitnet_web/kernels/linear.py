@@ -1,0 +1,215 @@
+"""Ternary BitLinear on the GPU: weight upload (`TernaryMatrix`) and the op (`TernaryLinear`).
+
+Weights stay in the GGUF's I2_S x86 layout (2-bit codes, 128 values per 32 bytes; codes 0, 1, 2 =
+-1, 0, +1): a fused matrix is its tensors' packed rows concatenated (QKV, gate+up), with one f32
+scale per row because each tensor keeps its own scale. No row is permuted: the gated epilogues
+read gate row i and up row N/2 + i, so `pair_rows` only checks that the halves match.
+
+    y[t, n] = scale[n] * x_scale[t] * sum_k value[n, k] * x_q[t, k]     (see norm.py for x_q, x_scale)
+
+Decode (one token) runs `ternary_gemv.wgsl`: ROWS rows per workgroup, 16-byte weight loads,
+dot4I8Packed, subgroupAdd when present. Prefill (T > 1) runs `ternary_gemm.wgsl`, which stages a
+tile of weight rows and token rows in workgroup memory and reuses each weight word TT times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import gpu
+from .common import STEP_PARAMS_WGSL, KernelCache, StepParams, ceil_div, subgroups_available, wgsl_enables
+
+I2S_BLOCK = 128  # values per 32-byte block; rows must hold whole blocks
+I2S_TRAILER = 32  # f32 scale + 28 bytes of padding after each tensor's codes
+
+EPILOGUES = {"store": 0, "residual": 1, "gate_relu2": 2, "gate_silu": 3}
+
+# Decode GEMV: accumulators (rows) per workgroup and threads per workgroup (by K).
+GEMV_ROWS = 8
+
+
+def gemv_workgroup(k: int) -> int:
+    """Threads per GEMV workgroup: enough 16-byte chunks per thread to cover a row in few passes.
+    K=2560 has 40 chunks per row (64 threads), K=6912 has 108 (128 threads)."""
+    chunks = k // 64
+    return 32 if chunks <= 32 else 64 if chunks <= 64 else 128
+
+
+# Prefill GEMM tile: TX*TY threads, each MR rows x MT tokens -> 64 rows x 16 tokens per workgroup.
+GEMM_TILE = {"TX": 16, "TY": 4, "MR": 4, "MT": 4}
+
+
+class TernaryShapeError(ValueError):
+    """A ternary tensor or a TernaryLinear binding has a shape the kernels cannot handle."""
+
+
+def pack_ternary_rows(raw_tensors: list[tuple[np.ndarray, int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate GGUF I2_S tensors (raw bytes incl. trailer, n_rows, n_cols) by rows.
+
+    Returns (packed codes, uint8 [sum(n_rows) * n_cols / 4], without trailers) and the per-row
+    scales (float32 [sum(n_rows)]): each tensor's trailer scale repeated over its rows. The tensors
+    must share n_cols (a multiple of 128, so no block spans two rows).
+    """
+    if not raw_tensors:
+        raise TernaryShapeError("pack_ternary_rows: no tensors given")
+    n_cols = raw_tensors[0][2]
+    codes, scales = [], []
+    for i, (raw, n_rows, cols) in enumerate(raw_tensors):
+        where = f"ternary tensor #{i} ({n_rows} x {cols})"
+        if cols != n_cols:
+            raise TernaryShapeError(f"{where}: all fused tensors need {n_cols} columns")
+        if cols <= 0 or cols % I2S_BLOCK or n_rows <= 0:
+            raise TernaryShapeError(f"{where}: columns must be a positive multiple of {I2S_BLOCK}")
+        raw = np.asarray(raw)
+        if raw.dtype != np.uint8 or raw.ndim != 1:
+            raise TernaryShapeError(f"{where}: raw bytes must be a 1-D uint8 array, got {raw.dtype} {raw.shape}")
+        n_code_bytes = n_rows * cols // 4
+        if raw.size != n_code_bytes + I2S_TRAILER:
+            raise TernaryShapeError(f"{where}: {raw.size} bytes, expected {n_code_bytes + I2S_TRAILER} "
+                                    f"(n/4 code bytes + {I2S_TRAILER}-byte scale trailer)")
+        scale = float(raw[n_code_bytes:n_code_bytes + 4].view("<f4")[0])
+        if not np.isfinite(scale):
+            raise TernaryShapeError(f"{where}: the scale at byte {n_code_bytes} is {scale}")
+        codes.append(raw[:n_code_bytes])
+        scales.append(np.full(n_rows, scale, dtype=np.float32))
+    return np.concatenate(codes), np.concatenate(scales)
+
+
+@dataclass
+class TernaryMatrix:
+    """A (possibly fused) ternary weight matrix on the GPU.
+
+    codes:  (n_rows, n_cols/4) bytes of I2_S codes, read as vec4<u32> (16 bytes = 64 values)
+    scales: (n_rows,) f32 per-row weight scale
+    """
+
+    codes: gpu.Buffer
+    scales: gpu.Buffer
+    n_rows: int
+    n_cols: int
+    part_rows: tuple[int, ...]  # rows of each fused tensor, in order
+    paired: bool  # gate rows [0, n/2) + up rows [n/2, n) for the gated epilogues
+    label: str
+
+    @classmethod
+    def upload(cls, device: gpu.Device, parts: list[tuple[np.ndarray, float, tuple[int, int]]], label: str,
+               pair_rows: bool = False) -> TernaryMatrix:
+        """Upload tensors given as (packed codes uint8 [n*k/4] without trailer, scale, shape (n, k)),
+        concatenated by rows. `pair_rows`: exactly two tensors of one shape (gate, then up)."""
+        if not parts:
+            raise TernaryShapeError(f"{label}: no tensors given")
+        n_cols = int(parts[0][2][1])
+        part_rows = []
+        for i, (codes, _, shape) in enumerate(parts):
+            n, k = (int(d) for d in shape)
+            if k != n_cols or k <= 0 or k % I2S_BLOCK or n <= 0:
+                raise TernaryShapeError(f"{label}: tensor #{i} has shape {shape}; fused tensors need the same "
+                                        f"column count, a positive multiple of {I2S_BLOCK}")
+            if np.asarray(codes).size != n * k // 4:
+                raise TernaryShapeError(f"{label}: tensor #{i} {shape} has {np.asarray(codes).size} code bytes, "
+                                        f"expected {n * k // 4}")
+            part_rows.append(n)
+        if pair_rows and (len(parts) != 2 or part_rows[0] != part_rows[1]):
+            raise TernaryShapeError(f"{label}: pair_rows needs two tensors of equal shape (gate, up), "
+                                    f"got rows {part_rows}")
+        n_rows = sum(part_rows)
+        codes_buf = device.buffer(n_rows * n_cols // 4, label=f"{label} codes")
+        offset = 0
+        for codes, _, _ in parts:
+            codes = np.ascontiguousarray(codes, dtype=np.uint8).reshape(-1)
+            device.upload(codes_buf, offset, codes)
+            offset += codes.size
+        scales = np.concatenate([np.full(n, s, dtype=np.float32) for n, (_, s, _) in zip(part_rows, parts,
+                                                                                         strict=True)])
+        scales_buf = device.buffer(scales.nbytes, label=f"{label} scales")
+        device.upload(scales_buf, 0, scales)
+        return cls(codes_buf, scales_buf, n_rows, n_cols, tuple(part_rows), pair_rows, label)
+
+    @classmethod
+    def from_i2s(cls, device: gpu.Device, raw_tensors: list[tuple[np.ndarray, int, int]], label: str,
+                 pair_rows: bool = False) -> TernaryMatrix:
+        """Upload GGUF I2_S tensors given as (raw bytes incl. trailer, n_rows, n_cols)."""
+        codes, scales = pack_ternary_rows(raw_tensors)
+        parts, offset = [], 0
+        for _, n, k in raw_tensors:
+            parts.append((codes[offset:offset + n * k // 4], float(scales[offset * 4 // k]), (n, k)))
+            offset += n * k // 4
+        return cls.upload(device, parts, label, pair_rows)
+
+    def release(self, device: gpu.Device) -> None:
+        device.release(self.codes)
+        device.release(self.scales)
+
+
+class TernaryLinear:
+    """out (T, N or N/2) <- epilogue(W_ternary @ x_q), see the module docstring.
+
+    Epilogues: 'store' (out = y), 'residual' (out += y), 'gate_relu2' / 'gate_silu'
+    (out[:, i] = act(y[:, i]) * y[:, N/2 + i], for a `pair_rows` matrix).
+    `record(recorder, n_tokens)`: the GEMV for one token, the tiled GEMM for more; for n_tokens > 1
+    the GEMM bounds rows by StepParams.n_tokens, which must equal n_tokens.
+    """
+
+    def __init__(self, kernels: KernelCache, weights: TernaryMatrix, x_q: gpu.Buffer, x_scale: gpu.Buffer,
+                 out: gpu.Buffer, step: StepParams, epilogue: str = "store", label: str | None = None,
+                 use_dot4: bool = True, gemv_rows: int = GEMV_ROWS, gemv_workgroup_size: int | None = None,
+                 gemm_tile: dict[str, int] | None = None):
+        label = label or f"{weights.label} {epilogue}"
+        op = f"TernaryLinear {label!r}"
+        if epilogue not in EPILOGUES:
+            raise TernaryShapeError(f"{op}: unknown epilogue {epilogue!r}; expected one of {sorted(EPILOGUES)}")
+        gated = EPILOGUES[epilogue] >= 2
+        n, k = weights.n_rows, weights.n_cols
+        if gated and not weights.paired:
+            raise TernaryShapeError(f"{op}: epilogue {epilogue!r} needs a gate/up matrix uploaded with pair_rows=True")
+        if gemv_rows % 2 or gemv_rows <= 0:
+            raise TernaryShapeError(f"{op}: gemv_rows must be a positive even number, got {gemv_rows}")
+        out_w = n // 2 if gated else n
+        self.n_rows, self.n_cols, self.out_width, self.epilogue = n, k, out_w, epilogue
+        self.max_tokens = min(x_q.nbytes // k, x_scale.nbytes // 4, out.nbytes // (4 * out_w))
+        if self.max_tokens < 1:
+            raise TernaryShapeError(f"{op}: buffers too small for one token: x_q {x_q.nbytes} bytes (needs {k}), "
+                                    f"x_scale {x_scale.nbytes} (needs 4), out {out.nbytes} (needs {4 * out_w})")
+        device = kernels.device
+        limit = device.limits.max_compute_workgroups_per_dimension
+        subgroups = subgroups_available(device)
+        enables = wgsl_enables(device, subgroups=subgroups)
+        dot = ("DOT4",) if use_dot4 else ()
+
+        wg = gemv_workgroup_size or gemv_workgroup(k)
+        if wg < gemv_rows:
+            raise TernaryShapeError(f"{op}: the GEMV workgroup ({wg} threads) must have at least gemv_rows "
+                                    f"({gemv_rows}) threads")
+        outs = gemv_rows // 2 if gated else gemv_rows
+        self.gemv_groups = ceil_div(out_w, outs)
+        self.gemv = kernels.pipeline("ternary_gemv", enables=enables,
+                                     defines=dot + (("SUBGROUPS",) if subgroups else ()),
+                                     K=k, N=n, ROWS=gemv_rows, WG=wg, EPILOGUE=EPILOGUES[epilogue])
+        self.gemv_bind = device.bind_group(self.gemv, [weights.codes, weights.scales, x_q, x_scale, out],
+                                           f"{label} gemv")
+
+        tile = dict(GEMM_TILE, **(gemm_tile or {}))
+        rt, tt = tile["TX"] * tile["MR"], tile["TY"] * tile["MT"]
+        if tile["MR"] % 2:
+            raise TernaryShapeError(f"{op}: GEMM tile MR must be even (gate/up pairs), got {tile['MR']}")
+        self.gemm_groups = ceil_div(out_w, rt // 2 if gated else rt)
+        self.gemm_token_tile = tt
+        self.gemm = kernels.pipeline("ternary_gemm", defines=dot, STEP_PARAMS=STEP_PARAMS_WGSL,
+                                     K=k, N=n, EPILOGUE=EPILOGUES[epilogue], **tile)
+        self.gemm_bind = device.bind_group(self.gemm, [step.buffer, weights.codes, weights.scales, x_q, x_scale,
+                                                       out], f"{label} gemm")
+        if max(self.gemv_groups, self.gemm_groups) > limit:
+            raise TernaryShapeError(f"{op}: {n} rows need {self.gemv_groups} workgroups, over the device "
+                                    f"limit of {limit} per dimension")
+
+    def record(self, recorder: gpu.Recorder, n_tokens: int) -> None:
+        if n_tokens == 1:
+            recorder.dispatch(self.gemv, self.gemv_bind, self.gemv_groups)
+        else:
+            recorder.dispatch(self.gemm, self.gemm_bind, self.gemm_groups, ceil_div(n_tokens, self.gemm_token_tile))
+
+    def record_gemv(self, recorder: gpu.Recorder, n_tokens: int) -> None:
+        """The GEMV for each of `n_tokens` rows independently (tests and benchmarks)."""
+        recorder.dispatch(self.gemv, self.gemv_bind, self.gemv_groups, n_tokens)

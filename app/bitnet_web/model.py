@@ -1,0 +1,302 @@
+"""The BitNet b1.58 transformer on the GPU: weights, run-state buffers, KV cache and the forward pass.
+
+State is split by lifetime (llama2.c): `ModelConfig` (the blueprint), `LayerWeights` (GPU buffers
+uploaded once), the run-state buffers below (allocated once for `max_tokens` rows) and the KV
+cache (grows by doubling up to the context length). `forward` allocates nothing: it writes one
+16-byte uniform and records the same list of dispatches every step.
+
+Per layer (shared/ground-truth.md, `build_bitnet_158`):
+
+    h = attn_norm(x)                      -> int8 h, per-token scale      RMSNormQuant
+    q, k, v = BitLinear_qkv(h)            (one fused ternary GEMV)        TernaryLinear 'store'
+    q, k = rope(q, k); cache <- k, v                                      RopeKV
+    a = attention(q, K_cache, V_cache)    (GQA, causal)                   Attention
+    x = x + BitLinear_o(attn_sub_norm(a))                                 RMSNormQuant, TernaryLinear 'residual'
+    h = ffn_norm(x)                                                       RMSNormQuant
+    m = relu(BitLinear_gate(h))^2 * BitLinear_up(h)  (fused)              TernaryLinear 'gate_relu2'
+    x = x + BitLinear_down(ffn_sub_norm(m))                               RMSNormQuant, TernaryLinear 'residual'
+
+then logits = token_embd @ output_norm(x) (tied F16 head, sharded by rows when large).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import gpu
+from .config import ModelConfig
+from .gguf import GGMLType, GGUFFile
+from .kernels.attention import Attention, AttentionScratch
+from .kernels.common import KernelCache, StepParams
+from .kernels.embedding import Argmax, EmbeddingLookup, F16Matrix, LMHead
+from .kernels.kv_cache import KVCache
+from .kernels.linear import TernaryLinear, TernaryMatrix
+from .kernels.norm import RMSNorm, RMSNormQuant
+from .kernels.rope import RopeKV, RopeTable
+from .quants import i2s_encode, ternarize
+
+ProgressCallback = Callable[[str, int, int], None]
+
+
+class ModelLoadError(RuntimeError):
+    """A tensor the model needs cannot be used (its type or contents), named in the message."""
+
+
+def ternary_rows(gguf: GGUFFile, name: str) -> tuple[np.ndarray, float]:
+    """The packed 2-bit codes of a ternary tensor in the engine's GPU layout (I2_S, x86) and its scale.
+
+    I2_S tensors come back as a view of the file's bytes (no copy, no expansion); TQ1_0/TQ2_0 and
+    float master weights are converted once here, at load.
+    """
+    info = gguf.tensors[name]
+    if info.ggml_type == GGMLType.I2_S:
+        raw = gguf.tensor_bytes(name)
+        return raw[: info.n_elements // 4], gguf.i2s_scale(name)
+    if info.ggml_type in (GGMLType.TQ1_0, GGMLType.TQ2_0):
+        values, scale = gguf.ternary(name)
+    elif info.ggml_type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
+        values, scale = ternarize(np.asarray(gguf.tensor(name), dtype=np.float32))
+    else:
+        raise ModelLoadError(f"{gguf.source}: tensor {name!r} has type {info.ggml_type.name}, "
+                             "which cannot be used as a ternary weight")
+    return i2s_encode(values, scale)[: info.n_elements // 4], float(scale)
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: gpu.Buffer  # (dim,) f32
+    qkv: TernaryMatrix  # (q_dim + 2 * kv_dim, dim) ternary, per-row scales
+    attn_sub_norm: gpu.Buffer | None  # (q_dim,) f32
+    wo: TernaryMatrix  # (dim, q_dim)
+    ffn_norm: gpu.Buffer  # (dim,) f32
+    gate_up: TernaryMatrix  # (2 * ffn_dim, dim): gate and up rows, paired for the fused epilogue
+    ffn_sub_norm: gpu.Buffer | None  # (ffn_dim,) f32
+    down: TernaryMatrix  # (dim, ffn_dim)
+
+
+@dataclass
+class LayerOps:
+    """One layer's kernels in execution order, each bound to its weights and the run-state buffers."""
+
+    attn_norm: RMSNormQuant
+    qkv: TernaryLinear
+    rope: RopeKV
+    attention: Attention
+    attn_sub_norm: RMSNormQuant
+    wo: TernaryLinear
+    ffn_norm: RMSNormQuant
+    gate_up: TernaryLinear
+    ffn_sub_norm: RMSNormQuant
+    down: TernaryLinear
+
+
+class BitNetModel:
+    def __init__(self, device: gpu.Device, gguf: GGUFFile, config: ModelConfig, max_tokens: int = 64):
+        self.device = device
+        self.gguf = gguf
+        self.config = config
+        self.max_tokens = max_tokens  # rows per forward call (prefill chunk)
+        self.kernels = KernelCache(device)
+        self.cached_tokens: list[int] = []  # tokens whose K/V rows are in the cache, in order
+        self.layers: list[LayerWeights] = []
+        self._buffers: list[gpu.Buffer] = []
+        self.n_params = sum(info.n_elements for info in gguf.tensors.values())
+        self._ready = False
+
+    @property
+    def n_cached(self) -> int:
+        return len(self.cached_tokens)
+
+    # Loading ---------------------------------------------------------------------------------
+
+    def _f32_buffer(self, name: str, label: str) -> gpu.Buffer:
+        values = np.ascontiguousarray(self.gguf.tensor(name), dtype=np.float32)
+        buffer = self.device.buffer(values.nbytes, label=label)
+        self.device.upload(buffer, 0, values)
+        self._buffers.append(buffer)
+        return buffer
+
+    def _ternary(self, names: list[str], label: str, pair_rows: bool = False) -> TernaryMatrix:
+        parts = [(ternary_rows(self.gguf, n), self.gguf.tensors[n].shape) for n in names]
+        return TernaryMatrix.upload(self.device, [(rows, scale, shape) for (rows, scale), shape in parts],
+                                    label=label, pair_rows=pair_rows)
+
+    async def upload(self, progress: ProgressCallback | None = None) -> None:
+        """Upload every weight, then build the ops (pipelines and bind groups) once."""
+        cfg, device = self.config, self.device
+        total = cfg.n_layers + 2
+        for i in range(cfg.n_layers):
+            p = f"blk.{i}."
+            self.layers.append(LayerWeights(
+                attn_norm=self._f32_buffer(p + "attn_norm.weight", f"{p}attn_norm"),
+                qkv=self._ternary([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], f"{p}qkv"),
+                attn_sub_norm=(self._f32_buffer(p + "attn_sub_norm.weight", f"{p}attn_sub_norm")
+                               if cfg.has_sub_norms else None),
+                wo=self._ternary([p + "attn_output.weight"], f"{p}attn_output"),
+                ffn_norm=self._f32_buffer(p + "ffn_norm.weight", f"{p}ffn_norm"),
+                gate_up=self._ternary([p + "ffn_gate.weight", p + "ffn_up.weight"], f"{p}gate_up", pair_rows=True),
+                ffn_sub_norm=(self._f32_buffer(p + "ffn_sub_norm.weight", f"{p}ffn_sub_norm")
+                              if cfg.has_sub_norms else None),
+                down=self._ternary([p + "ffn_down.weight"], f"{p}ffn_down"),
+            ))
+            if progress:
+                progress("upload", i + 1, total)
+            await device.checkpoint(f"uploading layer {i}")
+            await asyncio.sleep(0)  # let the page repaint its progress bar
+        self.output_norm = self._f32_buffer("output_norm.weight", "output_norm")
+        self.token_embd = F16Matrix.upload(device, self.gguf.tensor("token_embd.weight"), "token_embd")
+        self.output = (self.token_embd if cfg.tied_embeddings
+                       else F16Matrix.upload(device, self.gguf.tensor("output.weight"), "output"))
+        await device.checkpoint("uploading the embedding")
+        self._allocate_run_state()
+        self._build_ops()
+        await device.checkpoint("building kernels")
+        if progress:
+            progress("upload", total, total)
+        self._ready = True
+
+    def _allocate_run_state(self) -> None:
+        cfg, device, rows = self.config, self.device, self.max_tokens
+
+        def buf(nbytes: int, label: str, usage: int = gpu.STORAGE_USAGE) -> gpu.Buffer:
+            b = device.buffer(nbytes, usage, label)
+            self._buffers.append(b)
+            return b
+
+        widest = max(cfg.dim, cfg.q_dim, cfg.ffn_dim)
+        self.step = StepParams(device)
+        self._buffers.append(self.step.buffer)
+        self.token_ids = buf(4 * rows, "token ids")  # (rows,) u32
+        self.x = buf(4 * rows * cfg.dim, "residual x")  # (rows, dim) f32
+        self.x_q = buf(rows * widest, "int8 activations")  # (rows, widest/4) u32: 4 int8 per word
+        self.x_scale = buf(4 * rows, "activation scales")  # (rows,) f32
+        self.qkv = buf(4 * rows * (cfg.q_dim + 2 * cfg.kv_dim), "qkv")  # (rows, q_dim + 2 kv_dim) f32
+        self.q = buf(4 * rows * cfg.q_dim, "rotated q")  # (rows, q_dim) f32
+        self.attn_out = buf(4 * rows * cfg.q_dim, "attention out")  # (rows, q_dim) f32
+        self.ffn_hidden = buf(4 * rows * cfg.ffn_dim, "ffn hidden")  # (rows, ffn_dim) f32
+        self.x_final = buf(4 * rows * cfg.dim, "final normed x")  # (rows, dim) f32
+        self.logits = buf(4 * rows * cfg.vocab_size, "logits")  # (rows, vocab) f32
+        self.next_token = buf(16, "next token")  # (4,) u32: GPU argmax result
+        self.kv_cache = KVCache(device, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.context_length)
+        self.rope_table = RopeTable(device, cfg.rope_dim, cfg.rope_theta, cfg.context_length)
+        self.attention_scratch = AttentionScratch(device, cfg.n_heads, cfg.head_dim, cfg.context_length)
+
+    def _build_ops(self) -> None:
+        cfg, k, step = self.config, self.kernels, self.step
+        eps, rows = cfg.norm_eps, self.max_tokens
+        gate = "gate_relu2" if cfg.activation == "relu2" else "gate_silu"
+        self.embed = EmbeddingLookup(k, self.token_embd, self.token_ids, self.x, step)
+        self.layer_ops = []
+        for i, w in enumerate(self.layers):
+            p = f"blk.{i}."
+            self.layer_ops.append(LayerOps(
+                attn_norm=RMSNormQuant(k, self.x, w.attn_norm, self.x_q, self.x_scale, step, cfg.dim, eps,
+                                       p + "attn_norm"),
+                qkv=TernaryLinear(k, w.qkv, self.x_q, self.x_scale, self.qkv, step, "store"),
+                rope=RopeKV(k, step, self.kv_cache, i, self.rope_table, self.qkv, self.q, n_heads=cfg.n_heads,
+                            style=cfg.rope_style, max_tokens=rows),
+                attention=Attention(k, step, self.kv_cache, i, self.q, self.attn_out, n_heads=cfg.n_heads,
+                                    max_tokens=rows, scratch=self.attention_scratch),
+                attn_sub_norm=RMSNormQuant(k, self.attn_out, w.attn_sub_norm, self.x_q, self.x_scale, step,
+                                           cfg.q_dim, eps, p + "attn_sub_norm"),
+                wo=TernaryLinear(k, w.wo, self.x_q, self.x_scale, self.x, step, "residual"),
+                ffn_norm=RMSNormQuant(k, self.x, w.ffn_norm, self.x_q, self.x_scale, step, cfg.dim, eps,
+                                      p + "ffn_norm"),
+                gate_up=TernaryLinear(k, w.gate_up, self.x_q, self.x_scale, self.ffn_hidden, step, gate),
+                ffn_sub_norm=RMSNormQuant(k, self.ffn_hidden, w.ffn_sub_norm, self.x_q, self.x_scale, step,
+                                          cfg.ffn_dim, eps, p + "ffn_sub_norm"),
+                down=TernaryLinear(k, w.down, self.x_q, self.x_scale, self.x, step, "residual"),
+            ))
+        self.final_norm = RMSNorm(k, self.x, self.output_norm, self.x_final, step, cfg.dim, eps)
+        self.lm_head = LMHead(k, self.output, self.x_final, self.logits, step)
+        # Greedy decoding on the GPU: the argmax goes straight into token_ids[0], the next step's input.
+        self.argmax = Argmax(k, self.logits, self.token_ids, cfg.vocab_size)
+
+    # Context bookkeeping -----------------------------------------------------------------------
+
+    def truncate(self, n: int) -> None:
+        """Keep the first `n` cached tokens (their K/V rows stay valid: later rows are overwritten)."""
+        del self.cached_tokens[n:]
+
+    def reuse_prefix(self, prompt_ids: list[int]) -> int:
+        """Keep the longest cached prefix of `prompt_ids`, leaving at least one token to compute
+        (its logits start the reply). Returns how many tokens are reused."""
+        common = 0
+        for cached, new in zip(self.cached_tokens, prompt_ids, strict=False):
+            if cached != new:
+                break
+            common += 1
+        common = min(common, len(prompt_ids) - 1)
+        self.truncate(common)
+        return common
+
+    # Forward -----------------------------------------------------------------------------------
+
+    def _record_step(self, n_tokens: int, all_logits: bool) -> gpu.Recorder:
+        """Record one forward step over `n_tokens` rows at the next positions (allocates nothing)."""
+        pos = self.n_cached
+        self.kv_cache.ensure_capacity(pos + n_tokens)
+        self.step.write(n_tokens, pos, self.kv_cache.capacity)
+        rec = self.device.begin()
+        n = n_tokens
+        self.embed.record(rec, n)  # x = token_embd[token_ids]
+        for layer in self.layer_ops:
+            # x = x + W_o(sub_norm(attention(rope(W_qkv(norm(x))))))
+            layer.attn_norm.record(rec, n)
+            layer.qkv.record(rec, n)
+            layer.rope.record(rec, n)
+            layer.attention.record(rec, n, pos)
+            layer.attn_sub_norm.record(rec, n)
+            layer.wo.record(rec, n)
+            # x = x + W_down(sub_norm(act(W_gate(norm(x))) * W_up(norm(x))))
+            layer.ffn_norm.record(rec, n)
+            layer.gate_up.record(rec, n)
+            layer.ffn_sub_norm.record(rec, n)
+            layer.down.record(rec, n)
+        # logits = head(output_norm(x)) for the last row, or for every row
+        self.final_norm.record(rec, n, last_only=not all_logits)
+        self.lm_head.record(rec, n if all_logits else 1)
+        return rec
+
+    async def forward(self, token_ids: list[int], all_logits: bool = False) -> np.ndarray:
+        """Run `token_ids` (at most max_tokens) at the next positions; return logits of the last
+        token (vocab,) or of every token (n, vocab)."""
+        n = len(token_ids)
+        if not 0 < n <= self.max_tokens:
+            raise ValueError(f"forward takes 1..{self.max_tokens} tokens, got {n}")
+        if self.n_cached + n > self.config.context_length:
+            raise ValueError(f"context full: {self.n_cached} + {n} tokens > {self.config.context_length}")
+        self.device.upload(self.token_ids, 0, np.asarray(token_ids, dtype=np.uint32))
+        recorder = self._record_step(n, all_logits)
+        recorder.submit()
+        self.last_dispatches = recorder.dispatches
+        self.cached_tokens.extend(token_ids)
+        rows = n if all_logits else 1
+        raw = await self.device.read(self.logits, 0, 4 * rows * self.config.vocab_size)
+        logits = raw.view(np.float32).reshape(rows, self.config.vocab_size)
+        return logits if all_logits else logits[0]
+
+    async def prefill(self, token_ids: list[int], chunk: int | None = None, all_logits: bool = False) -> np.ndarray:
+        chunk = min(chunk or self.max_tokens, self.max_tokens)
+        outputs = []
+        last = None
+        for start in range(0, len(token_ids), chunk):
+            part = token_ids[start:start + chunk]
+            last = await self.forward(part, all_logits=all_logits)
+            if all_logits:
+                outputs.append(last)
+        if last is None:
+            raise ValueError("prefill needs at least one token")
+        return np.concatenate(outputs) if all_logits else last
+
+    async def decode(self, token: int) -> np.ndarray:
+        return await self.forward([token])
+
+    def release(self) -> None:
+        for buffer in self._buffers:
+            self.device.release(buffer)
+        self._buffers.clear()

@@ -1,0 +1,348 @@
+"""Ternary weight formats: I2_S (bitnet.cpp), TQ1_0 and TQ2_0 (upstream llama.cpp), absmean.
+
+I2_S, x86 layout (the hosted 2B-4T file). The tensor, flattened row-major, is cut into blocks of
+128 values stored in 32 bytes; byte b of a block holds values b, 32+b, 64+b, 96+b at bit shifts
+6, 4, 2, 0. Codes: 0 = -1, 1 = 0, 2 = +1 (3 is never written). After the n/4 code bytes come one
+float32 scale (weight = value * scale) and 28 zero bytes: a tensor occupies n/4 + 32 bytes.
+
+I2_S, ARM layout (bitnet.cpp built for ARM NEON): blocks of 64 values in 16 bytes, byte b holding
+values b, 16+b, 32+b, 48+b at shifts 6, 4, 2, 0. Same codes, same scale.
+
+How the ARM layout is handled (decision). It cannot be detected from the bytes: both layouts hold
+the same 128 values in every 32-byte group, only in a different order inside the group, and since
+rows are multiples of 128 the difference is one fixed permutation of columns inside every
+128-column group, identical for every row of every matrix. Reading ARM bytes as x86 yields exactly
+W[:, P]: per-row and per-column statistics (code histogram, sparsity, row sums) are unchanged, so
+no statistical check on a single tensor can tell the layouts apart (tests show this). Hence:
+  * the layout is an explicit option (`layout='x86'` default, `'arm'`), with `i2s_decode_arm` and
+    `i2s_arm_to_x86` (a byte-level repack) for users who know their file came from an ARM build;
+  * `i2s_check_layout` rejects what can be detected: code 3 (never written by either layout, so
+    its presence means a foreign or corrupt encoding), a non-finite or negative scale, sizes that
+    are not whole 128-value blocks, and non-zero padding bytes.
+
+TQ2_0 (block of 256 values, 66 bytes): qs[64] then f16 d. For each 32-byte half j and shift
+l in (0, 2, 4, 6): value j*128 + (l/2)*32 + m = ((qs[j*32 + m] >> l) & 3) - 1, times d.
+TQ1_0 (block of 256, 54 bytes): qs[48], qh[4], f16 d. Bytes hold base-3 digits scaled to 0..255
+(q = ceil(sum * 256 / 243)); digit n is read as ((q * 3^n) mod 256) * 3 >> 8, most significant
+first. qs[0:32] hold values n*32 + m, qs[32:48] values 160 + n*16 + m, qh[j] values 240 + n*4 + j
+(4 digits and a 0). Both quantizers use d = absmax of the block, so a BitNet tensor (ternary times
+one scale) has the same d in every block that is not all zero.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .gguf import GGMLType, GGUFError, GGUFFormatError
+
+I2S_BLOCK = 128            # values per x86 block (32 bytes)
+I2S_BLOCK_ARM = 64         # values per ARM block (16 bytes)
+I2S_TAIL = 32              # float32 scale + 28 bytes padding
+QK_K = 256
+
+# byte -> its four 2-bit codes, most significant first (shifts 6, 4, 2, 0), as values code - 1.
+_SHIFTS_DESC = np.array([6, 4, 2, 0], dtype=np.uint8)
+_BYTE_TO_VALUES = (((np.arange(256, dtype=np.uint8)[:, None] >> _SHIFTS_DESC) & 3).astype(np.int8) - 1)
+
+
+def _where(where: str | None) -> str:
+    return where if where else "I2_S tensor"
+
+
+def _prod(shape: tuple[int, ...] | int) -> int:
+    if isinstance(shape, int | np.integer):
+        return int(shape)
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+# ---------------------------------------------------------------------------------------------
+# I2_S
+# ---------------------------------------------------------------------------------------------
+
+def i2s_nbytes(n_elements: int) -> int:
+    """Bytes of an I2_S tensor: n/4 code bytes + float32 scale + 28 bytes padding."""
+    return n_elements // 4 + I2S_TAIL
+
+
+def i2s_scale(raw: np.ndarray, n_elements: int, *, where: str | None = None) -> float:
+    """The per-tensor scale stored at byte n/4; must be finite and >= 0."""
+    off = n_elements // 4
+    if len(raw) < off + 4:
+        raise GGUFFormatError(
+            f"{_where(where)}: {len(raw)} bytes, too short for {n_elements} values "
+            f"(scale expected at byte {off}; an I2_S tensor has n/4 + 32 = {i2s_nbytes(n_elements)} bytes)")
+    scale = float(raw[off:off + 4].view("<f4")[0])
+    if not np.isfinite(scale) or scale < 0:
+        raise GGUFFormatError(f"{_where(where)}: I2_S scale at byte +{off} of the tensor data is {scale}, "
+                              "expected a finite non-negative number")
+    return scale
+
+
+def _check_codes(codes: np.ndarray, where: str | None) -> None:
+    # A 2-bit field holds 3 exactly when both of its bits are set.
+    bad = (codes & (codes >> 1) & 0x55) != 0
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise GGUFFormatError(
+            f"{_where(where)}: code 3 at byte +{i} of the tensor data; I2_S only uses codes 0, 1, 2 "
+            "(a foreign or corrupt encoding)")
+
+
+def _check_i2s_size(raw: np.ndarray, n: int, block: int, where: str | None) -> None:
+    if n % block:
+        raise GGUFFormatError(f"{_where(where)}: {n} values is not a multiple of the I2_S block of {block}")
+    if len(raw) < n // 4 + 4:
+        raise GGUFFormatError(
+            f"{_where(where)}: {len(raw)} bytes, too short for {n} values (needs n/4 + 32 = {i2s_nbytes(n)})")
+
+
+def i2s_check_layout(raw: np.ndarray, shape: tuple[int, ...], *, where: str | None = None) -> float:
+    """Validate I2_S bytes; returns the scale. Raises GGUFError for what is detectable.
+
+    Detectable: code 3, bad scale, partial blocks, non-zero padding. NOT detectable: ARM vs x86
+    block order (a column permutation, see the module docstring); pass `layout='arm'` to decode.
+    """
+    n = _prod(shape)
+    _check_i2s_size(raw, n, I2S_BLOCK, where)
+    _check_codes(raw[:n // 4], where)
+    scale = i2s_scale(raw, n, where=where)
+    pad = raw[n // 4 + 4:n // 4 + I2S_TAIL]
+    if pad.any():
+        raise GGUFFormatError(f"{_where(where)}: padding bytes after the scale (byte +{n // 4 + 4}) are "
+                              "not zero; not an I2_S tensor as bitnet.cpp writes it")
+    return scale
+
+
+def i2s_decode(raw: np.ndarray, shape: tuple[int, ...], *, layout: str = "x86",
+               where: str | None = None) -> tuple[np.ndarray, float]:
+    """I2_S bytes -> (int8 values -1/0/+1 in `shape`, float scale). Rejects code 3 and bad scales."""
+    if layout == "arm":
+        return i2s_decode_arm(raw, shape, where=where)
+    if layout != "x86":
+        raise ValueError(f"layout must be 'x86' or 'arm', not {layout!r}")
+    n = _prod(shape)
+    _check_i2s_size(raw, n, I2S_BLOCK, where)
+    scale = i2s_scale(raw, n, where=where)
+    codes = raw[:n // 4]
+    _check_codes(codes, where)
+    # (blocks, byte 0..31, group 0..3) -> (blocks, group, byte): value index group*32 + byte
+    values = _BYTE_TO_VALUES[codes.reshape(-1, 32)].transpose(0, 2, 1)
+    return values.reshape(shape), scale
+
+
+def i2s_decode_arm(raw: np.ndarray, shape: tuple[int, ...], *, where: str | None = None
+                   ) -> tuple[np.ndarray, float]:
+    """Decode the ARM NEON layout: blocks of 64 values in 16 bytes."""
+    n = _prod(shape)
+    _check_i2s_size(raw, n, I2S_BLOCK_ARM, where)
+    scale = i2s_scale(raw, n, where=where)
+    codes = raw[:n // 4]
+    _check_codes(codes, where)
+    values = _BYTE_TO_VALUES[codes.reshape(-1, 16)].transpose(0, 2, 1)
+    return values.reshape(shape), scale
+
+
+def i2s_encode(values: np.ndarray, scale: float, *, layout: str = "x86") -> np.ndarray:
+    """int8 values in {-1, 0, +1} and a scale -> I2_S bytes (n/4 + 32)."""
+    group = {"x86": 32, "arm": 16}.get(layout)
+    if group is None:
+        raise ValueError(f"layout must be 'x86' or 'arm', not {layout!r}")
+    v = np.asarray(values)
+    n = v.size
+    if n % (4 * group):
+        raise ValueError(f"I2_S needs a multiple of {4 * group} values, got {n}")
+    if v.size and (v.min() < -1 or v.max() > 1):
+        raise ValueError("I2_S values must be -1, 0 or +1")
+    codes = (v.reshape(-1, 4, group).astype(np.int16) + 1).astype(np.uint8)   # (blocks, group, byte)
+    packed = (codes[:, 0] << 6) | (codes[:, 1] << 4) | (codes[:, 2] << 2) | codes[:, 3]
+    out = np.zeros(n // 4 + I2S_TAIL, dtype=np.uint8)
+    out[:n // 4] = packed.reshape(-1)
+    out[n // 4:n // 4 + 4] = np.array([scale], dtype="<f4").view(np.uint8)
+    return out
+
+
+def i2s_arm_to_x86(raw: np.ndarray, n_elements: int, *, where: str | None = None) -> np.ndarray:
+    """Repack an ARM-layout I2_S tensor into the x86 layout (same values, same scale)."""
+    values, scale = i2s_decode_arm(raw, (n_elements,), where=where)
+    return i2s_encode(values, scale)
+
+
+def random_i2s_bytes(rng: np.random.Generator, n_elements: int, scale: float) -> np.ndarray:
+    """Uniformly random ternary I2_S tensor, generated directly as bytes (fast for big tensors).
+
+    Each byte's four codes are independent uniform draws from {0, 1, 2}: one draw in 0..80 picks
+    all four (81 = 3^4 equally likely byte values).
+    """
+    digits = np.arange(81)
+    table = np.zeros(81, dtype=np.uint8)
+    for _ in range(4):    # first draw digit -> shift 6, last -> shift 0
+        table = (table << 2) | (digits % 3).astype(np.uint8)
+        digits //= 3
+    out = np.zeros(n_elements // 4 + I2S_TAIL, dtype=np.uint8)
+    out[:n_elements // 4] = table[rng.integers(0, 81, size=n_elements // 4, dtype=np.uint8)]
+    out[n_elements // 4:n_elements // 4 + 4] = np.array([scale], dtype="<f4").view(np.uint8)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Absmean ternarization (BitNet b1.58 weight quantizer)
+# ---------------------------------------------------------------------------------------------
+
+def ternarize(w: np.ndarray) -> tuple[np.ndarray, float]:
+    """Absmean: scale = mean|w| (at least 1e-5), values = clamp(round(w / scale), -1, 1).
+
+    Matches transformers' BitNet weight quantizer (round half to even, like torch.round).
+    """
+    w = np.asarray(w, dtype=np.float32)
+    scale = max(float(np.abs(w).mean(dtype=np.float64)), 1e-5) if w.size else 1e-5
+    inv = np.float32(1.0 / scale)
+    values = np.clip(np.round(w * inv), -1, 1).astype(np.int8)
+    return values, scale
+
+
+# ---------------------------------------------------------------------------------------------
+# TQ2_0 / TQ1_0 (upstream llama.cpp ternary types)
+# ---------------------------------------------------------------------------------------------
+
+_TQ2_BYTES = 66
+_TQ1_BYTES = 54
+_POW3 = np.array([1, 3, 9, 27, 81], dtype=np.uint8)
+
+
+def _tq_blocks(raw: np.ndarray, shape, block_bytes: int, name: str, where: str | None) -> np.ndarray:
+    n = _prod(shape)
+    if n % QK_K:
+        raise GGUFFormatError(f"{where or name}: {n} values is not a multiple of the {name} block of 256")
+    need = n // QK_K * block_bytes
+    if len(raw) < need:
+        raise GGUFFormatError(f"{where or name}: {len(raw)} bytes, {name} with {n} values needs {need}")
+    return raw[:need].reshape(-1, block_bytes)
+
+
+def _lround(x: np.ndarray) -> np.ndarray:
+    """C lroundf: halves away from zero."""
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+def _block_absmax_scales(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ggml's TQ quantizers: d = absmax per block, q = lround(x / d) + 1 in {0, 1, 2}."""
+    blocks = np.asarray(w, dtype=np.float32).reshape(-1, QK_K)
+    amax = np.abs(blocks).max(axis=1)
+    d16 = amax.astype(np.float16)
+    inv = np.where(amax > 0, np.float32(1) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = (_lround(blocks * inv[:, None]) + 1).astype(np.uint8)
+    return blocks, q, d16
+
+
+def _tq2_codes(blocks: np.ndarray) -> np.ndarray:
+    """(nb, 66) -> codes (nb, 256) in 0..3, value index j*128 + l*32 + m."""
+    qs = blocks[:, :64].reshape(-1, 2, 1, 32)
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    return ((qs >> shifts) & 3).reshape(-1, QK_K)
+
+
+def _tq1_codes(blocks: np.ndarray) -> np.ndarray:
+    """(nb, 54) -> codes (nb, 256) in 0..2."""
+    def digits(b: np.ndarray, count: int) -> np.ndarray:
+        # b: (nb, width) -> (nb, count, width); digit n = ((q * 3^n) mod 256) * 3 >> 8
+        q = (b[:, None, :] * _POW3[:count, None]).astype(np.uint8)      # wraps mod 256 like uint8_t
+        return ((q.astype(np.uint16) * 3) >> 8).astype(np.uint8)
+    nb = len(blocks)
+    first = digits(blocks[:, :32], 5).reshape(nb, 160)
+    second = digits(blocks[:, 32:48], 5).reshape(nb, 80)
+    tail = digits(blocks[:, 48:52], 4).reshape(nb, 16)
+    return np.concatenate([first, second, tail], axis=1)
+
+
+def _tq_d(blocks: np.ndarray) -> np.ndarray:
+    return blocks[:, -2:].copy().view("<f2").reshape(-1).astype(np.float32)
+
+
+def tq2_0_decode(raw: np.ndarray, shape: tuple[int, ...], *, where: str | None = None) -> np.ndarray:
+    """TQ2_0 bytes -> float32 values (q - 1) * d in `shape`, like ggml's dequantize_row_tq2_0."""
+    blocks = _tq_blocks(raw, shape, _TQ2_BYTES, "TQ2_0", where)
+    vals = _tq2_codes(blocks).astype(np.float32) - 1
+    return (vals * _tq_d(blocks)[:, None]).reshape(shape)
+
+
+def tq1_0_decode(raw: np.ndarray, shape: tuple[int, ...], *, where: str | None = None) -> np.ndarray:
+    """TQ1_0 bytes -> float32 values in `shape`, like ggml's dequantize_row_tq1_0."""
+    blocks = _tq_blocks(raw, shape, _TQ1_BYTES, "TQ1_0", where)
+    vals = _tq1_codes(blocks).astype(np.float32) - 1
+    return (vals * _tq_d(blocks)[:, None]).reshape(shape)
+
+
+def tq2_0_encode(w: np.ndarray) -> np.ndarray:
+    """Float values -> TQ2_0 bytes, like ggml's quantize_row_tq2_0_ref."""
+    _, q, d16 = _block_absmax_scales(w)
+    nb = len(q)
+    q = q.reshape(nb, 2, 4, 32)
+    qs = q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)   # (nb, 2, 32)
+    out = np.empty((nb, _TQ2_BYTES), dtype=np.uint8)
+    out[:, :64] = qs.reshape(nb, 64)
+    out[:, 64:] = d16.astype("<f2").view(np.uint8).reshape(nb, 2)
+    return out.reshape(-1)
+
+
+def tq1_0_encode(w: np.ndarray) -> np.ndarray:
+    """Float values -> TQ1_0 bytes, like ggml's quantize_row_tq1_0_ref."""
+    _, q, d16 = _block_absmax_scales(w)
+    nb = len(q)
+
+    def pack(digits: np.ndarray, pad_digit: bool) -> np.ndarray:
+        # digits: (nb, count, width), most significant first -> bytes ceil(sum * 256 / 243)
+        acc = np.zeros(digits.shape[::2], dtype=np.uint16)
+        for k in range(digits.shape[1]):
+            acc = acc * 3 + digits[:, k]
+        if pad_digit:
+            acc = acc * 3
+        return ((acc * 256 + 242) // 243).astype(np.uint8)
+
+    out = np.empty((nb, _TQ1_BYTES), dtype=np.uint8)
+    out[:, :32] = pack(q[:, :160].reshape(nb, 5, 32), False)
+    out[:, 32:48] = pack(q[:, 160:240].reshape(nb, 5, 16), False)
+    out[:, 48:52] = pack(q[:, 240:].reshape(nb, 4, 4), True)
+    out[:, 52:] = d16.astype("<f2").view(np.uint8).reshape(nb, 2)
+    return out.reshape(-1)
+
+
+def tq_to_i2s(raw: np.ndarray, shape: tuple[int, ...], ggml_type: GGMLType | int, *,
+              where: str | None = None) -> tuple[np.ndarray, float]:
+    """A TQ1_0/TQ2_0 tensor -> (int8 ternary values in `shape`, one per-tensor scale).
+
+    BitNet tensors are ternary times one scale, so every block that is not all zero must carry the
+    same d (up to f16 rounding: one f16 ulp). Anything else is not a BitNet tensor: GGUFError.
+    Feed the result to `i2s_encode` to get I2_S bytes.
+    """
+    ggml_type = GGMLType(ggml_type)
+    label = where or ggml_type.name
+    if ggml_type == GGMLType.TQ2_0:
+        blocks = _tq_blocks(raw, shape, _TQ2_BYTES, "TQ2_0", where)
+        codes = _tq2_codes(blocks)
+        if (codes == 3).any():
+            raise GGUFFormatError(f"{label}: TQ2_0 code 3 in block {int(np.argmax((codes == 3).any(1)))}; "
+                                  "not a ternary tensor")
+    elif ggml_type == GGMLType.TQ1_0:
+        blocks = _tq_blocks(raw, shape, _TQ1_BYTES, "TQ1_0", where)
+        codes = _tq1_codes(blocks)
+    else:
+        raise GGUFError(f"{label}: type {ggml_type.name} is not TQ1_0 or TQ2_0")
+    values = codes.astype(np.int8) - 1
+    d = _tq_d(blocks)
+    if not np.isfinite(d).all():
+        raise GGUFFormatError(f"{label}: non-finite block scale in block {int(np.argmax(~np.isfinite(d)))}")
+    live = (values != 0).any(axis=1)
+    if not live.any():
+        return values.reshape(shape), 0.0
+    ds = d[live]
+    lo, hi = float(ds.min()), float(ds.max())
+    if hi - lo > hi * 2.0 ** -10:
+        raise GGUFFormatError(
+            f"{label}: block scales range from {lo} to {hi}; a BitNet tensor has one scale per tensor, "
+            "so this tensor cannot be converted to ternary values + one scale")
+    if hi <= 0:
+        raise GGUFFormatError(f"{label}: non-zero ternary values with block scale {hi}")
+    return values.reshape(shape), float(np.median(ds))

@@ -1,0 +1,202 @@
+"""The sampler, which takes logits and returns a token; and the stop-string matcher.
+
+Order of operations follows llama.cpp's default chain: repetition penalty -> top-k -> top-p ->
+min-p -> temperature -> draw. Top-p and min-p therefore look at the temperature-1 distribution,
+and temperature only reshapes what survives them. Temperature 0 is greedy (argmax after the
+penalty), never a division by zero.
+
+Imports only numpy and the standard library.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["Sampler", "SamplerSettings", "StopMatcher", "StopResult"]
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """How to pick the next token. Defaults are llama.cpp's."""
+
+    temperature: float = 0.8  # 0 = greedy
+    top_k: int = 40  # 0 = off (all tokens)
+    top_p: float = 0.95  # 1.0 = off
+    min_p: float = 0.0  # 0.0 = off; keep tokens with p >= min_p * p_max
+    repetition_penalty: float = 1.0  # 1.0 = off; > 1 discourages repeats
+    repeat_last_n: int = 64  # how many recent tokens the penalty looks at; 0 = none, -1 = all
+    seed: int | None = None  # None = fresh entropy each Sampler
+
+    def __post_init__(self) -> None:
+        def number(name: str) -> float:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"SamplerSettings.{name} must be a finite number, got {value!r}")
+            return float(value)
+
+        def integer(name: str) -> int:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"SamplerSettings.{name} must be an integer, got {value!r}")
+            return int(value)
+
+        if number("temperature") < 0:
+            raise ValueError(f"SamplerSettings.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if integer("top_k") < 0:
+            raise ValueError(f"SamplerSettings.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < number("top_p") <= 1.0:
+            raise ValueError(f"SamplerSettings.top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        if not 0.0 <= number("min_p") <= 1.0:
+            raise ValueError(f"SamplerSettings.min_p must be in [0, 1] (0 = off), got {self.min_p}")
+        if number("repetition_penalty") <= 0:
+            raise ValueError(
+                f"SamplerSettings.repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}"
+            )
+        if integer("repeat_last_n") < -1:
+            raise ValueError(
+                f"SamplerSettings.repeat_last_n must be >= -1 (0 = none, -1 = all), got {self.repeat_last_n}"
+            )
+        if self.seed is not None:
+            if integer("seed") < 0:
+                raise ValueError(f"SamplerSettings.seed must be >= 0 or None, got {self.seed}")
+
+
+class Sampler:
+    """Draws tokens from logits with its own seeded random generator (reproducible per seed)."""
+
+    def __init__(self, settings: SamplerSettings | None = None) -> None:
+        self.settings = settings if settings is not None else SamplerSettings()
+        self._rng = np.random.default_rng(self.settings.seed)
+
+    def reseed(self, seed: int | None) -> None:
+        self._rng = np.random.default_rng(seed)
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        """The next token id. `logits`: float [V]; `history`: token ids so far (for the penalty)."""
+        s = self.settings
+        logits = np.asarray(logits)
+        if logits.ndim != 1 or logits.shape[0] == 0:
+            raise ValueError(f"logits must be a non-empty 1-D array [vocab], got shape {logits.shape}")
+        if np.isnan(logits).any():
+            raise ValueError("logits contain NaN (the forward pass produced invalid values)")
+        logits = self._penalize(logits.astype(np.float32, copy=False), history)
+
+        top = float(np.max(logits))
+        if top == -np.inf:
+            raise ValueError("all logits are -inf: no token can be sampled")
+        if s.temperature == 0.0 or top == np.inf:
+            # Greedy; also the only sensible answer when a logit is +inf (the softmax is one-hot).
+            return int(np.argmax(logits))
+        vocab = logits.shape[0]
+
+        # top-k: O(V) selection, then sort only the k survivors (descending).
+        if 0 < s.top_k < vocab:
+            cand = np.argpartition(-logits, s.top_k - 1)[: s.top_k]
+        else:
+            cand = np.arange(vocab)
+        cand_logits = logits[cand].astype(np.float64)
+        order = np.argsort(-cand_logits, kind="stable")
+        cand = cand[order]
+        cand_logits = cand_logits[order]
+
+        # Probabilities at temperature 1, for top-p and min-p (llama.cpp applies temperature last).
+        if s.top_p < 1.0 or s.min_p > 0.0:
+            probs = _softmax(cand_logits)
+            keep = len(cand)
+            if s.top_p < 1.0:
+                # Smallest prefix whose mass reaches top_p (the token that crosses it is kept).
+                cum = np.cumsum(probs)
+                keep = min(keep, int(np.searchsorted(cum, s.top_p, side="left")) + 1)
+            if s.min_p > 0.0:
+                keep = min(keep, int(np.count_nonzero(probs >= s.min_p * probs[0])))
+            keep = max(keep, 1)
+            cand = cand[:keep]
+            cand_logits = cand_logits[:keep]
+
+        probs = _softmax(cand_logits / s.temperature)
+        # Inverse-CDF draw: robust to the rounding that makes probs.sum() differ from 1 by an ulp.
+        cum = np.cumsum(probs)
+        index = int(np.searchsorted(cum, self._rng.random() * cum[-1], side="right"))
+        return int(cand[min(index, len(cand) - 1)])
+
+    def _penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """llama.cpp's repetition penalty: each distinct token among the last N has its logit divided
+        by the penalty if positive, multiplied if negative."""
+        s = self.settings
+        if s.repetition_penalty == 1.0 or s.repeat_last_n == 0 or len(history) == 0:
+            return logits
+        recent = history if s.repeat_last_n == -1 else history[-s.repeat_last_n :]
+        ids = np.unique(np.asarray(recent, dtype=np.int64))
+        if ids.size and (ids[0] < 0 or ids[-1] >= logits.shape[0]):
+            raise ValueError(f"history holds token ids outside 0..{logits.shape[0] - 1}")
+        logits = logits.copy()
+        selected = logits[ids]
+        logits[ids] = np.where(
+            selected > 0, selected / s.repetition_penalty, selected * s.repetition_penalty
+        ).astype(np.float32)
+        return logits
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - np.max(x))
+    return e / e.sum()
+
+
+class StopResult(NamedTuple):
+    text: str  # safe to show now
+    stopped: bool  # a stop string was found; `text` is everything before it
+
+
+class StopMatcher:
+    """Cuts generated text at the first stop string, without ever showing part of one.
+
+    Text is fed piece by piece; a suffix that could still grow into a stop string is held back until
+    the next piece settles it. After a match, everything else is discarded.
+    """
+
+    def __init__(self, stop_strings: Iterable[str]) -> None:
+        stops = tuple(stop_strings)
+        for i, stop in enumerate(stops):
+            if not isinstance(stop, str) or not stop:
+                raise ValueError(f"stop_strings[{i}] must be a non-empty string, got {stop!r}")
+        self.stop_strings = stops
+        self._held = ""
+        self.stopped = False
+
+    def push(self, piece: str) -> StopResult:
+        if self.stopped:
+            return StopResult("", True)
+        text = self._held + piece
+        first = -1
+        for stop in self.stop_strings:
+            at = text.find(stop)
+            if at != -1 and (first == -1 or at < first):
+                first = at
+        if first != -1:
+            self._held = ""
+            self.stopped = True
+            return StopResult(text[:first], True)
+        hold = self._partial_suffix(text)
+        self._held = text[len(text) - hold :] if hold else ""
+        return StopResult(text[: len(text) - hold], False)
+
+    def flush(self) -> str:
+        """End of generation without a stop: the held-back text, which turned out to be plain text."""
+        text = "" if self.stopped else self._held
+        self._held = ""
+        return text
+
+    def _partial_suffix(self, text: str) -> int:
+        """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+        best = 0
+        for stop in self.stop_strings:
+            for length in range(min(len(stop) - 1, len(text)), best, -1):
+                if text.endswith(stop[:length]):
+                    best = length
+                    break
+        return best

@@ -1,0 +1,502 @@
+"""The chat page (static/index.html), main thread.
+
+State the page keeps: the conversation (`self.messages`, without the system prompt), the model
+list, and the engine worker client. The page never holds model bytes. Streaming text is appended
+as Text nodes; nothing from a model or a file is interpreted as HTML.
+
+Test hooks: `#app` carries data-engine ("starting" | "ready" | "missing" | "failed"), data-model
+("none" | "loading" | "loaded" | "header" | "error") and data-busy ("1" while generating); each
+reply bubble carries data-pieces (streamed pieces received) and data-state ("streaming" | "done" |
+"aborted" | "error").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import js
+
+from . import page
+from .client import EngineClient, shared_client, site_root
+from .dom import Listeners, append_text, by_id, clear, el, render_failure, set_text, show
+from .failures import describe
+from .modelinfo import info_rows
+from .progress import RateMeter, fraction, progress_text
+from .settings import DEFAULT_SYSTEM_PROMPT, FIELDS, SettingsError, parse_form
+
+LAST_MODEL_KEY = "bitnet-web:last-model"
+
+
+class ChatApp:
+    def __init__(self, root_url: str) -> None:
+        self.root_url = root_url
+        self.client: EngineClient | None = None
+        self.listeners = Listeners()
+        self.cache_listeners = Listeners()  # the delete buttons, rebuilt with the list
+        self.messages: list[dict[str, str]] = []
+        self.manifest: dict[str, Any] = {"models": []}
+        self.cached: list[dict[str, Any]] = []
+        self.info: dict[str, Any] | None = None
+        self.stats: dict[str, Any] | None = None
+        self.loading = False
+        self.generating = False
+        self.meter = RateMeter()
+        self.n = {name: by_id(name) for name in (
+            "app", "status", "offline-status", "failure", "notice", "messages", "stats", "composer",
+            "prompt", "send", "stop", "new-chat", "model-select", "custom-url-row", "custom-url", "load",
+            "cancel-load", "progress", "progress-text", "model-info", "system-prompt", "settings-fields",
+            "settings-error", "storage-summary", "persist", "cache-list")}
+
+    # -- start ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._state(engine="starting", model="none", busy="0")
+        self._status("Checking WebGPU…")
+        kind, gpu_text = await page.probe_webgpu()
+        asyncio.ensure_future(self._offline())
+        if kind is not None:
+            self._state(engine="failed")
+            f = describe(kind, gpu_text)
+            render_failure(self.n["failure"], f.title, f.message, f.advice)
+            show(self.n["app"], False)
+            self._status(f.title)
+            return
+        self._build_settings()
+        self._bind()
+        try:
+            self.manifest = await page.fetch_json(self.root_url + "models/models.json")
+        except Exception as e:
+            self._notice("download", f"The model list could not be read: {e}")
+        self._fill_model_select()
+        self._status("Starting the engine worker (Python + numpy)…")
+        self.client = shared_client(self.root_url)
+        self.client.listeners.append(self._on_worker_event)
+        ready = await self.client.init()
+        if ready["event"] == "error":
+            self._state(engine="failed")
+            self._show_error(ready)
+            return
+        self._state(engine="ready" if ready.get("engine_available") else "missing")
+        gpu = ready.get("gpu") or {}
+        self._status(f"Ready. {gpu_text}" if gpu.get("available") else
+                     f"Ready, but the worker sees no GPU: {gpu.get('error')}")
+        if ready.get("engine_error"):
+            self._notice("engine_missing", ready["engine_error"])
+        if ready.get("store_error"):
+            self._notice("quota", f"Browser storage is unavailable: {ready['store_error']}")
+        await self._refresh_cache()
+        self.n["load"].disabled = False
+        self._pick_start_model()
+        await self.load_selected()
+
+    def _state(self, **attrs: str) -> None:
+        for k, v in attrs.items():
+            self.n["app"].setAttribute("data-" + k, v)
+
+    def _status(self, text: str) -> None:
+        set_text(self.n["status"], text)
+
+    async def _offline(self) -> None:
+        text = await page.register_service_worker(self.root_url)
+        set_text(self.n["offline-status"], text)
+        self.n["offline-status"].setAttribute("data-ready", "1" if text == "Available offline" else "0")
+
+    # -- building the form ------------------------------------------------------------------------
+
+    def _build_settings(self) -> None:
+        box = self.n["settings-fields"]
+        clear(box)
+        for f in FIELDS:
+            field_id = "setting-" + f.name.replace("_", "-")
+            attrs = {"id": field_id, "name": f.name, "type": "number", "inputmode": "decimal",
+                     "min": f"{f.low:g}", "max": f"{f.high:g}",
+                     "step": "1" if f.kind is int else "0.05", "value": "" if f.default is None else f"{f.default:g}"}
+            if f.default is None:
+                attrs["placeholder"] = "random"
+            box.append(el("label", children=[el("span", f.label), el("input", attrs=attrs),
+                                              el("small", f.hint, cls="muted")]))
+        self.n["system-prompt"].value = DEFAULT_SYSTEM_PROMPT
+
+    def _bind(self) -> None:
+        on = self.listeners.on
+        on(self.n["composer"], "submit", self._on_submit)
+        on(self.n["prompt"], "keydown", self._on_keydown)
+        on(self.n["stop"], "click", lambda e: self.stop())
+        on(self.n["new-chat"], "click", lambda e: self.new_chat())
+        on(self.n["load"], "click", lambda e: asyncio.ensure_future(self.load_selected()))
+        on(self.n["cancel-load"], "click", lambda e: self.client and self.client.cancel_load())
+        on(self.n["model-select"], "change", lambda e: self._on_model_change())
+        on(self.n["persist"], "click", lambda e: asyncio.ensure_future(self._persist()))
+
+    def _fill_model_select(self) -> None:
+        select = self.n["model-select"]
+        clear(select)
+        known = set()
+        for entry in self.manifest.get("models", []):
+            d = page.model_descriptor(entry, self.root_url)
+            known.add(d["key"])
+            label = entry.get("name") or d["url"]
+            if entry.get("bundled"):
+                label += " (bundled)"
+            select.append(el("option", label, attrs={"value": d["key"]}))
+        for entry in self.cached:
+            if entry["key"] not in known:
+                select.append(el("option", f"Cached: {entry.get('name') or entry['key']}",
+                                 attrs={"value": entry["key"]}))
+        select.append(el("option", "Custom URL…", attrs={"value": page.CUSTOM}))
+        self._on_model_change()
+
+    def _on_model_change(self) -> None:
+        show(self.n["custom-url-row"], self.n["model-select"].value == page.CUSTOM)
+
+    def _pick_start_model(self) -> None:
+        last = js.localStorage.getItem(LAST_MODEL_KEY)
+        complete = {e["key"] for e in self.cached if e.get("complete")}
+        bundled = {page.model_descriptor(m, self.root_url)["key"] for m in self.manifest.get("models", [])
+                   if m.get("bundled")}
+        if last is not None and (str(last) in complete or str(last) in bundled):
+            self.n["model-select"].value = str(last)
+        elif self.manifest.get("models"):
+            default = next((m for m in self.manifest["models"] if m.get("id") == self.manifest.get("default")),
+                           self.manifest["models"][0])
+            self.n["model-select"].value = page.model_descriptor(default, self.root_url)["key"]
+        self._on_model_change()
+
+    def _selected_model(self) -> dict[str, Any]:
+        value = str(self.n["model-select"].value)
+        if value == page.CUSTOM:
+            return page.custom_descriptor(str(self.n["custom-url"].value))
+        for entry in self.manifest.get("models", []):
+            d = page.model_descriptor(entry, self.root_url)
+            if d["key"] == value:
+                return d
+        for entry in self.cached:
+            if entry["key"] == value:
+                return {"key": entry["key"], "url": entry["url"], "name": entry.get("name"), "size": None,
+                        "size_hint": entry.get("total"), "sha256": None, "bundled": False}
+        raise ValueError("choose a model first")
+
+    # -- loading a model --------------------------------------------------------------------------
+
+    async def load_selected(self) -> None:
+        if self.loading or self.client is None:
+            return
+        try:
+            model = self._selected_model()
+        except ValueError as e:
+            self._notice("download", str(e))
+            return
+        cached = next((e for e in self.cached if e["key"] == model["key"]), None)
+        if not (cached and cached.get("complete")):
+            needed = (model.get("size") or model.get("size_hint") or 0) - (cached or {}).get("stored", 0)
+            shortfall = await page.storage_shortfall(needed)
+            if shortfall:
+                self._show_error({"kind": "quota", "message": shortfall})
+                self._state(model="error")
+                return
+            if not model.get("bundled"):
+                asyncio.ensure_future(self._persist(quiet=True))
+        self.loading = True
+        self._hide_notice()
+        self._state(model="loading")
+        self._set_busy_controls()
+        self.meter.reset()
+        show(self.n["progress"])
+        show(self.n["cancel-load"])
+        self._status(f"Loading {model['name']}…")
+        try:
+            result = await self.client.load(model, self._on_load_event)
+        finally:
+            self.loading = False
+            show(self.n["progress"], False)
+            show(self.n["cancel-load"], False)
+            self._set_busy_controls()
+        if result["event"] == "loaded":
+            self.info = result.get("info") or {}
+            self.stats = None
+            self._render_info()
+            self._state(model="loaded")
+            js.localStorage.setItem(LAST_MODEL_KEY, model["key"])
+            where = "browser storage" if result.get("source") == "cache" else "the network"
+            set_text(self.n["progress-text"], f"Loaded from {where}.")
+            self._status(f"{model['name']} is ready.")
+            self.n["prompt"].focus()
+        else:
+            if result.get("info"):
+                self.info = result["info"]
+                self._render_info()
+            self._state(model="header" if result.get("kind") == "engine_missing" else "error")
+            if result.get("kind") == "engine_missing":
+                js.localStorage.setItem(LAST_MODEL_KEY, model["key"])
+            set_text(self.n["progress-text"], "")
+            self._show_error(result)
+            self._status(describe(result.get("kind", "internal"), "").title)
+        self._set_busy_controls()
+
+    def _on_load_event(self, msg: dict[str, Any]) -> None:
+        ev = msg["event"]
+        if ev == "progress":
+            done, total = int(msg["done"]), msg.get("total")
+            if msg["phase"] == "download":
+                self.meter.add(time.monotonic(), done)
+                rate, eta = self.meter.rate(), self.meter.eta(total)
+            else:
+                rate = eta = None
+            set_text(self.n["progress-text"], progress_text(msg["phase"], done, total, rate, eta))
+            frac = fraction(done, total)
+            bar = self.n["progress"]
+            if frac is None:
+                bar.removeAttribute("value")
+            else:
+                bar.max = 1
+                bar.value = frac
+            bar.setAttribute("data-phase", msg["phase"])
+        elif ev == "header":
+            self.info = msg["info"]
+            self._render_info()
+        elif ev == "log":
+            self._log(msg.get("message", ""))
+
+    def _on_worker_event(self, msg: dict[str, Any]) -> None:
+        if msg["event"] == "models":
+            self._render_cache(msg)
+        elif msg["event"] == "log":
+            self._log(msg.get("message", ""))
+        elif msg["event"] == "fatal":
+            self._state(engine="failed")
+            self._show_error({**msg, "kind": msg.get("kind", "worker_start")})
+
+    def _log(self, text: str) -> None:
+        js.console.info(f"bitnet-web: {text}")
+        set_text(self.n["progress-text"], text)
+
+    def _render_info(self) -> None:
+        box = self.n["model-info"]
+        clear(box)
+        for label, value in info_rows(self.info or {}, self.stats):
+            box.append(el("dt", label))
+            box.append(el("dd", value))
+
+    # -- chat -------------------------------------------------------------------------------------
+
+    def _on_keydown(self, event: Any) -> None:
+        if event.key == "Enter" and not event.shiftKey and not event.isComposing:
+            event.preventDefault()
+            asyncio.ensure_future(self.send())
+
+    def _on_submit(self, event: Any) -> None:
+        event.preventDefault()
+        asyncio.ensure_future(self.send())
+
+    def _settings(self) -> dict[str, Any] | None:
+        values = {f.name: str(by_id("setting-" + f.name.replace("_", "-")).value) for f in FIELDS}
+        try:
+            settings = parse_form(values)
+        except SettingsError as e:
+            set_text(self.n["settings-error"], str(e))
+            by_id("settings-panel").open = True
+            return None
+        set_text(self.n["settings-error"], "")
+        return settings
+
+    async def send(self) -> None:
+        text = str(self.n["prompt"].value)
+        if not text.strip() or self.generating or self.loading or self.client is None:
+            return
+        settings = self._settings()
+        if settings is None:
+            return
+        self.n["prompt"].value = ""
+        system = str(self.n["system-prompt"].value).strip()
+        self.messages.append({"role": "user", "content": text})
+        conversation = ([{"role": "system", "content": system}] if system else []) + list(self.messages)
+        self._bubble("user", text)
+        reply = self._bubble("assistant", "")
+        reply.setAttribute("data-state", "streaming")
+        reply.setAttribute("data-pieces", "0")
+        pieces: list[str] = []
+
+        def on_piece(piece: str) -> None:
+            pieces.append(piece)
+            append_text(reply, piece)
+            reply.setAttribute("data-pieces", str(len(pieces)))
+            self._scroll()
+
+        self.generating = True
+        self._state(busy="1")
+        self._set_busy_controls()
+        set_text(self.n["stats"], "Generating…")
+        try:
+            result = await self.client.chat(conversation, settings, on_piece)
+        finally:
+            self.generating = False
+            self._state(busy="0")
+            self._set_busy_controls()
+        if result["event"] == "done":
+            self.messages.append({"role": "assistant", "content": "".join(pieces)})
+            reply.setAttribute("data-state", "aborted" if result.get("reason") == "aborted" else "done")
+            if result.get("reason") == "aborted":
+                reply.append(el("span", " [stopped]", cls="stopped"))
+            self.stats = result.get("stats") or {}
+            set_text(self.n["stats"], stats_line(self.stats, result.get("reason")))
+            self._render_info()
+        else:
+            self.messages.pop()  # the turn failed: the next one starts from the last good state
+            reply.setAttribute("data-state", "error")
+            f = describe(result.get("kind", "internal"), result.get("message", ""))
+            reply.classList.add("error")
+            append_text(reply, f"{f.title}: {f.message}")
+            set_text(self.n["stats"], "")
+            if result.get("fatal"):
+                self._show_error(result)
+        self.n["prompt"].focus()
+
+    def stop(self) -> None:
+        if self.generating and self.client is not None:
+            self.client.abort()
+            self._status("Stopping after the current token…")
+
+    def new_chat(self) -> None:
+        if self.generating and self.client is not None:
+            self.client.abort()
+        self.messages = []
+        clear(self.n["messages"])
+        set_text(self.n["stats"], "")
+        if self.client is not None:
+            self.client.reset()
+        self.stats = None
+        self._render_info()
+        self.n["prompt"].focus()
+
+    def _bubble(self, role: str, text: str) -> Any:
+        node = el("div", cls=f"msg {role}", attrs={"data-role": role})
+        node.append(el("div", "You" if role == "user" else "BitNet", cls="who"))
+        body = el("div", text, cls="text")
+        node.append(body)
+        self.n["messages"].append(node)
+        self._scroll()
+        return body
+
+    def _scroll(self) -> None:
+        box = self.n["messages"]
+        box.scrollTop = box.scrollHeight
+
+    def _set_busy_controls(self) -> None:
+        loaded = self.n["app"].getAttribute("data-model") in ("loaded", "header")
+        self.n["send"].disabled = self.generating or self.loading or not loaded
+        self.n["prompt"].disabled = self.loading or not loaded
+        self.n["stop"].disabled = not self.generating
+        self.n["load"].disabled = self.loading or self.generating or self.client is None
+
+    # -- storage ----------------------------------------------------------------------------------
+
+    async def _refresh_cache(self) -> None:
+        if self.client is not None:
+            self._render_cache(await self.client.list_models())
+
+    def _render_cache(self, msg: dict[str, Any]) -> None:
+        from .progress import format_bytes
+        self.cached = msg.get("entries") or []
+        box = self.n["cache-list"]
+        self.cache_listeners.clear()
+        clear(box)
+        for entry in sorted(self.cached, key=lambda e: e.get("name") or ""):
+            total, stored = entry.get("total"), entry.get("stored") or 0
+            state = "complete" if entry.get("complete") else f"partial, {format_bytes(stored)} of " \
+                                                            f"{format_bytes(total)}"
+            button = el("button", "Delete", attrs={"type": "button", "data-key": entry["key"]})
+            item = el("li", attrs={"data-key": entry["key"], "data-complete": "1" if entry.get("complete") else "0"},
+                      children=[el("span", entry.get("name") or entry["key"], cls="name"),
+                                el("span", f"{format_bytes(total if entry.get('complete') else stored)}, {state}",
+                                   cls="muted"), button])
+            key = entry["key"]
+            self.cache_listeners.on(button, "click", lambda e, key=key: asyncio.ensure_future(self._delete(key)))
+            box.append(item)
+        if not self.cached:
+            box.append(el("li", "No models stored yet.", cls="muted"))
+        est = msg.get("estimate") or {}
+        summary = (f"Using {format_bytes(est.get('usage'))} of {format_bytes(est.get('quota'))} available "
+                   "to this site." if est else "")
+        set_text(self.n["storage-summary"], summary)
+        selected = str(self.n["model-select"].value) if self.n["model-select"].value else None
+        self._fill_model_select()
+        if selected is not None and any(str(o.value) == selected for o in self.n["model-select"].options):
+            self.n["model-select"].value = selected
+            self._on_model_change()
+
+    async def _delete(self, key: str) -> None:
+        if self.client is not None:
+            self._render_cache(await self.client.delete_model(key))
+
+    async def _persist(self, quiet: bool = False) -> None:
+        granted = await page.request_persistence()
+        text = {True: "Stored models are kept (persistent storage granted).",
+                False: "The browser may evict stored models when space runs low (persistent storage "
+                       "was not granted).",
+                None: "This browser cannot make storage persistent."}[granted]
+        self.n["persist"].setAttribute("data-persisted", {True: "1", False: "0", None: ""}[granted])
+        if not quiet or granted:
+            set_text(self.n["storage-summary"], text)
+
+    # -- messages ---------------------------------------------------------------------------------
+
+    def _show_error(self, msg: dict[str, Any]) -> None:
+        f = describe(msg.get("kind", "internal"), msg.get("message", ""))
+        if f.fatal:
+            render_failure(self.n["failure"], f.title, f.message, f.advice, msg.get("detail", ""))
+            show(self.n["app"], False)
+        else:
+            render_failure(self.n["notice"], f.title, f.message, f.advice, msg.get("detail", ""))
+            self.n["notice"].setAttribute("data-kind", f.kind)
+
+    def _notice(self, kind: str, message: str) -> None:
+        self._show_error({"kind": kind, "message": message})
+
+    def _hide_notice(self) -> None:
+        show(self.n["notice"], False)
+        self.n["notice"].removeAttribute("data-kind")
+
+
+def stats_line(stats: dict[str, Any], reason: str | None = None) -> str:
+    """"42 tokens, 12.3 tok/s, first token after 0.41 s" (plus "stopped")."""
+    parts = []
+    n = stats.get("n_generated")
+    if n is not None:
+        parts.append(f"{int(n)} tokens")
+    speed = stats.get("decode_tok_per_s")
+    if speed:
+        parts.append(f"{float(speed):.1f} tok/s")
+    ttft = stats.get("ttft_s")
+    if ttft is not None:
+        parts.append(f"first token after {float(ttft):.2f} s")
+    if reason == "aborted":
+        parts.append("stopped")
+    return ", ".join(parts)
+
+
+_app: ChatApp | None = None
+
+
+def start(root: str = "./") -> None:
+    """Entry point from static/index.html's <script type="py">."""
+    global _app
+    _app = ChatApp(site_root(root))
+    task = asyncio.ensure_future(_app.start())
+    task.add_done_callback(_report_crash)
+
+
+def _report_crash(task: asyncio.Task) -> None:
+    if task.cancelled() or task.exception() is None:
+        return
+    import traceback
+    exc = task.exception()
+    text = "".join(traceback.format_exception(exc))
+    js.console.error(text)
+    try:
+        f = describe("internal", f"{type(exc).__name__}: {exc}")
+        render_failure(by_id("failure"), f.title, f.message, f.advice, text[-3000:])
+    except Exception:
+        pass
+

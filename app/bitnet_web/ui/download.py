@@ -1,0 +1,350 @@
+"""Fetching a model into the IndexedDB cache: streamed, chunked, resumable, checked early.
+
+One `ModelDownloader.ensure_cached(model)` call ends with a complete cache entry or a typed error:
+- the stream is written to `ModelStore` in CHUNK_BYTES pieces as it arrives (never one big buffer);
+- the first bytes must be the GGUF magic, and the header is parsed as soon as it has arrived, so a
+  web page, a truncated file or a lying length is reported before gigabytes are fetched;
+- a dropped connection or a short response resumes with `Range: bytes=<stored>-` (and `If-Range`
+  so a changed file restarts instead of splicing two versions); a server that ignores Range
+  restarts from zero; a few automatic retries, then a message saying Load resumes;
+- the expected size (model list) and the server's length must agree; SHA-256 per chunk is kept
+  for the read-back check in `ModelStore.read_into`.
+
+The pure helpers (`parse_content_range`, `describe_non_gguf`, `is_strong_etag`) are tested under
+CPython; the rest runs in the worker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+CHUNK_BYTES = 16 * 1024 * 1024
+HEADER_LIMIT = 256 * 1024 * 1024  # a header (vocabulary + merges) beyond this is refused
+MAX_AUTO_RESUMES = 4
+RESUME_BACKOFF_S = (0.5, 1.0, 2.0, 4.0)
+PROGRESS_EVERY_S = 0.1
+
+
+class DownloadError(Exception):
+    """The model could not be fetched: HTTP status, network failure, size mismatch."""
+
+    failure_kind = "download"
+
+
+class NotGGUFError(Exception):
+    """The URL answered with something that is not a GGUF file (e.g. an HTML page)."""
+
+    failure_kind = "not_gguf"
+
+
+class DownloadCancelled(Exception):
+    failure_kind = "cancelled"
+
+
+class QuotaError(Exception):
+    failure_kind = "quota"
+
+
+class _Interrupted(Exception):
+    """The transfer stopped early; resumable."""
+
+
+class ContentRange(NamedTuple):
+    first: int
+    last: int
+    total: int | None
+
+
+def parse_content_range(value: str | None) -> ContentRange | None:
+    """`bytes 100-199/1000` (or `/*`) -> ContentRange; None when absent or malformed."""
+    if not value:
+        return None
+    unit, _, rest = value.strip().partition(" ")
+    span, _, total_s = rest.partition("/")
+    first_s, _, last_s = span.partition("-")
+    if unit.lower() != "bytes":
+        return None
+    try:
+        first, last = int(first_s), int(last_s)
+        total = None if total_s.strip() == "*" else int(total_s)
+    except ValueError:
+        return None
+    if first < 0 or last < first or (total is not None and last >= total):
+        return None
+    return ContentRange(first, last, total)
+
+
+def is_strong_etag(etag: str | None) -> bool:
+    """Only strong validators may be used in If-Range (RFC 9110 13.1.5)."""
+    return bool(etag) and not etag.startswith("W/") and etag.startswith('"')
+
+
+def describe_non_gguf(first_bytes: bytes, content_type: str | None, url: str) -> str:
+    """Why a response is not a model, in words: what it starts with and what the server called it."""
+    head = first_bytes[:64]
+    printable = "".join(chr(b) if 32 <= b < 127 else "." for b in head)
+    looks_html = head.lstrip().lower().startswith((b"<!doctype", b"<html", b"<"))
+    kind = ("an HTML page" if looks_html or (content_type or "").startswith("text/html")
+            else f"content of type {content_type}" if content_type else "data")
+    return (f"{url} returned {kind}, not a GGUF model: the first bytes are {printable[:24]!r} "
+            f"(a GGUF file starts with 'GGUF')")
+
+
+def content_length(headers: Any) -> int | None:
+    """Content-Length when it is the length of the body we will read (not when compressed)."""
+    if headers.get("Content-Encoding") not in (None, "", "identity"):
+        return None
+    value = headers.get("Content-Length")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+class ModelDownloader:
+    """Fills a `ModelStore` entry from the network. Events go to `emit(dict)`."""
+
+    def __init__(self, store: Any, emit: Callable[[dict], None]) -> None:
+        self.store = store
+        self.emit = emit
+        self.cancel_requested = False
+        self._reader = None
+        self._last_progress = 0.0
+
+    def cancel(self) -> None:
+        self.cancel_requested = True
+        if self._reader is not None:
+            _cancel_quietly(self._reader)
+
+    async def ensure_cached(self, model: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """(complete meta, "cache" | "network") for `model` = {key, url, name, size, sha256}."""
+        key = model["key"]
+        meta = await self.store.get(key)
+        if meta is not None and meta.get("complete"):
+            return meta, "cache"
+        if meta is None or int(meta.get("stored") or 0) == 0:
+            meta = await self.store.begin(key, url=model["url"], name=model.get("name") or key,
+                                          sha256=model.get("sha256"))
+        elif meta.get("stored"):
+            self.emit({"event": "log", "message": f"resuming the download of {meta['name']} at byte "
+                                                  f"{meta['stored']:,}"})
+        if meta.get("header"):
+            self.emit({"event": "header", "info": meta["header"]})
+        attempts = 0
+        while True:
+            received_before = int(meta["stored"])
+            try:
+                await self._transfer(model, meta)
+                if meta["total"] is None:
+                    meta["total"] = meta["stored"]  # no length given: what arrived is the file
+                if meta["stored"] == meta["total"]:
+                    break
+                raise _Interrupted(f"the response ended at byte {meta['stored']:,} of {meta['total']:,} "
+                                   "(shorter than its Content-Length)")
+            except _Interrupted as e:
+                attempts += 1
+                progressed = int(meta["stored"]) > received_before
+                if attempts > MAX_AUTO_RESUMES or (int(meta["stored"]) == 0 and not progressed):
+                    stored = int(meta["stored"])
+                    where = (f" {stored:,} of {meta['total']:,} bytes are kept: press Load to resume."
+                             if stored and meta["total"] else "")
+                    raise DownloadError(f"{e}.{where}") from None
+                delay = RESUME_BACKOFF_S[min(attempts - 1, len(RESUME_BACKOFF_S) - 1)]
+                self.emit({"event": "log", "message": f"{e}; resuming at byte {meta['stored']:,} "
+                                                      f"in {delay:g} s (retry {attempts})"})
+                from .jsutil import sleep_promise
+                await sleep_promise(delay)
+                if self.cancel_requested:
+                    raise DownloadCancelled("download cancelled; press Load to resume") from None
+        meta["complete"] = True
+        await self.store.put_meta(meta)
+        return meta, "network"
+
+    async def _transfer(self, model: dict[str, Any], meta: dict[str, Any]) -> None:
+        """One HTTP request continuing `meta` from `meta["stored"]`."""
+        import js
+        from pyodide.ffi import JsException
+
+        from .jsutil import error_message, js_obj
+
+        url = model["url"]
+        start = int(meta["stored"])
+        headers: dict[str, str] = {}
+        if start > 0:
+            headers["Range"] = f"bytes={start}-"
+            validator = meta.get("etag") if is_strong_etag(meta.get("etag")) else meta.get("last_modified")
+            if validator:
+                headers["If-Range"] = validator
+        try:
+            resp = await js.fetch(url, js_obj({"headers": js_obj(headers), "cache": "no-store"}))
+        except JsException as e:
+            raise _Interrupted(f"could not connect to {_host(url)} ({error_message(e)}: the server is "
+                               "unreachable, the browser is offline, or the server does not allow "
+                               "cross-origin requests)") from None
+        status = int(resp.status)
+        if status == 416 and start > 0 and meta.get("total") == start:
+            return  # everything was already stored
+        if status not in (200, 206):
+            raise DownloadError(f"HTTP {status} {resp.statusText or ''} from {_host(url)} for {url}".rstrip())
+        total: int | None
+        if status == 206:
+            cr = parse_content_range(resp.headers.get("Content-Range"))
+            if cr is None or cr.first != start:
+                raise DownloadError(f"{_host(url)} answered a request for bytes from {start:,} with "
+                                    f"Content-Range {resp.headers.get('Content-Range')!r}")
+            total = cr.total
+            if meta.get("total") is not None and total is not None and total != meta["total"]:
+                raise DownloadError(f"{url} changed size during the download ({meta['total']:,} -> "
+                                    f"{total:,} bytes); delete the partial copy and load again")
+        else:
+            total = content_length(resp.headers)
+            if start > 0:
+                self.emit({"event": "log", "message": f"{_host(url)} ignored the range request (or the "
+                                                      "file changed): downloading from the start"})
+                fresh = await self.store.begin(meta["key"], url=meta["url"], name=meta["name"],
+                                               sha256=meta.get("sha256"))
+                meta.clear()
+                meta.update(fresh)
+                start = 0
+        expected = model.get("size")
+        if expected and total is not None and total != expected:
+            raise DownloadError(f"{url} is {total:,} bytes but the model list says {expected:,}: "
+                                "a different or damaged file")
+        meta["total"] = total
+        meta["etag"] = resp.headers.get("ETag")
+        meta["last_modified"] = resp.headers.get("Last-Modified")
+        await self.store.put_meta(meta)
+        if total is not None:
+            await _check_quota(total - start)
+        if resp.body is None:
+            raise DownloadError(f"{url}: the response has no body")
+        await self._stream(resp, meta, model, content_type=resp.headers.get("Content-Type"))
+
+    async def _stream(self, resp: Any, meta: dict[str, Any], model: dict[str, Any],
+                      content_type: str | None) -> None:
+        import js
+        from pyodide.ffi import JsException
+
+        from .jsutil import error_message
+
+        reader = resp.body.getReader()
+        self._reader = reader
+        chunk = js.Uint8Array.new(CHUNK_BYTES)  # a fresh ArrayBuffer per chunk: stored without a copy
+        fill = 0
+        header_wanted = int(meta["stored"]) == 0 and not meta.get("header")
+        prefix = bytearray()
+        next_parse = 64 * 1024
+        try:
+            while True:
+                if self.cancel_requested:
+                    raise DownloadCancelled("download cancelled; press Load to resume")
+                try:
+                    result = await reader.read()
+                except JsException as e:
+                    if self.cancel_requested:
+                        raise DownloadCancelled("download cancelled; press Load to resume") from None
+                    raise _Interrupted(f"the connection to {_host(meta['url'])} dropped "
+                                       f"({error_message(e)})") from None
+                if result.done:
+                    break
+                piece = result.value
+                n = int(piece.length)
+                if header_wanted:
+                    prefix.extend(piece.to_bytes() if len(prefix) + n <= HEADER_LIMIT
+                                  else piece.subarray(0, HEADER_LIMIT - len(prefix)).to_bytes())
+                    if len(prefix) >= 4 and bytes(prefix[:4]) != b"GGUF":
+                        raise NotGGUFError(describe_non_gguf(bytes(prefix), content_type, meta["url"]))
+                    if len(prefix) >= next_parse or len(prefix) >= HEADER_LIMIT or (
+                            meta["total"] is not None and len(prefix) >= meta["total"]):
+                        header_wanted = not await self._try_header(prefix, meta)
+                        next_parse = len(prefix) * 2
+                pos = 0
+                while pos < n:
+                    take = min(n - pos, CHUNK_BYTES - fill)
+                    chunk.set(piece.subarray(pos, pos + take), fill)
+                    fill += take
+                    pos += take
+                    if fill == CHUNK_BYTES:
+                        await self.store.append_chunk(meta, chunk.buffer)
+                        chunk = js.Uint8Array.new(CHUNK_BYTES)
+                        fill = 0
+                if meta["total"] is not None and int(meta["stored"]) + fill > meta["total"]:
+                    raise DownloadError(f"{meta['url']} sent more bytes than its length {meta['total']:,}")
+                self._progress(int(meta["stored"]) + fill, meta["total"])
+            complete = meta["total"] is None or int(meta["stored"]) + fill == meta["total"]
+            if header_wanted and complete:
+                await self._try_header(prefix, meta, final=True)
+        except BaseException as e:
+            _cancel_quietly(reader)
+            if isinstance(e, NotGGUFError) or _is_header_error(e):
+                await self.store.delete(meta["key"])  # a damaged file: nothing of it is worth keeping
+            elif fill and isinstance(e, (DownloadCancelled, _Interrupted)):
+                await self.store.append_chunk(meta, chunk.slice(0, fill).buffer)  # resume after it
+            raise
+        finally:
+            self._reader = None
+        if fill:
+            await self.store.append_chunk(meta, chunk.slice(0, fill).buffer)
+        self._progress(int(meta["stored"]), meta["total"], force=True)
+
+    async def _try_header(self, prefix: bytearray, meta: dict[str, Any], final: bool = False) -> bool:
+        """Parse the header from the bytes so far; True once parsed (and announced)."""
+        import numpy as np
+
+        from ..gguf import GGUFTruncatedError, parse_header
+        from .modelinfo import header_info
+
+        data = np.frombuffer(bytes(prefix), dtype=np.uint8)
+        gguf = parse_header(data, meta["total"])
+        if gguf is None:
+            if final or len(prefix) >= HEADER_LIMIT:
+                limit = "the end of the file" if final else f"{HEADER_LIMIT:,} bytes"
+                raise GGUFTruncatedError(f"the GGUF header does not end within {limit} "
+                                         f"({len(prefix):,} bytes read)")
+            return False
+        info = header_info(gguf, meta["total"])
+        meta["header"] = info
+        self.emit({"event": "header", "info": info})
+        return True
+
+    def _progress(self, done: int, total: int | None, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_progress >= PROGRESS_EVERY_S:
+            self._last_progress = now
+            self.emit({"event": "progress", "phase": "download", "done": done, "total": total})
+
+
+def _cancel_quietly(reader: Any) -> None:
+    import js
+    try:
+        # a cancel that fails is worth a debug line, not an "unhandled rejection" error
+        reader.cancel().catch(js.console.debug)
+    except Exception:
+        pass
+
+
+def _is_header_error(e: BaseException) -> bool:
+    return any(c.__name__ == "GGUFError" for c in type(e).__mro__)
+
+
+async def _check_quota(needed: int) -> None:
+    import js
+    storage = getattr(js.navigator, "storage", None)
+    if storage is None or not hasattr(storage, "estimate"):
+        return
+    est = await storage.estimate()
+    quota, usage = getattr(est, "quota", None), getattr(est, "usage", None)
+    if quota is None or usage is None:
+        return
+    free = int(quota) - int(usage)
+    if needed > free:
+        from .progress import format_bytes
+        raise QuotaError(f"the model needs {format_bytes(needed)} more of browser storage but only "
+                         f"{format_bytes(max(0, free))} is available (quota {format_bytes(int(quota))})")
+
+
+def _host(url: str) -> str:
+    from urllib.parse import urlsplit
+    return urlsplit(url).netloc or url

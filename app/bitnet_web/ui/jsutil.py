@@ -1,0 +1,62 @@
+"""Small Pyodide FFI helpers shared by the page and the worker (importable only under Pyodide).
+
+Proxy rule (browser-notes.md): a Python callable handed to JS must be destroyed or it leaks. The
+helpers here avoid Python callbacks where JS can do the job (an IndexedDB request resolves a JS
+Promise directly) and use `create_once_callable` where one call is certain.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import js  # noqa: F401  (Pyodide only)
+from pyodide.ffi import JsProxy, create_once_callable, to_js
+
+
+def js_obj(value: Any) -> Any:
+    """A Python dict/list (possibly holding JS objects) as a plain JS object/array."""
+    return to_js(value, dict_converter=js.Object.fromEntries, create_pyproxies=False)
+
+
+def event_promise(target: JsProxy, ok: str, fail: tuple[str, ...] = ("error",)) -> JsProxy:
+    """A JS Promise resolved by `target`'s `on<ok>` event and rejected by any `on<fail>` event.
+
+    The event handlers are the Promise's own resolve/reject functions, so no Python proxy outlives
+    this call (the executor is a once-callable, freed after its single call).
+    """
+    def executor(resolve, reject):
+        setattr(target, "on" + ok, resolve)
+        for name in fail:
+            setattr(target, "on" + name, reject)
+
+    return js.Promise.new(create_once_callable(executor))
+
+
+def sleep_promise(seconds: float) -> JsProxy:
+    def executor(resolve, reject):
+        js.setTimeout(resolve, int(seconds * 1000))
+
+    return js.Promise.new(create_once_callable(executor))
+
+
+def hex_digest(array_buffer: JsProxy) -> str:
+    """Hex string of a small ArrayBuffer (a SHA-256 digest)."""
+    return js.Uint8Array.new(array_buffer).to_bytes().hex()
+
+
+async def sha256_hex(data: JsProxy) -> str:
+    """SHA-256 of a JS ArrayBuffer or typed array, computed natively by WebCrypto."""
+    return hex_digest(await js.crypto.subtle.digest("SHA-256", data))
+
+
+def error_name(err: Any) -> str:
+    """The `name` of a JS error/DOMException (or of the JsException wrapping one)."""
+    js_error = getattr(err, "js_error", err)
+    name = getattr(js_error, "name", None)
+    return str(name) if name is not None else type(err).__name__
+
+
+def error_message(err: Any) -> str:
+    js_error = getattr(err, "js_error", err)
+    message = getattr(js_error, "message", None)
+    return str(message) if message else str(err)

@@ -1,0 +1,214 @@
+"""The IndexedDB model cache: a model file stored as numbered chunks plus one metadata record.
+
+Database "bitnet-web-models" (version 1):
+  models  keyPath "key" (the model's absolute URL):
+          {key, url, name, total (bytes or null while unknown), stored (bytes committed),
+           chunks (count), complete (bool), etag, last_modified, sha256 (expected, or null),
+           header (model info from the GGUF header, or null), created, updated}
+  chunks  keyPath ["key", "index"]:
+          {key, index, offset, size, sha256 (hex of this chunk), data (ArrayBuffer)}
+
+Why chunks: a 1.2 GB file never exists as one ArrayBuffer in the page; each chunk is written as it
+arrives, so an interrupted download keeps what it got and resumes with a Range request.
+Consistency: a chunk and the metadata update that counts it are written in one transaction, so
+`stored` never counts bytes that are not there, and `complete` is set only after the last chunk.
+A chunk's SHA-256 (WebCrypto) is checked when it is read back: storage corruption is detected and
+the entry re-fetched instead of loading damaged weights.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import js
+from pyodide.ffi import JsException, JsProxy, create_proxy
+
+from .jsutil import error_message, error_name, event_promise, js_obj, sha256_hex
+
+DB_NAME = "bitnet-web-models"
+DB_VERSION = 1
+META = "models"
+CHUNKS = "chunks"
+
+
+class StoreError(Exception):
+    """An IndexedDB operation failed; `name` is the DOMException name (e.g. QuotaExceededError)."""
+
+    def __init__(self, op: str, name: str, message: str) -> None:
+        super().__init__(f"browser storage ({op}): {name}: {message}")
+        self.name = name
+        if name == "QuotaExceededError":
+            self.failure_kind = "quota"
+
+
+class CorruptEntryError(Exception):
+    """A stored chunk is missing or its SHA-256 does not match: the entry must be re-fetched."""
+
+
+def _now() -> float:
+    return time.time()
+
+
+class ModelStore:
+    def __init__(self, db: JsProxy) -> None:
+        self._db = db
+
+    @classmethod
+    async def open(cls) -> ModelStore:
+        if not hasattr(js, "indexedDB") or js.indexedDB is None:
+            raise StoreError("open", "NotSupportedError", "this browser context has no IndexedDB")
+        req = js.indexedDB.open(DB_NAME, DB_VERSION)
+
+        def upgrade(event):
+            db = req.result
+            names = db.objectStoreNames
+            if not names.contains(META):
+                db.createObjectStore(META, js_obj({"keyPath": "key"}))
+            if not names.contains(CHUNKS):
+                db.createObjectStore(CHUNKS, js_obj({"keyPath": ["key", "index"]}))
+
+        on_upgrade = create_proxy(upgrade)
+        req.onupgradeneeded = on_upgrade
+        try:
+            await _request(req, "open")
+        finally:
+            req.onupgradeneeded = None
+            on_upgrade.destroy()
+        return cls(req.result)
+
+    # -- metadata ---------------------------------------------------------------------------------
+
+    async def entries(self) -> list[dict[str, Any]]:
+        tx = self._db.transaction(META, "readonly")
+        req = tx.objectStore(META).getAll()
+        await _request(req, "list")
+        return [_meta_to_py(m) for m in req.result]
+
+    async def get(self, key: str) -> dict[str, Any] | None:
+        tx = self._db.transaction(META, "readonly")
+        req = tx.objectStore(META).get(key)
+        await _request(req, "get")
+        return None if req.result is None or str(req.result) == "undefined" else _meta_to_py(req.result)
+
+    async def put_meta(self, meta: dict[str, Any]) -> None:
+        meta = {**meta, "updated": _now()}
+        tx = self._db.transaction(META, "readwrite")
+        tx.objectStore(META).put(js_obj(meta))
+        await _transaction(tx, "save model record")
+
+    async def begin(self, key: str, **fields: Any) -> dict[str, Any]:
+        """A fresh, empty entry for `key` (any older chunks of that key are deleted first)."""
+        await self.delete(key)
+        meta = {"key": key, "url": key, "name": key, "total": None, "stored": 0, "chunks": 0,
+                "complete": False, "etag": None, "last_modified": None, "sha256": None,
+                "header": None, "created": _now(), "updated": _now(), **fields}
+        await self.put_meta(meta)
+        return meta
+
+    async def delete(self, key: str) -> None:
+        tx = self._db.transaction([META, CHUNKS], "readwrite")
+        tx.objectStore(META).delete(key)
+        tx.objectStore(CHUNKS).delete(js.IDBKeyRange.bound(js_obj([key, 0]), js_obj([key, float("inf")])))
+        await _transaction(tx, "delete")
+
+    # -- chunks -----------------------------------------------------------------------------------
+
+    async def append_chunk(self, meta: dict[str, Any], data: JsProxy) -> dict[str, Any]:
+        """Store `data` (an ArrayBuffer) as the next chunk and count it in `meta`, atomically.
+        Returns the updated meta (the caller's dict is updated too)."""
+        size = int(data.byteLength)
+        digest = await sha256_hex(data)  # before the transaction: an await inside would commit it
+        index = int(meta["chunks"])
+        record = {"key": meta["key"], "index": index, "offset": int(meta["stored"]), "size": size,
+                  "sha256": digest, "data": data}
+        meta["chunks"] = index + 1
+        meta["stored"] = int(meta["stored"]) + size
+        meta["updated"] = _now()
+        tx = self._db.transaction([META, CHUNKS], "readwrite")
+        tx.objectStore(CHUNKS).put(js_obj(record))
+        tx.objectStore(META).put(js_obj(meta))
+        try:
+            await _transaction(tx, f"write chunk {index}")
+        except StoreError:
+            meta["chunks"] = index
+            meta["stored"] = int(meta["stored"]) - size
+            raise
+        return meta
+
+    async def read_into(self, meta: dict[str, Any], out: Any, progress=None) -> None:
+        """Copy every chunk of a complete entry into `out` (a writable uint8 buffer of meta's total
+        size), checking offsets, sizes and each chunk's SHA-256."""
+        mv = memoryview(out).cast("B")
+        total = int(meta["total"])
+        if len(mv) != total:
+            raise ValueError(f"output buffer has {len(mv)} bytes, the entry {total}")
+        offset = 0
+        for index in range(int(meta["chunks"])):
+            tx = self._db.transaction(CHUNKS, "readonly")
+            req = tx.objectStore(CHUNKS).get(js_obj([meta["key"], index]))
+            await _request(req, f"read chunk {index}")
+            rec = req.result
+            if rec is None or str(rec) == "undefined":
+                raise CorruptEntryError(f"chunk {index} of {meta['key']} is missing from browser storage")
+            size = int(rec.size)
+            if int(rec.offset) != offset or int(rec.data.byteLength) != size or offset + size > total:
+                raise CorruptEntryError(f"chunk {index} of {meta['key']} has offset {int(rec.offset)} and "
+                                        f"{int(rec.data.byteLength)} bytes; expected offset {offset}")
+            digest = await sha256_hex(rec.data)
+            if digest != str(rec.sha256):
+                raise CorruptEntryError(f"chunk {index} of {meta['key']} (bytes {offset}-{offset + size - 1}) "
+                                        "does not match its SHA-256: the stored copy is damaged")
+            js.Uint8Array.new(rec.data).assign_to(mv[offset:offset + size])
+            offset += size
+            del rec, req
+            if progress is not None:
+                progress(offset, total)
+        if offset != total:
+            raise CorruptEntryError(f"{meta['key']}: chunks hold {offset} bytes, the file has {total}")
+
+    async def read_prefix(self, meta: dict[str, Any], limit: int) -> bytes:
+        """The first min(limit, stored) bytes of an entry (to re-parse its header)."""
+        parts: list[bytes] = []
+        got = 0
+        for index in range(int(meta["chunks"])):
+            if got >= limit:
+                break
+            tx = self._db.transaction(CHUNKS, "readonly")
+            req = tx.objectStore(CHUNKS).get(js_obj([meta["key"], index]))
+            await _request(req, f"read chunk {index}")
+            if req.result is None or str(req.result) == "undefined":
+                raise CorruptEntryError(f"chunk {index} of {meta['key']} is missing from browser storage")
+            data = js.Uint8Array.new(req.result.data)
+            take = min(int(data.length), limit - got)
+            parts.append(data.subarray(0, take).to_bytes())
+            got += take
+        return b"".join(parts)
+
+
+def _meta_to_py(obj: JsProxy) -> dict[str, Any]:
+    meta = obj.to_py()
+    # JS null/undefined come back as None; anything else left as a proxy is not ours: drop it
+    return {k: (None if isinstance(v, JsProxy) else v) for k, v in meta.items()}
+
+
+async def _request(req: JsProxy, op: str) -> None:
+    try:
+        await event_promise(req, "success")
+    except JsException as e:
+        err = req.error
+        raise StoreError(op, error_name(err) if err else error_name(e),
+                         error_message(err) if err else error_message(e)) from None
+    except Exception:
+        err = req.error
+        raise StoreError(op, error_name(err) if err else "UnknownError",
+                         error_message(err) if err else "request failed") from None
+
+
+async def _transaction(tx: JsProxy, op: str) -> None:
+    try:
+        await event_promise(tx, "complete", ("error", "abort"))
+    except Exception:
+        err = tx.error
+        raise StoreError(op, error_name(err) if err else "AbortError",
+                         error_message(err) if err else "transaction aborted") from None

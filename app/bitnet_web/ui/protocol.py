@@ -1,0 +1,73 @@
+"""Messages between the page and the engine worker.
+
+Every message is one JSON string (postMessage of a str): no JS proxies cross the boundary, nothing
+leaks, and both sides parse the same way. Model bytes never travel in messages: the worker fetches,
+caches and loads them itself, so the page holds no copy.
+
+Page -> worker: {"op": ..., "id": int, ...}
+  init                                   -> ready
+  list_models                            -> models
+  delete_model  key                      -> models
+  load          model {key,url,name,size,sha256}, id -> progress*, header?, loaded | error
+  cancel_load                            (the running load ends with error kind "cancelled")
+  chat          messages, settings, id   -> piece*, done | error
+  complete      prompt, settings, id     -> piece*, done | error
+  abort                                  (the running generation ends after its current token)
+  reset                                  (forget the KV cache)
+
+Worker -> page: {"event": ..., "id": int | None, ...}
+  ready     engine_available, engine_error, gpu {available, adapter, features, error}
+  models    entries [{key,name,url,total,stored,complete,updated}], estimate {usage, quota}
+  progress  phase ("download"|"read"|"verify"|"parse"|"upload"), done, total, note
+  header    info (from the GGUF header: name, arch, n_params, file_size, context_length, ...)
+  loaded    info (engine.info when the engine is present), source ("network"|"cache")
+  piece     text
+  done      stats (engine.last_stats), reason ("end"|"aborted")
+  error     kind, title, message, advice [str], detail
+  fatal     kind, message (the worker could not start)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+OPS = frozenset({"init", "list_models", "delete_model", "load", "cancel_load", "chat", "complete",
+                 "abort", "reset"})
+EVENTS = frozenset({"ready", "models", "progress", "header", "loaded", "piece", "done", "error",
+                    "fatal", "log"})
+
+
+class ProtocolError(ValueError):
+    """A message that is not valid JSON or lacks its op/event name."""
+
+
+def _clean(value: Any) -> Any:
+    """A JSON-safe copy: numpy scalars as Python numbers, NaN/inf as null (JSON has neither)."""
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_clean(v) for v in value]
+    item = getattr(value, "item", None)
+    return _clean(item()) if callable(item) else str(value)
+
+
+def encode(message: dict[str, Any]) -> str:
+    return json.dumps(_clean(message), separators=(",", ":"), allow_nan=False)
+
+
+def decode(raw: object, *, key: str, allowed: frozenset[str]) -> dict[str, Any]:
+    """Parse one message; `key` is "op" (worker side) or "event" (page side)."""
+    if not isinstance(raw, str):
+        raise ProtocolError(f"message is a {type(raw).__name__}, expected a JSON string")
+    try:
+        message = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ProtocolError(f"message is not JSON ({e}): {raw[:80]!r}") from None
+    if not isinstance(message, dict) or message.get(key) not in allowed:
+        raise ProtocolError(f"message has no known {key!r}: {raw[:80]!r}")
+    return message

@@ -1,0 +1,73 @@
+"""Sampling settings as the page edits them: parsing, bounds, and conversion for the engine.
+
+The page holds settings as a plain dict (it crosses to the worker as JSON); the worker turns it into
+the engine's `SamplerSettings`, passing only the fields that dataclass has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+
+class Field(NamedTuple):
+    name: str
+    label: str
+    kind: type
+    default: Any
+    low: float
+    high: float
+    hint: str
+
+
+FIELDS = (
+    Field("temperature", "Temperature", float, 0.7, 0.0, 2.0, "0 = always the most likely token"),
+    Field("top_k", "Top-k", int, 40, 0, 1000, "0 = no limit"),
+    Field("top_p", "Top-p", float, 0.9, 0.0, 1.0, "1 = no limit"),
+    Field("max_tokens", "Max tokens", int, 256, 1, 8192, "length of one reply"),
+    Field("repetition_penalty", "Repetition penalty", float, 1.1, 0.5, 2.0, "1 = off"),
+    Field("seed", "Seed", int, None, 0, 2**32 - 1, "empty = random"),
+)
+FIELDS_BY_NAME = {f.name: f for f in FIELDS}
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in FIELDS}
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly."
+
+
+class SettingsError(ValueError):
+    """A settings value that is not a number or out of range; names the field."""
+
+
+def parse_value(name: str, text: str) -> Any:
+    """Parse one form value; empty means the default. Raises SettingsError naming the field."""
+    f = FIELDS_BY_NAME[name]
+    text = text.strip()
+    if text == "":
+        return f.default
+    try:
+        value = f.kind(float(text)) if f.kind is int else f.kind(text)
+        if f.kind is int and float(text) != int(float(text)):
+            raise ValueError
+    except ValueError:
+        raise SettingsError(f"{f.label}: {text!r} is not {'a whole number' if f.kind is int else 'a number'}"
+                            ) from None
+    if value != value or not f.low <= value <= f.high:
+        raise SettingsError(f"{f.label}: {text} is outside {f.low:g} to {f.high:g}")
+    return value
+
+
+def parse_form(values: dict[str, str]) -> dict[str, Any]:
+    """All fields from their form texts (missing ones take the default)."""
+    return {f.name: parse_value(f.name, values.get(f.name, "")) for f in FIELDS}
+
+
+def to_engine_settings(settings: dict[str, Any], settings_cls: type) -> Any:
+    """An instance of the engine's settings dataclass from the page's dict (unknown keys dropped)."""
+    names = {f.name for f in dataclasses.fields(settings_cls)}
+    kwargs = {k: v for k, v in settings.items() if k in names and v is not None}
+    return settings_cls(**kwargs)
+
+
+def greedy(max_tokens: int) -> dict[str, Any]:
+    """Settings that make generation deterministic (used by the widget and the tests)."""
+    return {**DEFAULTS, "temperature": 0.0, "top_k": 1, "top_p": 1.0, "repetition_penalty": 1.0,
+            "max_tokens": max_tokens, "seed": 0}

@@ -1,0 +1,189 @@
+"""The embeddable TL;DR widget: paste text, get a short summary from the page's shared engine.
+
+Embed (see README "Embed the widget"):
+
+    <script type="module" src="BASE/pyscript/core.js"></script>
+    <div id="tldr"></div>
+    <script type="py" config='{"interpreter": "BASE/pyodide/pyodide.mjs",
+                               "files": {"BASE/bitnet_web.zip": "./*"}}'>
+    from bitnet_web.ui.widget import mount_tldr
+    mount_tldr("#tldr", root="BASE/")
+    </script>
+
+Every widget on a page (and the chat app, if present) shares one engine worker and its loaded
+model. The container gets data-state: "starting" | "ready" | "busy" | "done" | "error".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import js
+
+from . import page
+from .client import EngineClient, shared_client, site_root
+from .dom import Listeners, append_text, clear, el, set_text
+from .failures import describe
+from .progress import progress_text
+from .prompts import clip_to_context, summary_messages, summary_prompt
+from .settings import greedy
+
+MAX_TOKEN_CHOICES = (32, 64, 128, 256)
+
+
+class TldrWidget:
+    def __init__(self, container: Any, root_url: str, model_url: str | None = None, max_tokens: int = 64) -> None:
+        self.container = container
+        self.root_url = root_url
+        self.model_url = model_url
+        self.client: EngineClient | None = None
+        self.info: dict[str, Any] = {}
+        self.listeners = Listeners()
+        self.busy = False
+        choices = sorted(set(MAX_TOKEN_CHOICES) | {max_tokens})
+        uid = f"tldr-{id(self):x}"
+        self.text = el("textarea", attrs={"id": uid + "-text", "rows": "7",
+                                          "placeholder": "Paste an article, an e-mail, notes…"})
+        self.max_tokens = el("select", attrs={"id": uid + "-max"},
+                             children=[el("option", str(n), attrs={"value": str(n)}) for n in choices])
+        self.max_tokens.value = str(max_tokens)
+        self.button = el("button", "Summarize", attrs={"type": "button", "disabled": ""})
+        self.stop_button = el("button", "Stop", attrs={"type": "button", "disabled": ""})
+        self.summary = el("div", cls="summary", attrs={"aria-live": "polite", "data-role": "summary"})
+        self.stats = el("div", cls="stats muted", attrs={"data-role": "stats"})
+        self.status = el("div", "Starting…", cls="status muted", attrs={"role": "status"})
+        clear(container)
+        container.classList.add("tldr")
+        container.append(el("h2", "TL;DR"),
+                         el("label", "Text to summarize", attrs={"for": uid + "-text"}), self.text,
+                         el("div", cls="controls", children=[
+                             el("label", children=[el("span", "Max tokens"), self.max_tokens]),
+                             self.button, self.stop_button]),
+                         self.summary, self.stats, self.status)
+        self.listeners.on(self.button, "click", lambda e: asyncio.ensure_future(self.summarize()))
+        self.listeners.on(self.stop_button, "click", lambda e: self.client and self.client.abort())
+        self._state("starting")
+
+    def _state(self, state: str) -> None:
+        self.container.setAttribute("data-state", state)
+
+    def _fail(self, kind: str, message: str) -> None:
+        f = describe(kind, message)
+        self.summary.classList.add("error")
+        set_text(self.summary, f"{f.title}: {f.message}")
+        set_text(self.status, " ".join(f.advice[:1]))
+        self._state("error")
+
+    async def start(self) -> None:
+        kind, text = await page.probe_webgpu()
+        if kind is not None:
+            self._fail(kind, text)
+            return
+        self.client = shared_client(self.root_url)
+        ready = await self.client.init()
+        if ready["event"] == "error":
+            self._fail(ready.get("kind", "worker_start"), ready.get("message", ""))
+            return
+        asyncio.ensure_future(page.register_service_worker(self.root_url))
+        model = await self._model()
+        if model is None:
+            return
+
+        def on_event(msg: dict[str, Any]) -> None:
+            if msg["event"] == "progress":
+                set_text(self.status, progress_text(msg["phase"], int(msg["done"]), msg.get("total"), None, None))
+
+        set_text(self.status, f"Loading {model['name']}…")
+        result = await self.client.ensure_loaded(model, on_event)
+        if result["event"] != "loaded":
+            self._fail(result.get("kind", "internal"), result.get("message", ""))
+            return
+        self.info = result.get("info") or {}
+        set_text(self.status, f"Model: {self.info.get('name') or model['name']}")
+        self.button.disabled = False
+        self._state("ready")
+
+    async def _model(self) -> dict[str, Any] | None:
+        if self.model_url:
+            return page.custom_descriptor(str(js.URL.new(self.model_url, self.root_url).href))
+        try:
+            manifest = await page.fetch_json(self.root_url + "models/models.json")
+        except Exception as e:
+            self._fail("download", f"the model list could not be read: {e}")
+            return None
+        models = manifest.get("models") or []
+        entry = next((m for m in models if m.get("id") == manifest.get("default")), models[0] if models else None)
+        if entry is None:
+            self._fail("download", "the model list is empty")
+            return None
+        return page.model_descriptor(entry, self.root_url)
+
+    async def summarize(self) -> None:
+        if self.busy or self.client is None:
+            return
+        max_tokens = int(self.max_tokens.value)
+        text, cut = clip_to_context(str(self.text.value), self.info.get("context_length"),
+                                    reserve_tokens=max_tokens + 64)
+        if not text:
+            set_text(self.status, "Paste some text first.")
+            return
+        self.busy = True
+        self._state("busy")
+        self.button.disabled = True
+        self.stop_button.disabled = False
+        self.summary.classList.remove("error")
+        clear(self.summary)
+        set_text(self.stats, "")
+        set_text(self.status, "Summarizing" + (" (text shortened to fit the model's context)…" if cut else "…"))
+        pieces = [0]
+
+        def on_piece(piece: str) -> None:
+            pieces[0] += 1
+            append_text(self.summary, piece)
+            self.summary.setAttribute("data-pieces", str(pieces[0]))
+
+        settings = greedy(max_tokens)
+        try:
+            if self.info.get("template_kind") == "completion":
+                result = await self.client.complete(summary_prompt(text), settings, on_piece)
+            else:
+                result = await self.client.chat(summary_messages(text), settings, on_piece)
+        finally:
+            self.busy = False
+            self.button.disabled = False
+            self.stop_button.disabled = True
+        if result["event"] == "done":
+            stats = result.get("stats") or {}
+            from .chat_app import stats_line
+            set_text(self.stats, stats_line(stats, result.get("reason")))
+            set_text(self.status, "Done." if result.get("reason") != "aborted" else "Stopped.")
+            self._state("done")
+        else:
+            self._fail(result.get("kind", "internal"), result.get("message", ""))
+
+
+_widgets: list[TldrWidget] = []
+
+
+def mount_tldr(selector: str, root: str = "./", model: str | None = None, max_tokens: int = 64) -> TldrWidget:
+    """Build a TL;DR box inside the element matching `selector`.
+
+    root: URL of the bitnet-web site (where engine-worker.js, pyodide/ and models/ are), relative
+    to the page. model: a GGUF URL to use instead of the site's default model.
+    """
+    container = js.document.querySelector(selector)
+    if container is None:
+        raise LookupError(f"mount_tldr: no element matches {selector!r}")
+    widget = TldrWidget(container, site_root(root), model, max_tokens)
+    _widgets.append(widget)
+    task = asyncio.ensure_future(widget.start())
+    task.add_done_callback(lambda t: _report(widget, t))
+    return widget
+
+
+def _report(widget: TldrWidget, task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        js.console.error(f"bitnet-web widget: {type(exc).__name__}: {exc}")
+        widget._fail("internal", f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,330 @@
+"""The engine worker: owns the model cache, the download and the engine, answers the page's messages.
+
+Runs in a Web Worker under Pyodide (booted by static/engine-worker.js), so a long GPU step or a
+1 GB copy never freezes the page. Messages are described in `protocol`. One load and one
+generation at a time; `abort` and `cancel_load` act at once (they are handled synchronously in the
+message handler while the running task awaits the GPU or the network).
+
+Memory: the model's bytes go network -> IndexedDB chunks (never one big JS buffer) -> one numpy
+array in wasm memory for `Engine.load_async`; after the upload the worker drops its reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import time
+import traceback
+from typing import Any
+
+import js
+import numpy as np
+from pyodide.ffi import create_proxy
+
+from . import protocol
+from .download import ModelDownloader
+from .failures import describe, failure_event
+from .model_store import CorruptEntryError, ModelStore
+from .settings import to_engine_settings
+
+PROGRESS_EVERY_S = 0.1
+
+
+class NoModelError(Exception):
+    failure_kind = "internal"
+
+
+class EngineWorker:
+    def __init__(self, root_url: str) -> None:
+        self.root_url = root_url
+        self.store: ModelStore | None = None
+        self.engine: Any = None
+        self.engine_module: Any = None
+        self.engine_error: str | None = None
+        self.downloader: ModelDownloader | None = None
+        self.load_task: asyncio.Task | None = None
+        self.generate_task: asyncio.Task | None = None
+        self.loaded_key: str | None = None
+        self.abort_requested = False
+        self._tasks: set[asyncio.Task] = set()
+
+    # -- messaging --------------------------------------------------------------------------------
+
+    def post(self, message: dict[str, Any]) -> None:
+        js.postMessage(protocol.encode(message))
+
+    def on_message(self, event: Any) -> None:
+        try:
+            msg = protocol.decode(event.data, key="op", allowed=protocol.OPS)
+        except protocol.ProtocolError as e:
+            self.post({"event": "log", "message": f"worker ignored a message: {e}"})
+            return
+        op, req_id = msg["op"], msg.get("id")
+        if op == "abort":
+            self.abort_requested = True
+            if self.engine is not None:
+                self.engine.abort()
+            return
+        if op == "cancel_load":
+            if self.downloader is not None:
+                self.downloader.cancel()
+            return
+        handler = getattr(self, "op_" + op)
+        task = asyncio.ensure_future(self._run(handler, msg, req_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, handler, msg: dict[str, Any], req_id: int | None) -> None:
+        try:
+            await handler(msg, req_id)
+        except Exception as e:  # every failure becomes a message in the page, never a silent worker
+            event = failure_event(e, req_id)
+            if event["kind"] == "internal":
+                event["detail"] += "\n" + "".join(traceback.format_exception(e))[-2000:]
+            self.post(event)
+
+    # -- ops --------------------------------------------------------------------------------------
+
+    async def op_init(self, msg: dict[str, Any], req_id: int | None) -> None:
+        self.engine_module, self.engine_error = _import_engine()
+        gpu = await _probe_gpu()
+        try:
+            self.store = await ModelStore.open()
+            store_error = None
+        except Exception as e:
+            store_error = str(e)
+        self.post({"event": "ready", "id": req_id, "engine_available": self.engine_module is not None,
+                   "engine_error": self.engine_error, "gpu": gpu, "store_error": store_error})
+
+    async def op_list_models(self, msg: dict[str, Any], req_id: int | None) -> None:
+        await self._post_models(req_id)
+
+    async def op_delete_model(self, msg: dict[str, Any], req_id: int | None) -> None:
+        key = msg["key"]
+        if self.downloader is not None and self.load_task is not None and not self.load_task.done() \
+                and self.loading_key == key:
+            self.downloader.cancel()
+            await asyncio.wait([self.load_task])
+        await self._require_store().delete(key)
+        if self.loaded_key == key:
+            self.loaded_key = None  # the engine keeps its GPU copy; the cache entry is gone
+        await self._post_models(req_id)
+
+    async def op_load(self, msg: dict[str, Any], req_id: int | None) -> None:
+        if self.load_task is not None and not self.load_task.done():
+            self.post(_error("busy", "a model is already loading: cancel it first", req_id))
+            return
+        if self.generate_task is not None and not self.generate_task.done():
+            self.post(_error("busy", "stop the running generation before loading a model", req_id))
+            return
+        self.load_task = asyncio.current_task()
+        model = msg["model"]
+        self.loading_key = model["key"]
+        try:
+            await self._load(model, req_id)
+        finally:
+            self.downloader = None
+            await self._post_models(None)
+
+    async def _load(self, model: dict[str, Any], req_id: int | None) -> None:
+        store = self._require_store()
+
+        def emit(event: dict[str, Any]) -> None:
+            self.post({**event, "id": req_id})
+
+        for attempt in (1, 2):  # a damaged cache entry is deleted and fetched once more
+            self.downloader = ModelDownloader(store, emit)
+            meta, source = await self.downloader.ensure_cached(model)
+            try:
+                data = await self._read(meta, emit)
+                self._verify(meta, data, emit)
+                break
+            except CorruptEntryError as e:
+                await store.delete(meta["key"])
+                if attempt == 2:
+                    raise
+                emit({"event": "log", "message": f"{e}; downloading it again"})
+        if meta.get("header") is None:
+            meta["header"] = _header_from_bytes(data)
+            await store.put_meta(meta)
+        emit({"event": "header", "info": meta["header"]})
+        if self.engine_module is None:
+            del data
+            f = describe("engine_missing", f"{meta['name']}: {meta['total']:,} bytes, verified. "
+                         f"{self.engine_error or ''}".strip())
+            emit({"event": "error", "kind": f.kind, "title": f.title, "message": f.message,
+                  "advice": list(f.advice), "fatal": False, "detail": "", "info": meta["header"]})
+            return
+        await self._engine_load(meta, data, source, emit)
+
+    async def _read(self, meta: dict[str, Any], emit) -> np.ndarray:
+        total = int(meta["total"])
+        try:
+            data = np.empty(total, dtype=np.uint8)
+        except MemoryError:
+            raise MemoryError(f"could not reserve {total:,} bytes of WebAssembly memory for "
+                              f"{meta['name']}") from None
+        last = [0.0]
+
+        def progress(done: int, total: int) -> None:
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_EVERY_S or done == total:
+                last[0] = now
+                emit({"event": "progress", "phase": "read", "done": done, "total": total})
+
+        await self._require_store().read_into(meta, data, progress)
+        return data
+
+    def _verify(self, meta: dict[str, Any], data: np.ndarray, emit) -> None:
+        expected = meta.get("sha256")
+        if not expected:
+            return  # per-chunk SHA-256 and the size were checked while reading
+        emit({"event": "progress", "phase": "verify", "done": 0, "total": len(data)})
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != expected:
+            raise CorruptEntryError(f"{meta['name']}: SHA-256 {actual[:16]}… does not match the "
+                                    f"expected {expected[:16]}…")
+
+    async def _engine_load(self, meta: dict[str, Any], data: np.ndarray, source: str, emit) -> None:
+        if self.engine is None:
+            self.engine = self.engine_module.Engine()
+        self.loaded_key = None
+        last = [0.0]
+
+        def progress(phase: str, done: int, total: int) -> None:
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_EVERY_S or done >= total:
+                last[0] = now
+                emit({"event": "progress", "phase": phase, "done": int(done), "total": int(total)})
+
+        await self.engine.load_async(data, name=meta["name"], progress=progress)
+        del data
+        self.loaded_key = meta["key"]
+        info = {**(meta.get("header") or {}), **dict(self.engine.info)}
+        emit({"event": "loaded", "info": info, "source": source})
+
+    async def op_chat(self, msg: dict[str, Any], req_id: int | None) -> None:
+        await self._generate(req_id, lambda engine, settings, max_tokens: engine.chat_async(
+            msg["messages"], settings, max_tokens=max_tokens), msg.get("settings") or {})
+
+    async def op_complete(self, msg: dict[str, Any], req_id: int | None) -> None:
+        await self._generate(req_id, lambda engine, settings, max_tokens: engine.complete_async(
+            msg["prompt"], settings, max_tokens=max_tokens), msg.get("settings") or {})
+
+    async def _generate(self, req_id: int | None, start, settings_dict: dict[str, Any]) -> None:
+        if self.engine is None or self.loaded_key is None:
+            reason = ("the inference engine is not part of this build" if self.engine_module is None
+                      else "no model is loaded yet")
+            kind = "engine_missing" if self.engine_module is None else "internal"
+            self.post(_error(kind, f"cannot generate: {reason}", req_id))
+            return
+        if self.generate_task is not None and not self.generate_task.done():
+            self.post(_error("busy", "a reply is already being generated", req_id))
+            return
+        if self.load_task is not None and not self.load_task.done():
+            self.post(_error("busy", "a model is loading", req_id))
+            return
+        self.generate_task = asyncio.current_task()
+        self.abort_requested = False
+        sampler = importlib.import_module("bitnet_web.sampler")
+        settings = to_engine_settings(settings_dict, sampler.SamplerSettings)
+        max_tokens = int(settings_dict.get("max_tokens") or 256)
+        async for piece in start(self.engine, settings, max_tokens):
+            if piece:
+                self.post({"event": "piece", "id": req_id, "text": piece})
+        stats = _stats_dict(self.engine.last_stats)
+        aborted = self.abort_requested or stats.get("stop_reason") == "aborted"
+        self.post({"event": "done", "id": req_id, "stats": stats, "reason": "aborted" if aborted else "end"})
+
+    async def op_reset(self, msg: dict[str, Any], req_id: int | None) -> None:
+        if self.engine is not None:
+            self.engine.reset()
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _require_store(self) -> ModelStore:
+        if self.store is None:
+            raise RuntimeError("browser storage (IndexedDB) is not available in this context")
+        return self.store
+
+    async def _post_models(self, req_id: int | None) -> None:
+        entries = await self.store.entries() if self.store is not None else []
+        estimate: dict[str, Any] = {}
+        storage = getattr(js.navigator, "storage", None)
+        if storage is not None:
+            try:
+                est = await storage.estimate()
+                estimate = {"usage": int(est.usage), "quota": int(est.quota)}
+            except Exception:
+                estimate = {}
+        self.post({"event": "models", "id": req_id, "estimate": estimate, "loaded": self.loaded_key,
+                   "entries": [{k: e.get(k) for k in ("key", "url", "name", "total", "stored", "complete",
+                                                       "updated")} for e in entries]})
+
+    loading_key: str | None = None
+
+
+def _error(kind: str, message: str, req_id: int | None) -> dict[str, Any]:
+    f = describe(kind, message)
+    return {"event": "error", "id": req_id, "kind": f.kind, "title": f.title, "message": f.message,
+            "advice": list(f.advice), "fatal": f.fatal, "detail": ""}
+
+
+def _stats_dict(stats: Any) -> dict[str, Any]:
+    if stats is None:
+        return {}
+    if hasattr(stats, "as_dict"):
+        return dict(stats.as_dict())
+    return dict(stats)
+
+
+def _header_from_bytes(data: np.ndarray) -> dict[str, Any]:
+    from ..gguf import GGUFFile
+    from .modelinfo import header_info
+    return header_info(GGUFFile.from_buffer(data), len(data))
+
+
+def _import_engine() -> tuple[Any, str | None]:
+    try:
+        return importlib.import_module("bitnet_web.engine"), None
+    except ModuleNotFoundError as e:
+        if e.name in ("bitnet_web.engine", "bitnet_web.sampler"):
+            return None, None  # not written yet: the app works up to showing the model's header
+        return None, f"the engine failed to import: {e}"
+    except Exception as e:
+        return None, f"the engine failed to import: {type(e).__name__}: {e}"
+
+
+async def _probe_gpu() -> dict[str, Any]:
+    gpu = getattr(js.navigator, "gpu", None)
+    if gpu is None:
+        return {"available": False, "error": "navigator.gpu is missing in the worker"}
+    try:
+        adapter = await gpu.requestAdapter()
+    except Exception as e:
+        return {"available": False, "error": f"requestAdapter failed: {e}"}
+    if adapter is None:
+        return {"available": False, "error": "requestAdapter returned no adapter"}
+    info = getattr(adapter, "info", None)
+    features = sorted(str(f) for f in getattr(js.Array, "from")(adapter.features))
+    return {"available": True, "features": features,
+            "adapter": " / ".join(str(getattr(info, k, "") or "") for k in ("vendor", "architecture",
+                                                                                "description")).strip(" /")
+            if info is not None else "",
+            "max_buffer_size": int(adapter.limits.maxBufferSize),
+            "max_storage_buffer_binding_size": int(adapter.limits.maxStorageBufferBindingSize)}
+
+
+_worker: EngineWorker | None = None
+_handler: Any = None
+
+
+def start(root_url: str, pending: Any) -> None:
+    """Called once by engine-worker.js: take over message handling, then replay early messages."""
+    global _worker, _handler
+    _worker = EngineWorker(root_url)
+    _handler = create_proxy(_worker.on_message)  # lives as long as the worker
+    js.self.onmessage = _handler
+    for event in pending:
+        _worker.on_message(event)

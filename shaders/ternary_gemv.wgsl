@@ -1,0 +1,161 @@
+// Ternary (I2_S) matrix x int8 vector: the decode-time BitLinear, one token row per workgroup row.
+//
+//   y[t, n] = wscale[n] * xscale[t] * sum_k (code[n, k] - 1) * xq[t, k]      codes 0, 1, 2 = -1, 0, +1
+//
+// computed as dot4I8Packed(codes, xq) summed over k, minus sum_k xq[t, k] (code - 1 = value).
+// Epilogue (EPILOGUE): 0 store   out[t, n] = y
+//                      1 residual out[t, n] += y
+//                      2 relu2   out[t, i] = max(g, 0)^2 * u      g = y[t, i], u = y[t, HALF + i]
+//                      3 silu    out[t, i] = g * sigmoid(g) * u   (gate rows 0..HALF-1, up rows HALF..N-1)
+//
+// Weight layout: I2_S rows as in the GGUF file (x86): each row is K/128 blocks of 32 bytes; byte b
+// of a block holds values b, 32+b, 64+b, 96+b at shifts 6, 4, 2, 0. So u32 word j (0..7) of a
+// block, shifted by 6-2s and masked with 0x03030303, holds the codes of values 4j..4j+3 + 32s,
+// which line up with int8 activation word 8s + j of the same block.
+//
+// Bindings:
+//   0 weights  [N, K/64] vec4<u32>   2-bit codes, 16 bytes = 64 values per vec4
+//   1 wscale   [N] f32               per-row weight scale (tensors of a fused matrix keep their own)
+//   2 xq       [T, K/16] vec4<u32>   int8 activations, 4 per u32
+//   3 xscale   [T] f32               1/s of each activation row
+//   4 out      [T, OUT_W] f32        OUT_W = N, or N/2 for the gated epilogues
+//
+// Mapping: a workgroup of WG threads computes ROWS accumulators (ROWS output rows, or ROWS/2 gate
+// and the ROWS/2 matching up rows) for token t = workgroup_id.y. Thread lid takes 16-byte chunks
+// lid, lid+WG, ... of each row, loads the 16 matching activation words once and reuses them for
+// all ROWS rows; all weight loads of a chunk are issued before its arithmetic. Integer partials
+// are reduced exactly: subgroupAdd, then one workgroup atomicAdd per subgroup (or per thread
+// without subgroups).
+// Dispatch: (ceil(OUT_W / OUTS), n_tokens, 1) with OUTS = ROWS (or ROWS/2 gated).
+
+const K: u32 = ${K};
+const N: u32 = ${N};
+const ROWS: u32 = ${ROWS};
+const WG: u32 = ${WG};
+const EPILOGUE: u32 = ${EPILOGUE};
+
+const CHUNKS: u32 = K / 64u;
+const ITERS: u32 = (CHUNKS + WG - 1u) / WG;
+const XROW: u32 = K / 16u;
+const GATED: bool = EPILOGUE >= 2u;
+const HALF: u32 = N / 2u;
+const OUTS: u32 = select(ROWS, ROWS / 2u, GATED);
+const OUT_W: u32 = select(N, HALF, GATED);
+const CODE_MASK: u32 = 0x03030303u;
+const ONES: u32 = 0x01010101u;
+
+@group(0) @binding(0) var<storage, read> weights: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> wscale: array<f32>;
+@group(0) @binding(2) var<storage, read> xq: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> xscale: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+var<workgroup> acc_wg: array<atomic<i32>, ROWS>;
+
+//#if DOT4
+fn dot4(a: u32, b: u32) -> i32 {
+    return dot4I8Packed(a, b);
+}
+//#else
+// Without the packed_4x8_integer_dot_product language feature: `a` holds small unsigned bytes
+// (codes 0..2 or ones), `b` four signed int8.
+fn dot4(a: u32, b: u32) -> i32 {
+    let s = bitcast<i32>(b);
+    return i32(a & 0xffu) * ((s << 24u) >> 24u) + i32((a >> 8u) & 0xffu) * ((s << 16u) >> 24u)
+         + i32((a >> 16u) & 0xffu) * ((s << 8u) >> 24u) + i32(a >> 24u) * (s >> 24u);
+}
+//#endif
+
+// Weight row of accumulator r in row group g.
+fn weight_row(g: u32, r: u32) -> u32 {
+    if (GATED) {
+        let o = g * OUTS + (r % OUTS);
+        return select(o, HALF + o, r >= OUTS);
+    }
+    return g * ROWS + r;
+}
+
+fn block_dot(w: vec4<u32>, x0: vec4<u32>, x1: vec4<u32>, x2: vec4<u32>, x3: vec4<u32>) -> i32 {
+    let c0 = (w >> vec4<u32>(6u)) & vec4<u32>(CODE_MASK);
+    let c1 = (w >> vec4<u32>(4u)) & vec4<u32>(CODE_MASK);
+    let c2 = (w >> vec4<u32>(2u)) & vec4<u32>(CODE_MASK);
+    let c3 = w & vec4<u32>(CODE_MASK);
+    return dot4(c0.x, x0.x) + dot4(c0.y, x0.y) + dot4(c0.z, x0.z) + dot4(c0.w, x0.w)
+         + dot4(c1.x, x1.x) + dot4(c1.y, x1.y) + dot4(c1.z, x1.z) + dot4(c1.w, x1.w)
+         + dot4(c2.x, x2.x) + dot4(c2.y, x2.y) + dot4(c2.z, x2.z) + dot4(c2.w, x2.w)
+         + dot4(c3.x, x3.x) + dot4(c3.y, x3.y) + dot4(c3.z, x3.z) + dot4(c3.w, x3.w);
+}
+
+fn word_sum(x: vec4<u32>) -> i32 {
+    return dot4(ONES, x.x) + dot4(ONES, x.y) + dot4(ONES, x.z) + dot4(ONES, x.w);
+}
+
+fn activate(g: f32) -> f32 {
+    if (EPILOGUE == 2u) {
+        let r = max(g, 0.0);
+        return r * r;
+    }
+    return g / (1.0 + exp(-g));
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32,
+//#if SUBGROUPS
+        @builtin(subgroup_invocation_id) sg_lane: u32,
+//#endif
+) {
+    let g = wid.x;
+    let t = wid.y;
+    // Explicit zeroing: lavapipe was seen to keep the previous workgroup's values (WGSL promises
+    // zero-initialized workgroup memory; not every driver path delivers it for atomics).
+    if (lid < ROWS) {  // WG >= ROWS (checked on the host)
+        atomicStore(&acc_wg[lid], 0i);
+    }
+    workgroupBarrier();
+    var acc: array<i32, ROWS>;
+    var xsum = 0i;
+    for (var it = 0u; it < ITERS; it++) {
+        let c = lid + it * WG;
+        if (c < CHUNKS) {
+            var w: array<vec4<u32>, ROWS>;
+            for (var r = 0u; r < ROWS; r++) {
+                w[r] = weights[min(weight_row(g, r), N - 1u) * CHUNKS + c];
+            }
+            let xb = t * XROW + (c / 2u) * 8u + (c % 2u);
+            let x0 = xq[xb];
+            let x1 = xq[xb + 2u];
+            let x2 = xq[xb + 4u];
+            let x3 = xq[xb + 6u];
+            xsum += word_sum(x0) + word_sum(x1) + word_sum(x2) + word_sum(x3);
+            for (var r = 0u; r < ROWS; r++) {
+                acc[r] += block_dot(w[r], x0, x1, x2, x3);
+            }
+        }
+    }
+    for (var r = 0u; r < ROWS; r++) {
+//#if SUBGROUPS
+        let s = subgroupAdd(acc[r] - xsum);
+        if (sg_lane == 0u) {
+            atomicAdd(&acc_wg[r], s);
+        }
+//#else
+        atomicAdd(&acc_wg[r], acc[r] - xsum);
+//#endif
+    }
+    workgroupBarrier();
+    if (lid < OUTS) {
+        let o = g * OUTS + lid;
+        if (o < OUT_W) {
+            let y = wscale[weight_row(g, lid)] * xscale[t] * f32(atomicLoad(&acc_wg[lid]));
+            if (GATED) {
+                let u = wscale[weight_row(g, lid + OUTS)] * xscale[t] * f32(atomicLoad(&acc_wg[lid + OUTS]));
+                out[t * OUT_W + o] = activate(y) * u;
+            } else if (EPILOGUE == 1u) {
+                out[t * OUT_W + o] += y;
+            } else {
+                out[t * OUT_W + o] = y;
+            }
+        }
+    }
+}

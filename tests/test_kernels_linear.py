@@ -1,0 +1,641 @@
+"""K1 kernels (norms, ternary linear, embedding, LM head, argmax) against numpy references.
+
+Run on whatever adapter wgpu finds (lavapipe in CI). Sizes stay small except one K=2560 case.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+try:
+    import bitnet_web  # noqa: F401
+except ImportError:  # running from a checkout without an install
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "app"))
+
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+from kernel_reference import (  # noqa: E402
+    pack_int8_words,
+    ref_i2s_encode,
+    ref_quantize_rows,
+    ref_relu2,
+    ref_rmsnorm,
+    ref_silu,
+    ref_ternary_linear,
+    unpack_int8_words,
+)
+
+from bitnet_web import gpu  # noqa: E402
+from bitnet_web.kernels.common import KernelCache, StepParams  # noqa: E402
+from bitnet_web.kernels.embedding import (  # noqa: E402
+    Argmax,
+    EmbeddingLookup,
+    EmbeddingShapeError,
+    F16Matrix,
+    LMHead,
+)
+from bitnet_web.kernels.linear import (  # noqa: E402
+    TernaryLinear,
+    TernaryMatrix,
+    TernaryShapeError,
+    pack_ternary_rows,
+)
+from bitnet_web.kernels.norm import NormShapeError, RMSNorm, RMSNormQuant  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+EPS = 1e-5
+
+
+@pytest.fixture(scope="module")
+def device():
+    try:
+        dev = gpu.open_device()
+    except gpu.GPUUnavailableError as exc:  # pragma: no cover - depends on the machine
+        pytest.skip(f"no WebGPU adapter: {exc}")
+    yield dev
+    dev.destroy()
+
+
+@pytest.fixture(scope="module")
+def kernels(device):
+    return KernelCache(device)
+
+
+def upload(device, array: np.ndarray, label: str, nbytes: int | None = None) -> gpu.Buffer:
+    array = np.ascontiguousarray(array)
+    buffer = device.buffer(nbytes or array.nbytes, label=label)
+    device.upload(buffer, 0, array)
+    return buffer
+
+
+def read(device, buffer: gpu.Buffer, dtype, count: int) -> np.ndarray:
+    return device.read_sync(buffer, 0, count * np.dtype(dtype).itemsize).view(dtype)
+
+
+def run(device, *ops_and_args) -> None:
+    recorder = device.begin()
+    for op, args, kwargs in ops_and_args:
+        op.record(recorder, *args, **kwargs)
+    recorder.submit()
+
+
+def step_params(device, n_tokens: int, pos: int = 0) -> StepParams:
+    step = StepParams(device)
+    step.write(n_tokens, pos, 0)
+    return step
+
+
+def random_activations(rng, t: int, width: int) -> np.ndarray:
+    # Heavy-ish tails like real hidden states, never zeros.
+    x = rng.standard_normal((t, width)).astype(np.float32)
+    x[:, rng.integers(0, width, size=3)] *= 8.0
+    return x
+
+
+def assert_codes_match(q_gpu: np.ndarray, q_ref: np.ndarray, scaled_ref: np.ndarray) -> None:
+    """Int8 codes equal the numpy formula exactly, except where y*s sits within float32 noise of a
+    rounding tie (GPU and numpy sum in different orders); there they may differ by one step."""
+    frac = np.abs(np.abs(scaled_ref) % 1.0 - 0.5)
+    near_tie = frac < 1e-4 * np.maximum(1.0, np.abs(scaled_ref))
+    diff = q_gpu.astype(np.int32) - q_ref.astype(np.int32)
+    assert np.all(diff[~near_tie] == 0), f"{np.count_nonzero(diff[~near_tie])} codes differ away from ties"
+    assert np.all(np.abs(diff[near_tie]) <= 1)
+    assert near_tie.mean() < 0.01
+
+
+# RMSNormQuant / RMSNorm ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("t,width", [(1, 128), (3, 640), (17, 384), (2, 2560), (2, 6912)])
+def test_rmsnorm_quant_matches_numpy(device, kernels, t, width):
+    rng = np.random.default_rng(width + t)
+    max_tokens = t + 2  # buffers larger than the step: rows past n_tokens must stay untouched
+    x = random_activations(rng, max_tokens, width)
+    w = rng.uniform(0.5, 1.5, width).astype(np.float32)
+    x_buf, w_buf = upload(device, x, "x"), upload(device, w, "norm w")
+    sentinel = np.full(max_tokens * width // 4, 0xDEADBEEF, dtype=np.uint32)
+    xq_buf = upload(device, sentinel, "xq")
+    scale_buf = upload(device, np.full(max_tokens, -1.0, np.float32), "scale")
+    op = RMSNormQuant(kernels, x_buf, w_buf, xq_buf, scale_buf, step_params(device, t), width, EPS)
+    run(device, (op, (t,), {}))
+
+    q_ref, inv_s_ref, scaled = ref_quantize_rows(ref_rmsnorm(x[:t], w, EPS))
+    words = read(device, xq_buf, np.uint32, max_tokens * width // 4).reshape(max_tokens, -1)
+    q_gpu = unpack_int8_words(words[:t], width)
+    assert_codes_match(q_gpu, q_ref, scaled)
+    scales = read(device, scale_buf, np.float32, max_tokens)
+    np.testing.assert_allclose(scales[:t], inv_s_ref, rtol=1e-5)
+    assert np.all(words[t:] == 0xDEADBEEF) and np.all(scales[t:] == -1.0)
+
+
+def test_quantize_only_has_exact_codes(device, kernels):
+    """Without a norm weight the op only quantizes: no reduction order can move y, so codes and
+    packing (value 4i+e in byte e) must equal numpy bit for bit away from exact ties."""
+    rng = np.random.default_rng(5)
+    t, width = 3, 384
+    x = random_activations(rng, t, width)
+    x[0, :8] = [127.5, -3.0, 0.49, -0.51, 2.5, 1.5, -2.5, 0.0]  # ties and sign handling in the first words
+    x_buf = upload(device, x, "x")
+    xq_buf = device.buffer(t * width, label="xq")
+    scale_buf = device.buffer(4 * t, label="scale")
+    op = RMSNormQuant(kernels, x_buf, None, xq_buf, scale_buf, step_params(device, t), width, EPS)
+    run(device, (op, (t,), {}))
+    q_ref, inv_s_ref, scaled = ref_quantize_rows(x)
+    words = read(device, xq_buf, np.uint32, t * width // 4).reshape(t, -1)
+    assert_codes_match(unpack_int8_words(words, width), q_ref, scaled)
+    np.testing.assert_array_equal(words[1:], pack_int8_words(q_ref[1:]))
+    np.testing.assert_allclose(read(device, scale_buf, np.float32, t), inv_s_ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("last_only", [False, True])
+def test_rmsnorm_f32_matches_numpy(device, kernels, last_only):
+    rng = np.random.default_rng(11)
+    t, width = 5, 640
+    x = random_activations(rng, t, width)
+    w = rng.uniform(-2, 2, width).astype(np.float32)
+    x_buf, w_buf = upload(device, x, "x"), upload(device, w, "w")
+    y_buf = upload(device, np.full((t, width), 7.0, np.float32), "y")
+    op = RMSNorm(kernels, x_buf, w_buf, y_buf, step_params(device, t), width, EPS)
+    run(device, (op, (t,), {"last_only": last_only}))
+    y = read(device, y_buf, np.float32, t * width).reshape(t, width)
+    ref = ref_rmsnorm(x, w, EPS)
+    if last_only:
+        np.testing.assert_allclose(y[0], ref[t - 1], rtol=2e-5, atol=2e-5)
+        assert np.all(y[1:] == 7.0)
+    else:
+        np.testing.assert_allclose(y, ref, rtol=2e-5, atol=2e-5)
+
+
+def test_norm_rejects_bad_width(device, kernels):
+    buf = device.buffer(4096, label="x")
+    with pytest.raises(NormShapeError, match="multiple of 4"):
+        RMSNorm(kernels, buf, buf, buf, StepParams(device), 30, EPS)
+    with pytest.raises(NormShapeError, match="norm weight"):
+        RMSNormQuant(kernels, buf, device.buffer(16, label="w"), buf, buf, StepParams(device), 256, EPS)
+
+
+# Ternary weights ---------------------------------------------------------------------------------
+
+def random_ternary(rng, n: int, k: int) -> np.ndarray:
+    return rng.integers(-1, 2, size=(n, k)).astype(np.int8)
+
+
+def test_pack_ternary_rows_matches_quants_decode():
+    """Packed rows of fused tensors decode (with bitnet_web.quants) to the original values, and the
+    per-row scales are each tensor's trailer scale."""
+    from bitnet_web.quants import i2s_decode
+
+    rng = np.random.default_rng(1)
+    shapes, scales = [(96, 256), (32, 256), (32, 256)], [0.75, 1.5, 0.125]
+    values = [random_ternary(rng, n, k) for n, k in shapes]
+    raws = [ref_i2s_encode(v, s) for v, s in zip(values, scales, strict=True)]
+    packed, row_scales = pack_ternary_rows([(raw, n, k) for raw, (n, k) in zip(raws, shapes, strict=True)])
+    assert packed.dtype == np.uint8 and packed.size == 160 * 256 // 4
+    trailer = np.zeros(32, np.uint8)
+    trailer[:4] = np.frombuffer(np.float32(2.0).tobytes(), np.uint8)
+    decoded, scale = i2s_decode(np.concatenate([packed, trailer]), (160, 256))
+    assert scale == 2.0
+    np.testing.assert_array_equal(decoded, np.concatenate(values))
+    np.testing.assert_array_equal(row_scales, np.repeat(np.float32(scales), [96, 32, 32]))
+
+
+def test_pack_ternary_rows_rejects_bad_tensors():
+    raw = ref_i2s_encode(np.zeros((4, 128), np.int8), 1.0)
+    with pytest.raises(TernaryShapeError, match="expected 160"):
+        pack_ternary_rows([(raw[:-1], 4, 128)])
+    with pytest.raises(TernaryShapeError, match="multiple of 128"):
+        pack_ternary_rows([(raw, 8, 64)])
+    with pytest.raises(TernaryShapeError, match="128 columns"):
+        pack_ternary_rows([(raw, 4, 128), (ref_i2s_encode(np.zeros((2, 256), np.int8), 1.0), 2, 256)])
+
+
+def upload_ternary(device, values_list, scales, label="w", pair_rows=False) -> TernaryMatrix:
+    raws = [(ref_i2s_encode(v, s), v.shape[0], v.shape[1]) for v, s in zip(values_list, scales, strict=True)]
+    return TernaryMatrix.from_i2s(device, raws, label, pair_rows=pair_rows)
+
+
+def linear_case(device, kernels, rng, n_parts, k, t, epilogue, max_tokens=None, **op_kwargs):
+    """Build a TernaryLinear on random weights/activations; returns (op, buffers, reference y)."""
+    max_tokens = max_tokens or t
+    values = [random_ternary(rng, n, k) for n in n_parts]
+    scales = list(rng.uniform(0.2, 2.0, len(n_parts)))
+    weights = upload_ternary(device, values, scales, pair_rows=epilogue.startswith("gate"))
+    q = rng.integers(-128, 128, size=(max_tokens, k)).astype(np.int8)
+    inv_s = rng.uniform(0.001, 0.05, max_tokens).astype(np.float32)
+    xq_buf = upload(device, pack_int8_words(q), "xq")
+    xs_buf = upload(device, inv_s, "xs")
+    n = sum(n_parts)
+    out_w = n // 2 if epilogue.startswith("gate") else n
+    prior = rng.standard_normal((max_tokens, out_w)).astype(np.float32)
+    out_buf = upload(device, prior, "out")
+    step = step_params(device, t)
+    op = TernaryLinear(kernels, weights, xq_buf, xs_buf, out_buf, step, epilogue, **op_kwargs)
+    row_scales = np.repeat(np.float32(scales), n_parts)
+    y = ref_ternary_linear(np.concatenate(values), row_scales, q[:t], inv_s[:t])
+    expected = prior.astype(np.float64).copy()
+    if epilogue == "store":
+        expected[:t] = y
+    elif epilogue == "residual":
+        expected[:t] += y
+    else:
+        act = ref_relu2 if epilogue == "gate_relu2" else ref_silu
+        expected[:t] = act(y[:, :out_w]) * y[:, out_w:]
+    return op, out_buf, expected
+
+
+def check_linear(device, op, out_buf, expected):
+    got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * scale)
+
+
+LINEAR_CASES = [
+    # (row counts of the fused tensors, K, T)
+    ([96], 128, 1),
+    ([200], 384, 3),
+    ([640, 160, 160], 640, 1),  # fused QKV with three scales
+    ([640, 160, 160], 640, 17),
+    ([96, 40], 384, 17),
+]
+
+
+@pytest.mark.parametrize("parts,k,t", LINEAR_CASES)
+@pytest.mark.parametrize("epilogue", ["store", "residual"])
+def test_ternary_linear_matches_numpy(device, kernels, parts, k, t, epilogue):
+    rng = np.random.default_rng(k * 100 + t + len(parts))
+    op, out_buf, expected = linear_case(device, kernels, rng, parts, k, t, epilogue, max_tokens=t + 1)
+    run(device, (op, (t,), {}))
+    check_linear(device, op, out_buf, expected)
+
+
+@pytest.mark.parametrize("epilogue", ["gate_relu2", "gate_silu"])
+@pytest.mark.parametrize("f,k,t", [(100, 256, 1), (100, 256, 3), (64, 384, 17)])
+def test_gated_epilogues_match_numpy(device, kernels, epilogue, f, k, t):
+    rng = np.random.default_rng(f + k + t)
+    op, out_buf, expected = linear_case(device, kernels, rng, [f, f], k, t, epilogue)
+    run(device, (op, (t,), {}))
+    check_linear(device, op, out_buf, expected)
+
+
+@pytest.mark.parametrize("t", [1, 5])
+def test_ternary_linear_k2560(device, kernels, t):
+    rng = np.random.default_rng(2560 + t)
+    op, out_buf, expected = linear_case(device, kernels, rng, [200], 2560, t, "residual")
+    run(device, (op, (t,), {}))
+    check_linear(device, op, out_buf, expected)
+
+
+def test_gemv_handles_each_token_row(device, kernels):
+    """The decode GEMV indexes token rows by workgroup_id.y: run it for 3 rows at once."""
+    rng = np.random.default_rng(7)
+    op, out_buf, expected = linear_case(device, kernels, rng, [72, 72], 256, 3, "gate_silu")
+    recorder = device.begin()
+    op.record_gemv(recorder, 3)
+    recorder.submit()
+    check_linear(device, op, out_buf, expected)
+
+
+@pytest.mark.parametrize("variant", ["no-subgroups", "no-dot4"])
+@pytest.mark.parametrize("t", [1, 3])
+def test_fallback_paths_match_numpy(device, variant, t):
+    """Adapters without subgroups or without packed dot products get the same results."""
+    kernels = KernelCache(device)
+    features = device.features
+    try:
+        if variant == "no-subgroups":
+            device.features = features - {"subgroups"}
+        rng = np.random.default_rng(3 + t)
+        op, out_buf, expected = linear_case(device, kernels, rng, [50, 50], 384, t, "gate_relu2",
+                                            use_dot4=variant != "no-dot4")
+    finally:
+        device.features = features
+    run(device, (op, (t,), {}))
+    check_linear(device, op, out_buf, expected)
+
+
+def test_bitlinear_chain_matches_reference(device, kernels):
+    """RMSNormQuant feeding TernaryLinear reproduces the ground-truth BitLinear of a normed input."""
+    rng = np.random.default_rng(9)
+    t, k, n = 3, 640, 136
+    x = random_activations(rng, t, k)
+    w = rng.uniform(0.5, 1.5, k).astype(np.float32)
+    values = random_ternary(rng, n, k)
+    weights = upload_ternary(device, [values], [0.7])
+    x_buf, w_buf = upload(device, x, "x"), upload(device, w, "w")
+    xq_buf, xs_buf = device.buffer(t * k, label="xq"), device.buffer(4 * t, label="xs")
+    y_buf = device.buffer(4 * t * n, label="y")
+    step = step_params(device, t)
+    norm = RMSNormQuant(kernels, x_buf, w_buf, xq_buf, xs_buf, step, k, EPS)
+    linear = TernaryLinear(kernels, weights, xq_buf, xs_buf, y_buf, step, "store")
+    run(device, (norm, (t,), {}), (linear, (t,), {}))
+    q, inv_s, _ = ref_quantize_rows(ref_rmsnorm(x, w, EPS))
+    expected = ref_ternary_linear(values, np.full(n, 0.7), q, inv_s)
+    got = read(device, y_buf, np.float32, t * n).reshape(t, n)
+    # one int8 step of difference at a rounding tie moves y by at most 0.7 * inv_s
+    np.testing.assert_allclose(got, expected, atol=0.7 * inv_s.max() * 1.01 + 1e-5 * np.abs(expected).max())
+
+
+def test_ternary_linear_rejects_bad_use(device, kernels):
+    rng = np.random.default_rng(0)
+    weights = upload_ternary(device, [random_ternary(rng, 8, 128)], [1.0])
+    buf = device.buffer(4096, label="buf")
+    with pytest.raises(TernaryShapeError, match="pair_rows"):
+        TernaryLinear(kernels, weights, buf, buf, buf, StepParams(device), "gate_relu2")
+    with pytest.raises(TernaryShapeError, match="unknown epilogue"):
+        TernaryLinear(kernels, weights, buf, buf, buf, StepParams(device), "gelu")
+    with pytest.raises(TernaryShapeError, match="too small"):
+        TernaryLinear(kernels, weights, device.buffer(64, label="small"), buf, buf, StepParams(device))
+    with pytest.raises(TernaryShapeError, match="equal shape"):
+        upload_ternary(device, [random_ternary(rng, 8, 128), random_ternary(rng, 4, 128)], [1.0, 1.0],
+                       pair_rows=True)
+
+
+# Embedding, LM head, argmax (sharded) --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_binding_device():
+    """A device that pretends to bind at most 40000 bytes, so a 1000 x 64 F16 table needs 4 shards."""
+    try:
+        dev = gpu.open_device(max_binding_size=40000)
+    except gpu.GPUUnavailableError as exc:  # pragma: no cover
+        pytest.skip(f"no WebGPU adapter: {exc}")
+    yield dev
+    dev.destroy()
+
+
+def random_table(rng, v: int, d: int) -> np.ndarray:
+    return (rng.standard_normal((v, d)) * 0.5).astype(np.float16)
+
+
+def test_embedding_lookup_uses_every_shard(small_binding_device):
+    device = small_binding_device
+    kernels = KernelCache(device)
+    rng = np.random.default_rng(21)
+    v, d = 1000, 64
+    table = random_table(rng, v, d)
+    matrix = F16Matrix.upload(device, table, "embd")
+    assert len(matrix.shards) == 4 and matrix.shards[-1][1] == v
+    ids = np.array([0, 311, 312, 999, 624, 625, 5, 998], dtype=np.uint32)  # both sides of each boundary
+    starts = [s for s, _, _ in matrix.shards]
+    assert {int(np.searchsorted(starts, i, side="right")) - 1 for i in ids} == {0, 1, 2, 3}
+    ids_buf = upload(device, ids, "ids")
+    x_buf = upload(device, np.full((len(ids), d), 9.0, np.float32), "x")
+    op = EmbeddingLookup(kernels, matrix, ids_buf, x_buf, step_params(device, len(ids)))
+    run(device, (op, (len(ids),), {}))
+    got = read(device, x_buf, np.float32, len(ids) * d).reshape(len(ids), d)
+    np.testing.assert_array_equal(got, table[ids].astype(np.float32))
+
+
+def test_embedding_zeroes_out_of_range_ids(device, kernels):
+    rng = np.random.default_rng(22)
+    table = random_table(rng, 50, 16)
+    matrix = F16Matrix.upload(device, table, "embd")
+    ids_buf = upload(device, np.array([3, 50, 7], np.uint32), "ids")
+    x_buf = upload(device, np.full((3, 16), 9.0, np.float32), "x")
+    run(device, (EmbeddingLookup(kernels, matrix, ids_buf, x_buf), (3,), {}))
+    got = read(device, x_buf, np.float32, 48).reshape(3, 16)
+    np.testing.assert_array_equal(got[[0, 2]], table[[3, 7]].astype(np.float32))
+    assert np.all(got[1] == 0.0)
+
+
+@pytest.mark.parametrize("n_rows", [1, 3, 6])
+def test_lm_head_uses_every_shard(small_binding_device, n_rows):
+    device = small_binding_device
+    kernels = KernelCache(device)
+    rng = np.random.default_rng(30 + n_rows)
+    v, d = 1000, 64
+    table = random_table(rng, v, d)
+    matrix = F16Matrix.upload(device, table, "head")
+    assert len(matrix.shards) == 4
+    x = random_activations(rng, n_rows, d)
+    x_buf = upload(device, x, "x")
+    logits_buf = upload(device, np.full((n_rows, v), np.nan, np.float32), "logits")
+    op = LMHead(kernels, matrix, x_buf, logits_buf, step_params(device, n_rows))
+    run(device, (op, (n_rows,), {}))
+    got = read(device, logits_buf, np.float32, n_rows * v).reshape(n_rows, v)
+    expected = x.astype(np.float64) @ table.astype(np.float64).T
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def test_lm_head_d2560_matches_numpy(device, kernels):
+    rng = np.random.default_rng(31)
+    v, d = 300, 2560
+    table = random_table(rng, v, d)
+    matrix = F16Matrix.upload(device, table, "head")
+    x = random_activations(rng, 1, d)
+    x_buf = upload(device, x, "x")
+    logits_buf = device.buffer(4 * v, label="logits")
+    run(device, (LMHead(kernels, matrix, x_buf, logits_buf, step_params(device, 5)), (1,), {}))
+    got = read(device, logits_buf, np.float32, v)
+    expected = x[0].astype(np.float64) @ table.astype(np.float64).T
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def test_f16_matrix_rejects_bad_shapes(device):
+    with pytest.raises(EmbeddingShapeError, match="multiple of 8"):
+        F16Matrix.upload(device, np.zeros((4, 12), np.float16), "m")
+    with pytest.raises(EmbeddingShapeError, match="2-D"):
+        F16Matrix.upload(device, np.zeros(16, np.float16), "m")
+
+
+@pytest.mark.parametrize("v,row,slot", [(1000, 0, 0), (128256, 1, 2), (7, 0, 1)])
+def test_argmax_matches_numpy(device, kernels, v, row, slot):
+    rng = np.random.default_rng(v + row)
+    logits = rng.standard_normal((row + 1, v)).astype(np.float32)
+    winner = int(rng.integers(0, v))
+    logits[row, winner] = 50.0
+    if v > 10:
+        logits[row, winner + 1 if winner + 1 < v else winner - 1] = np.nan  # NaN never wins
+        logits[row, min(winner + 5, v - 1)] = 50.0  # a tie later in the row: the first index wins
+    logits_buf = upload(device, logits, "logits")
+    ids_buf = upload(device, np.full(4, 77, np.uint32), "ids")
+    run(device, (Argmax(kernels, logits_buf, ids_buf, v, slot=slot, row=row), (), {}))
+    ids = read(device, ids_buf, np.uint32, 4)
+    assert ids[slot] == int(np.nanargmax(logits[row]))
+    assert all(ids[i] == 77 for i in range(4) if i != slot)
+
+
+def test_greedy_step_stays_on_gpu(device, kernels):
+    """Argmax writes the id where EmbeddingLookup reads it: head -> argmax -> embed in one submit."""
+    rng = np.random.default_rng(40)
+    v, d = 200, 32
+    table = random_table(rng, v, d)
+    matrix = F16Matrix.upload(device, table, "embd")
+    x = random_activations(rng, 1, d)
+    x_buf = upload(device, x, "x")
+    logits_buf = device.buffer(4 * v, label="logits")
+    ids_buf = upload(device, np.zeros(1, np.uint32), "ids")
+    out_buf = device.buffer(4 * d, label="next x")
+    step = step_params(device, 1)
+    run(device, (LMHead(kernels, matrix, x_buf, logits_buf, step), (1,), {}),
+        (Argmax(kernels, logits_buf, ids_buf, v), (), {}),
+        (EmbeddingLookup(kernels, matrix, ids_buf, out_buf), (1,), {}))
+    best = int(np.argmax(x[0].astype(np.float64) @ table.astype(np.float64).T))
+    np.testing.assert_array_equal(read(device, out_buf, np.float32, d), table[best].astype(np.float32))
+
+
+def test_reductions_without_subgroups(device):
+    """The workgroup-memory fallbacks (adapters without subgroups) of the norm, LM head and argmax."""
+    kernels = KernelCache(device)
+    features = device.features
+    rng = np.random.default_rng(50)
+    t, d, v = 3, 640, 120
+    x = random_activations(rng, t, d)
+    w = rng.uniform(0.5, 1.5, d).astype(np.float32)
+    table = random_table(rng, v, d)
+    x_buf, w_buf = upload(device, x, "x"), upload(device, w, "w")
+    xq_buf, xs_buf = device.buffer(t * d, label="xq"), device.buffer(4 * t, label="xs")
+    y_buf, logits_buf = device.buffer(4 * t * d, label="y"), device.buffer(4 * t * v, label="logits")
+    ids_buf = device.buffer(16, label="ids")
+    step = step_params(device, t)
+    try:
+        device.features = features - {"subgroups"}
+        matrix = F16Matrix.upload(device, table, "head")
+        ops = [(RMSNormQuant(kernels, x_buf, w_buf, xq_buf, xs_buf, step, d, EPS), (t,), {}),
+               (RMSNorm(kernels, x_buf, w_buf, y_buf, step, d, EPS), (t,), {}),
+               (LMHead(kernels, matrix, y_buf, logits_buf, step), (t,), {}),
+               (Argmax(kernels, logits_buf, ids_buf, v, row=2), (), {})]
+    finally:
+        device.features = features
+    assert all("SUBGROUPS" not in op.pipeline.label for op, _, _ in ops[:1])
+    run(device, *ops)
+    normed = ref_rmsnorm(x, w, EPS)
+    q_ref, inv_s_ref, scaled = ref_quantize_rows(normed)
+    words = read(device, xq_buf, np.uint32, t * d // 4).reshape(t, -1)
+    assert_codes_match(unpack_int8_words(words, d), q_ref, scaled)
+    np.testing.assert_allclose(read(device, y_buf, np.float32, t * d).reshape(t, d), normed, rtol=2e-5, atol=2e-5)
+    logits = read(device, logits_buf, np.float32, t * v).reshape(t, v)
+    expected = normed @ table.astype(np.float64).T
+    np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    assert read(device, ids_buf, np.uint32, 1)[0] == int(np.argmax(logits[2]))
+
+
+# Tint (Chromium) validation of every shader variant ---------------------------------------------
+
+class ShaderCollector(gpu.Device):
+    """A stand-in device that records each pipeline's WGSL instead of compiling it, as a browser
+    device with the given features would be asked to."""
+
+    backend = "browser"
+
+    def __init__(self, features: frozenset[str]):
+        self.features = features
+        self.limits = gpu.GPULimits(1 << 30, 1 << 30, 32768, 256, 65535, 256)
+        self.sources: dict[str, str] = {}
+
+    def buffer(self, nbytes, usage=gpu.STORAGE_USAGE, label=""):
+        return gpu.Buffer(None, nbytes, label, usage)
+
+    def upload(self, buffer, offset, data):
+        pass
+
+    def pipeline(self, wgsl, label, entry_point="main"):
+        self.sources[label] = wgsl
+        return gpu.Pipeline(None, label)
+
+    def bind_group(self, pipeline, buffers, label=""):
+        return gpu.BindGroup(None, label, tuple(buffers))
+
+
+def k1_shader_variants() -> dict[str, str]:
+    """The WGSL of every op variant K1 builds (with and without subgroups / dot4, each epilogue)."""
+    sources = {}
+    for features in (frozenset({"subgroups"}), frozenset()):
+        dev = ShaderCollector(features)
+        kernels = KernelCache(dev)
+        step = StepParams(dev)
+        big = dev.buffer(1 << 24, label="big")
+        rng = np.random.default_rng(0)
+        for k, parts in ((2560, [128, 128]), (6912, [64, 64])):
+            codes = [(np.zeros(n * k // 4, np.uint8), 1.0, (n, k)) for n in parts]
+            plain = TernaryMatrix.upload(dev, codes[:1], "w")
+            paired = TernaryMatrix.upload(dev, codes, "gu", pair_rows=True)
+            for epilogue in ("store", "residual", "gate_relu2", "gate_silu"):
+                for dot4 in (True, False):
+                    TernaryLinear(kernels, paired if epilogue.startswith("gate") else plain, big, big, big, step,
+                                  epilogue, use_dot4=dot4)
+        for weight in (big, None):
+            RMSNormQuant(kernels, big, weight, big, big, step, 2560, EPS)
+        RMSNorm(kernels, big, big, big, step, 2560, EPS)
+        table = F16Matrix.upload(dev, random_table(rng, 64, 2560), "t")
+        EmbeddingLookup(kernels, table, big, big)
+        LMHead(kernels, table, big, big, step)
+        Argmax(kernels, big, big, 128256)
+        sources.update({f"{sorted(features)} {label}": src for label, src in dev.sources.items()})
+    return sources
+
+
+def test_every_variant_is_collected():
+    sources = k1_shader_variants()
+    assert any("enable subgroups;" in s for s in sources.values())
+    assert any("dot4I8Packed" in s for s in sources.values())
+    assert any("fn dot4(a: u32, b: u32) -> i32 {\n    let s = bitcast" in s for s in sources.values())
+    assert len(sources) >= 30
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_wgsl_compiles_in_chromium_tint():
+    """Every K1 shader variant compiles and builds a pipeline in Chromium's WebGPU (Tint + SwiftShader)."""
+    import functools
+    import http.server
+    import json
+    import shutil
+    import tempfile
+    import threading
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if chromium is None:
+        pytest.skip("no chromium executable")
+    sources = k1_shader_variants()
+    with tempfile.TemporaryDirectory() as root:
+        Path(root, "index.html").write_text("<!doctype html><title>tint</title>")
+        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=root)
+        handler.log_message = lambda *args: None
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            with sync_api.sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_WEBGPU_ARGS)
+                page = browser.new_page()
+                page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+                result = page.evaluate(COMPILE_ALL_JS, json.loads(json.dumps(list(sources.items()))))
+                browser.close()
+        finally:
+            server.shutdown()
+    if result is None:
+        pytest.skip("Chromium has no WebGPU adapter here")
+    assert "subgroups" in result["features"]
+    failures = {label: msgs for label, msgs in result["results"] if msgs}
+    assert not failures, json.dumps(failures, indent=1)[:4000]
+
+
+CHROMIUM_WEBGPU_ARGS = ["--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader", "--no-sandbox",
+                        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                        "--no-first-run", "--disable-quic"]
+
+COMPILE_ALL_JS = """async (shaders) => {
+  if (!navigator.gpu) return null;
+  const adapter = await navigator.gpu.requestAdapter();
+  if (!adapter) return null;
+  const wanted = ['subgroups'].filter(f => adapter.features.has(f));
+  const device = await adapter.requestDevice({requiredFeatures: wanted});
+  const results = [];
+  for (const [label, code] of shaders) {
+    device.pushErrorScope('validation');
+    const module = device.createShaderModule({code, label});
+    const info = await module.getCompilationInfo();
+    const msgs = info.messages.filter(m => m.type === 'error').map(m => `${m.lineNum}:${m.linePos} ${m.message}`);
+    try { await device.createComputePipelineAsync({layout: 'auto', compute: {module, entryPoint: 'main'}}); }
+    catch (e) { msgs.push(String(e)); }
+    const err = await device.popErrorScope();
+    if (err) msgs.push(err.message);
+    results.push([label, msgs]);
+  }
+  return {features: [...adapter.features], results};
+}"""
