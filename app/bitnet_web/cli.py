@@ -26,10 +26,20 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def _progress(phase: str, done: int, total: int) -> None:
-    if total:
-        print(f"\r{phase}: {done / total:6.1%} ({done / 1e6:.1f} / {total / 1e6:.1f} MB)", end="", file=sys.stderr)
-        if done >= total:
-            print(file=sys.stderr)
+    # Only on a terminal: a redirected stderr keeps exactly the lines that matter (errors, stats).
+    if not total or not sys.stderr.isatty():
+        return
+    amount = f" ({done / 1e6:.1f} / {total / 1e6:.1f} MB)" if phase == "download" else ""
+    print(f"\r{phase}: {done / total:6.1%}{amount}", end="", file=sys.stderr)
+    if done >= total:
+        print(file=sys.stderr)
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line on stderr (no usage block), exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_BAD_INPUT, f"error: {message} (see: {self.prog} --help)\n")
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -121,7 +131,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bitnet_web", description=__doc__.split("\n")[0])
+    parser = OneLineArgumentParser(prog="python -m bitnet_web", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("inspect", help="summarize a GGUF file")

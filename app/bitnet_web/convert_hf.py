@@ -326,6 +326,18 @@ def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, *, embed_typ
     def float_tensor(hf_name: str):
         return lambda: ckpt.file(hf_name).float32(hf_name)
 
+    def embedding_tensor(hf_name: str):
+        # Row chunks, so a 128256 x 2560 bf16 embedding never exists as one float32 array.
+        def chunks():
+            st = ckpt.file(hf_name)
+            raw = st.raw(hf_name)
+            rows = max(1, (1 << 22) // max(1, raw.shape[1]))
+            for start in range(0, raw.shape[0], rows):
+                part = raw[start:start + rows]
+                yield (part.astype(np.uint32) << 16).view(np.float32) if st.dtype(hf_name) == "BF16" \
+                    else part.astype(np.float32)
+        return chunks
+
     def norm_tensor(hf_name: str, gguf_name: str):
         if gguf_name == ones_norm:
             return lambda: np.ones(ckpt.file(hf_name).shape(hf_name), dtype=np.float32)
@@ -348,7 +360,7 @@ def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, *, embed_typ
                    "ffn_gate": dim, "ffn_up": dim, "ffn_down": ffn_dim}
     heads_of = {"attn_q": n_heads, "attn_k": n_kv_heads}
 
-    writer.add_tensor("token_embd.weight", (vocab_size, dim), float_type, float_tensor(embd_name))
+    writer.add_tensor("token_embd.weight", (vocab_size, dim), float_type, embedding_tensor(embd_name))
     known = {embd_name, "model.norm.weight", "lm_head.weight"}
     for i in range(n_layers):
         hf = f"model.layers.{i}."
@@ -367,7 +379,7 @@ def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, *, embed_typ
     writer.add_tensor("output_norm.weight", (dim,), GGMLType.F32,
                       norm_tensor("model.norm.weight", "output_norm.weight"))
     if untied:
-        writer.add_tensor("output.weight", (vocab_size, dim), float_type, float_tensor("lm_head.weight"))
+        writer.add_tensor("output.weight", (vocab_size, dim), float_type, embedding_tensor("lm_head.weight"))
     unknown = sorted(n for n in ckpt.where if n not in known and "rotary_emb" not in n)
     if unknown:
         raise ConvertError(f"{folder}: unexpected tensors in the checkpoint (e.g. {unknown[:3]}); "

@@ -12,6 +12,7 @@ the synchronous methods drive it with a private event loop in CPython.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,11 @@ ProgressCallback = Callable[[str, int, int], None]
 
 class EngineError(RuntimeError):
     """A request the engine cannot serve (no model loaded, context full, bad token ids...)."""
+
+
+def _device_lost(device: gpu.Device) -> bool:
+    """True if the device is known to be gone (browser: its `lost` promise fired; native: destroyed)."""
+    return bool(getattr(device, "lost_reason", None) or getattr(device, "_destroyed", False))
 
 
 @dataclass
@@ -63,6 +69,7 @@ class Engine:
         self.generated_tokens: list[int] = []
         self.last_stats = GenerationStats()
         self._abort = False
+        self._device_was_lost = False  # set when a GPU call reported the device gone (for the message)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # Loading ---------------------------------------------------------------------------------
@@ -91,20 +98,50 @@ class Engine:
         if progress:
             progress("parse", 0, 1)
         config = config_from_gguf(gguf)
+        gguf.validate_tensors()  # every I2_S scale readable and finite before anything reaches the GPU
         tokenizer = Tokenizer.from_gguf(gguf.metadata)
         template = ChatTemplate.from_gguf(gguf.metadata)
         if progress:
             progress("parse", 1, 1)
-        if self.device is None or getattr(self.device, "lost_reason", None):
+        reusing_device = self.device is not None and not _device_lost(self.device)
+        if not reusing_device:
             self.device = await gpu.open_device_async(max_binding_size=self.max_binding_size)
         try:
-            model = BitNetModel(self.device, gguf, config, max_tokens=self.prefill_chunk)
-            await model.upload(progress)
+            model = await self._upload(gguf, config, progress)
         except gpu.GPUDeviceLostError:
-            self.device = None
-            raise
+            if not reusing_device:
+                self.device = None
+                raise
+            # The kept device died since its last use (wgpu-native reports a loss only when a call
+            # fails): retry once on a fresh device.
+            self.device = await gpu.open_device_async(max_binding_size=self.max_binding_size)
+            try:
+                model = await self._upload(gguf, config, progress)
+            except gpu.GPUDeviceLostError:
+                self.device = None
+                raise
         self.gguf, self.config, self.tokenizer, self.template, self.model = gguf, config, tokenizer, template, model
         self.name = name
+        self._device_was_lost = False
+
+    async def _upload(self, gguf: GGUFFile, config: ModelConfig, progress: ProgressCallback | None) -> BitNetModel:
+        model = BitNetModel(self.device, gguf, config, max_tokens=self.prefill_chunk)
+        try:
+            await model.upload(progress)
+        except BaseException:
+            # Nothing half-uploaded stays on the device; releasing on a lost device may itself fail.
+            with contextlib.suppress(Exception):
+                model.release()
+            raise
+        return model
+
+    def _forget_lost_device(self) -> None:
+        """The device is gone: drop it and the model on it, so the next load opens a fresh one."""
+        with contextlib.suppress(Exception):
+            self.unload()
+        self.model = self.gguf = self.config = self.tokenizer = self.template = None
+        self.device = None
+        self._device_was_lost = True
 
     def unload(self) -> None:
         if self.model is not None:
@@ -145,11 +182,15 @@ class Engine:
 
     def _require_model(self) -> BitNetModel:
         if self.model is None:
+            if self._device_was_lost:
+                raise EngineError("no model is loaded: the GPU device was lost, load the model again")
             raise EngineError("no model is loaded")
         return self.model
 
     def encode_prompt(self, prompt: str, add_bos: bool = True) -> list[int]:
         self._require_model()
+        if not prompt:
+            raise EngineError("the prompt is empty: give some text")
         return self.tokenizer.encode(prompt, add_bos=add_bos and self.tokenizer.add_bos)
 
     def encode_chat(self, messages: Sequence[dict]) -> list[int]:
@@ -160,6 +201,16 @@ class Engine:
                                     max_tokens: int = 256, stop_strings: Sequence[str] = ()) -> AsyncIterator[str]:
         """Prefill `prompt_ids` (reusing the cached prefix), then sample up to `max_tokens` tokens,
         yielding text as soon as it is complete UTF-8 and not part of a stop string."""
+        async with contextlib.aclosing(self._generate(prompt_ids, settings, max_tokens, stop_strings)) as pieces:
+            try:
+                async for piece in pieces:
+                    yield piece
+            except gpu.GPUDeviceLostError:
+                self._forget_lost_device()
+                raise
+
+    async def _generate(self, prompt_ids: Sequence[int], settings: SamplerSettings, max_tokens: int,
+                        stop_strings: Sequence[str]) -> AsyncIterator[str]:
         model = self._require_model()
         tokenizer = self.tokenizer
         prompt_ids = [int(t) for t in prompt_ids]
@@ -178,6 +229,8 @@ class Engine:
         stats = GenerationStats(n_prompt_tokens=len(prompt_ids))
         self.last_stats = stats
         self.generated_tokens = []
+        if max_tokens <= 0:
+            return
         sampler = Sampler(settings)
         decoder = StreamDecoder(tokenizer)
         stopper = StopMatcher(list(stop_strings) + list(self.template.stop_strings if self.template else ()))
@@ -185,41 +238,39 @@ class Engine:
 
         reused = model.reuse_prefix(prompt_ids)
         stats.n_reused_tokens = reused
-        logits = await model.prefill(prompt_ids[reused:], chunk=self.prefill_chunk)
-        prefill_s = time.perf_counter() - start
-        stats.prefill_tok_per_s = (len(prompt_ids) - reused) / max(prefill_s, 1e-9)
         history = list(prompt_ids)
+        tokens = self._token_source(model, prompt_ids[reused:], sampler, settings, history)
         decode_start = None
         stats.stop_reason = "max_tokens"
-        for _ in range(max_tokens):
-            token = sampler.sample(logits, history)
-            if stats.n_generated == 0:
-                stats.ttft_s = time.perf_counter() - start
-                decode_start = time.perf_counter()
-            if token in tokenizer.stop_ids:
-                stats.stop_reason = "eos"
-                break
-            history.append(token)
-            self.generated_tokens.append(token)
-            stats.n_generated += 1
-            text, stopped = stopper.push(decoder.push(token))
-            if text:
-                yield text
-            if stopped:
-                stats.stop_reason = "stop_string"
-                break
-            if self._abort:
-                stats.stop_reason = "aborted"
-                break
-            if model.n_cached + 1 >= context:
-                stats.stop_reason = "context_full"
-                break
-            if stats.n_generated == max_tokens:
-                break
-            logits = await model.decode(token)
-        else:
-            pass
-        if stats.stop_reason not in ("stop_string",):
+        try:
+            async for token in tokens:
+                if stats.n_generated == 0:
+                    stats.ttft_s = time.perf_counter() - start
+                    stats.prefill_tok_per_s = (len(prompt_ids) - reused) / max(stats.ttft_s, 1e-9)
+                    decode_start = time.perf_counter()
+                if token in tokenizer.stop_ids:
+                    stats.stop_reason = "eos"
+                    break
+                history.append(token)
+                self.generated_tokens.append(token)
+                stats.n_generated += 1
+                text, stopped = stopper.push(decoder.push(token))
+                if text:
+                    yield text
+                if stopped:
+                    stats.stop_reason = "stop_string"
+                    break
+                if self._abort:
+                    stats.stop_reason = "aborted"
+                    break
+                if stats.n_generated >= max_tokens:
+                    break
+                if model.n_cached + 1 >= context:
+                    stats.stop_reason = "context_full"
+                    break
+        finally:
+            await tokens.aclose()
+        if stats.stop_reason != "stop_string":
             tail, _ = stopper.push(decoder.flush())
             tail += stopper.flush()
             if tail:
@@ -228,6 +279,24 @@ class Engine:
             stats.decode_tok_per_s = (stats.n_generated - 1) / max(time.perf_counter() - decode_start, 1e-9)
         stats.context_used = model.n_cached
         self._abort = False
+
+    @staticmethod
+    async def _token_source(model: BitNetModel, new_ids: list[int], sampler: Sampler, settings: SamplerSettings,
+                            history: list[int]) -> AsyncIterator[int]:
+        """Tokens of the reply, one per step: sampled on the CPU from read-back logits, or, for
+        plain greedy decoding, chosen by the GPU's argmax so only 4 bytes come back per token."""
+        logits = await model.prefill(new_ids)
+        first = sampler.sample(logits, history)
+        yield first
+        if settings.temperature == 0 and settings.repetition_penalty == 1.0:
+            async for token in model.decode_greedy(first):
+                yield token
+            return
+        token = first
+        while True:
+            logits = await model.decode(token)
+            token = sampler.sample(logits, history)
+            yield token
 
     async def complete_async(self, prompt: str, settings: SamplerSettings, max_tokens: int = 256,
                              stop_strings: Sequence[str] = ()) -> AsyncIterator[str]:
@@ -248,8 +317,14 @@ class Engine:
             raise EngineError(f"token ids out of range 0..{self.config.vocab_size - 1}: {bad[:10]}")
         if len(ids) > self.config.context_length:
             raise EngineError(f"{len(ids)} tokens exceed the context length {self.config.context_length}")
+        if not ids:
+            raise EngineError("no token ids given")
         model.truncate(0)
-        return await model.prefill(ids, chunk=self.prefill_chunk, all_logits=True)
+        try:
+            return await model.prefill(ids, chunk=self.prefill_chunk, all_logits=True)
+        except gpu.GPUDeviceLostError:
+            self._forget_lost_device()
+            raise
 
     # Synchronous wrappers (CPython) ----------------------------------------------------------------
 

@@ -22,7 +22,8 @@ then logits = token_embd @ output_norm(x) (tied F16 head, sharded by rows when l
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,6 +67,37 @@ def ternary_rows(gguf: GGUFFile, name: str) -> tuple[np.ndarray, float]:
     return i2s_encode(values, scale)[: info.n_elements // 4], float(scale)
 
 
+def check_device_limits(config: ModelConfig, limits: gpu.GPULimits, max_tokens: int, source: str = "model") -> None:
+    """Refuse, before anything is uploaded, a model with a buffer that one storage binding cannot hold.
+
+    The F16 embedding and LM head are split into row shards (only one row must fit). Ternary weights,
+    the run-state buffers and each layer's KV cache are bound whole: real BitNet shapes are far below
+    WebGPU's 128 MiB default (2B-4T's largest ternary matrix, the fused gate/up, is 8.8 MB), so a
+    model that does not fit is refused with every offending buffer named instead of being sharded.
+    """
+    cfg, limit = config, limits.max_binding
+    qkv_rows = cfg.q_dim + 2 * cfg.kv_dim
+    needs = {
+        "blk.*.attn_q + attn_k + attn_v (fused ternary codes)": qkv_rows * cfg.dim // 4,
+        "blk.*.attn_output (ternary codes)": cfg.dim * cfg.q_dim // 4,
+        "blk.*.ffn_gate + ffn_up (fused ternary codes)": 2 * cfg.ffn_dim * cfg.dim // 4,
+        "blk.*.ffn_down (ternary codes)": cfg.dim * cfg.ffn_dim // 4,
+        "one row of token_embd / output (F16)": 2 * cfg.dim,
+        f"logits of {max_tokens} tokens (f32)": 4 * max_tokens * cfg.vocab_size,
+        f"activations of {max_tokens} tokens (f32)": 4 * max_tokens * max(qkv_rows, cfg.ffn_dim, cfg.dim),
+        "one layer's K or V cache at the full context (f32)": 4 * cfg.context_length * cfg.kv_dim,
+        "attention split partials (f32)": 4 * cfg.n_heads * -(-cfg.context_length // 64) * cfg.head_dim,
+        "RoPE cos/sin table (f32)": 4 * cfg.context_length * cfg.rope_dim,
+    }
+    over = [f"{what} {nbytes} bytes" for what, nbytes in needs.items() if nbytes > limit]
+    if over:
+        raise gpu.GPUOutOfMemoryError(
+            f"{source}: this device binds at most {limit} bytes per buffer (maxStorageBufferBindingSize / "
+            f"maxBufferSize) but the model needs {'; '.join(over)}. Only the embedding and LM head are split "
+            "into shards; use a device with a larger limit"
+        )
+
+
 @dataclass
 class LayerWeights:
     attn_norm: gpu.Buffer  # (dim,) f32
@@ -105,6 +137,9 @@ class BitNetModel:
         self.layers: list[LayerWeights] = []
         self._buffers: list[gpu.Buffer] = []
         self.n_params = sum(info.n_elements for info in gguf.tensors.values())
+        self._staging: list[gpu.Buffer] | None = None  # two 16-byte host-readable slots for greedy ids
+        self.last_dispatches = self.last_passes = 0
+        self.encode_seconds = 0.0  # time spent recording greedy steps (Python's share of a token)
         self._ready = False
 
     @property
@@ -122,12 +157,15 @@ class BitNetModel:
 
     def _ternary(self, names: list[str], label: str, pair_rows: bool = False) -> TernaryMatrix:
         parts = [(ternary_rows(self.gguf, n), self.gguf.tensors[n].shape) for n in names]
-        return TernaryMatrix.upload(self.device, [(rows, scale, shape) for (rows, scale), shape in parts],
-                                    label=label, pair_rows=pair_rows)
+        matrix = TernaryMatrix.upload(self.device, [(rows, scale, shape) for (rows, scale), shape in parts],
+                                      label=label, pair_rows=pair_rows)
+        self._buffers += [matrix.codes, matrix.scales]
+        return matrix
 
     async def upload(self, progress: ProgressCallback | None = None) -> None:
         """Upload every weight, then build the ops (pipelines and bind groups) once."""
         cfg, device = self.config, self.device
+        check_device_limits(cfg, device.limits, self.max_tokens, self.gguf.source)
         total = cfg.n_layers + 2
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
@@ -151,6 +189,9 @@ class BitNetModel:
         self.token_embd = F16Matrix.upload(device, self.gguf.tensor("token_embd.weight"), "token_embd")
         self.output = (self.token_embd if cfg.tied_embeddings
                        else F16Matrix.upload(device, self.gguf.tensor("output.weight"), "output"))
+        self._buffers += [b for _, _, b in self.token_embd.shards]
+        if self.output is not self.token_embd:
+            self._buffers += [b for _, _, b in self.output.shards]
         await device.checkpoint("uploading the embedding")
         self._allocate_run_state()
         self._build_ops()
@@ -184,6 +225,7 @@ class BitNetModel:
         self.kv_cache = KVCache(device, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.context_length)
         self.rope_table = RopeTable(device, cfg.rope_dim, cfg.rope_theta, cfg.context_length)
         self.attention_scratch = AttentionScratch(device, cfg.n_heads, cfg.head_dim, cfg.context_length)
+        self._buffers += [self.rope_table.buffer, self.attention_scratch.acc, self.attention_scratch.stats]
 
     def _build_ops(self) -> None:
         cfg, k, step = self.config, self.kernels, self.step
@@ -273,7 +315,7 @@ class BitNetModel:
         self.device.upload(self.token_ids, 0, np.asarray(token_ids, dtype=np.uint32))
         recorder = self._record_step(n, all_logits)
         recorder.submit()
-        self.last_dispatches = recorder.dispatches
+        self.last_dispatches, self.last_passes = recorder.dispatches, recorder.passes
         self.cached_tokens.extend(token_ids)
         rows = n if all_logits else 1
         raw = await self.device.read(self.logits, 0, 4 * rows * self.config.vocab_size)
@@ -296,7 +338,74 @@ class BitNetModel:
     async def decode(self, token: int) -> np.ndarray:
         return await self.forward([token])
 
+    # Greedy decoding with the token kept on the GPU ----------------------------------------------
+
+    def _record_greedy_step(self, staging: gpu.Buffer) -> gpu.Recorder:
+        """A decode step that reads its input id from token_ids[0], writes the argmax of its logits
+        back there (the next step's input) and copies it to `staging` for the host."""
+        rec = self._record_step(1, all_logits=False)
+        self.argmax.record(rec)
+        rec.copy(self.token_ids, 0, staging, 0, 4)
+        return rec
+
+    async def decode_greedy(self, first_token: int) -> AsyncIterator[int]:
+        """Feed `first_token`, then yield greedy tokens one by one, forever (the caller stops).
+
+        Step n+1 is recorded while step n runs on the GPU, and only 4 bytes come back per token,
+        so Python's encoding time hides behind GPU time. A step is submitted only once the caller
+        asks for the token after it, so stopping leaves the cache exactly at the yielded tokens.
+        """
+        if self._staging is None:
+            self._staging = [self.device.staging(16, f"greedy token {i}") for i in range(2)]
+            self._buffers.extend(self._staging)
+        self.device.upload(self.token_ids, 0, np.asarray([first_token], dtype=np.uint32))
+        step = 0
+        rec = self._record_greedy_step(self._staging[0])
+        rec.submit()
+        self.last_dispatches, self.last_passes = rec.dispatches, rec.passes
+        self.cached_tokens.append(first_token)
+        while True:
+            step += 1
+            if self.n_cached >= self.config.context_length:
+                token = int((await self.device.read_staging(self._staging[(step - 1) % 2], 4)).view(np.uint32)[0])
+                yield token
+                return
+            encode_start = time.perf_counter()
+            pending = self._record_greedy_step(self._staging[step % 2])  # encoded while the GPU works
+            self.encode_seconds += time.perf_counter() - encode_start
+            token = int((await self.device.read_staging(self._staging[(step - 1) % 2], 4)).view(np.uint32)[0])
+            yield token
+            pending.submit()
+            self.cached_tokens.append(token)
+
+    async def decode_greedy_benchmark(self, n_tokens: int) -> dict:
+        """Decode `n_tokens` greedily from the current context; wall and Python CPU time per token."""
+        first = self.cached_tokens[-1] if self.cached_tokens else 0
+        self.truncate(self.n_cached - 1 if self.cached_tokens else 0)
+        stream = self.decode_greedy(first)
+        await stream.__anext__()  # warm: first step
+        self.encode_seconds = 0.0
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        for _ in range(n_tokens):
+            await stream.__anext__()
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        await stream.aclose()
+        return {"tok_per_s": n_tokens / wall, "ms_per_token": 1e3 * wall / n_tokens,
+                "cpu_ms_per_token": 1e3 * cpu / n_tokens, "encode_ms_per_token": 1e3 * self.encode_seconds / n_tokens,
+                "dispatches_per_token": self.last_dispatches,
+                "passes_per_token": self.last_passes}
+
+    @property
+    def bytes_read_per_token(self) -> int:
+        """Weight bytes a decode step must read: every tensor once (the tied embedding as the head)."""
+        return sum(info.n_bytes for info in self.gguf.tensors.values())
+
     def release(self) -> None:
+        """Free every GPU buffer of this model: weights, run state and the KV cache (whose buffers
+        change as it grows, so they are released through it)."""
+        kv_cache = getattr(self, "kv_cache", None)
+        if kv_cache is not None:
+            kv_cache.release()
         for buffer in self._buffers:
             self.device.release(buffer)
         self._buffers.clear()

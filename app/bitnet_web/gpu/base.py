@@ -154,6 +154,17 @@ class Device:
         """Copy `nbytes` of `buffer` back to the host as a uint8 array (waits for queued work)."""
         raise NotImplementedError
 
+    def staging(self, nbytes: int, label: str) -> Buffer:
+        """A small host-readable buffer: a step copies results into it, `read_staging` maps it.
+
+        Keeping two and alternating lets the host read step n's result while step n+1 runs.
+        """
+        return self.buffer(nbytes, READBACK_USAGE, label)
+
+    async def read_staging(self, staging: Buffer, nbytes: int) -> np.ndarray:
+        """Wait for the work that last wrote `staging`, then copy its first `nbytes` out."""
+        raise NotImplementedError
+
     def release(self, buffer: Buffer) -> None:
         raise NotImplementedError
 

@@ -240,18 +240,21 @@ class BrowserDevice(Device):
         return self._readback
 
     async def read(self, buffer: Buffer, offset: int = 0, nbytes: int | None = None) -> np.ndarray:
-        js, _ = _js()
         nbytes = buffer.nbytes - offset if nbytes is None else nbytes
         staging = self._readback_buffer(nbytes)
         recorder = self.begin()
         recorder.copy(buffer, offset, staging, 0, nbytes)
         recorder.submit()
+        return await self.read_staging(staging, nbytes)
+
+    async def read_staging(self, staging: Buffer, nbytes: int) -> np.ndarray:
+        js, _ = _js()
         try:
             await staging.handle.mapAsync(js.GPUMapMode.READ, 0, staging.nbytes)
         except Exception as exc:
             if self.lost_reason is not None:
                 raise GPUDeviceLostError(f"GPU device lost: {self.lost_reason}") from exc
-            raise GPUError(f"reading back {buffer.label!r} failed: {exc}") from exc
+            raise GPUError(f"reading back {staging.label!r} failed: {exc}") from exc
         mapped = staging.handle.getMappedRange(0, nbytes)
         out = np.empty(nbytes, dtype=np.uint8)
         js.Uint8Array.new(mapped).assign_to(out)

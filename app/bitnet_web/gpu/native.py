@@ -191,13 +191,19 @@ class NativeDevice(Device):
         recorder = self.begin()
         recorder.copy(buffer, offset, staging, 0, nbytes)
         recorder.submit()
+        return self._read_staging_sync(staging, nbytes)
+
+    def _read_staging_sync(self, staging: Buffer, nbytes: int) -> np.ndarray:
         try:
             staging.handle.map_sync(self._wgpu.MapMode.READ, 0, staging.nbytes)
             data = np.frombuffer(staging.handle.read_mapped(0, nbytes), dtype=np.uint8).copy()
             staging.handle.unmap()
         except Exception as exc:
-            raise self._translate(exc, f"reading back {buffer.label!r}") from exc
+            raise self._translate(exc, f"reading back {staging.label!r}") from exc
         return data
+
+    async def read_staging(self, staging: Buffer, nbytes: int) -> np.ndarray:
+        return self._read_staging_sync(staging, nbytes)
 
     def release(self, buffer: Buffer) -> None:
         if buffer.handle is None:

@@ -1,9 +1,9 @@
 """Causal grouped-query attention over the KV cache (shaders/attention.wgsl, attention_combine.wgsl).
 
 Two paths, both built at construction, chosen per step by the number of tokens:
-- decode (n_tokens <= split_max_tokens, normally 1): the sequence is split into tiles of TILE rows,
-  one workgroup per (tile, KV head), then a combine dispatch merges the partial softmaxes. A 4k
-  context runs ~64 workgroups per KV head instead of one. Two dispatches.
+- decode (n_tokens <= scratch.max_tokens_split, normally 1): the sequence's tiles are dealt to up to
+  MAX_SPLITS workgroups per KV head, then a combine dispatch merges their partial softmaxes, so a 4k
+  context keeps 64 workgroups per KV head busy instead of one. Two dispatches.
 - prefill (more tokens): one workgroup per (BQ tokens, KV head) walks all visible rows with an
   online softmax and writes the output directly. One dispatch.
 """
@@ -15,10 +15,17 @@ import math
 from .. import gpu
 from .common import STEP_PARAMS_WGSL, KernelCache, StepParams
 from .kv_cache import F32, KVCache
+from .rope import RopeKV
 
-TILE = 64  # key rows per tile = attention workgroup size
-SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)  # HD / 4 must divide TILE
-PREFILL_QUERY_ROWS = 16  # target query rows (tokens x heads per KV head) per prefill workgroup
+WORKGROUP = 256  # invocations of the attention and combine workgroups (the WebGPU default maximum)
+SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)  # HD / 4 must divide WORKGROUP
+MAX_SPLITS = 64  # most workgroups one KV head's decode is split over (partials merged by the combine)
+DIRECT_MAX_TILES = 4  # fused decode up to this many tiles runs in one dispatch, without split + combine
+
+
+def tile_rows(head_dim: int) -> int:
+    """Key rows per attention tile: a K tile is 2 vec4 per invocation (TILE * head_dim / 4 = 2 * WORKGROUP)."""
+    return 2 * WORKGROUP * 4 // head_dim
 
 
 class AttentionScratch:
@@ -33,7 +40,7 @@ class AttentionScratch:
         self.n_heads = n_heads
         self.head_dim = head_dim
         self.max_tokens_split = max_tokens_split
-        self.max_splits = -(-max_context // TILE)
+        self.max_splits = MAX_SPLITS
         slots = max_tokens_split * n_heads * self.max_splits
         self.acc = device.buffer(slots * head_dim * F32, gpu.STORAGE_USAGE, "attention split partials")
         self.stats = device.buffer(slots * 2 * F32, gpu.STORAGE_USAGE, "attention split stats")
@@ -46,11 +53,15 @@ class Attention:
     q   [max_tokens, n_heads * head_dim] f32 (rotated, from RopeKV)
     out [max_tokens, n_heads * head_dim] f32
     K/V from `cache.k[layer]`, `cache.v[layer]`, rows 0 .. pos + n_tokens - 1 already written.
+
+    With `rope` (the layer's RopeKV, writing into `q`), `record` runs the rotation too: for one token
+    fused into the attention kernel (reading rope.qkv; one dispatch fewer), otherwise as rope's own
+    dispatch first. The model then records only this op per layer.
     """
 
     def __init__(self, kernels: KernelCache, params: StepParams, cache: KVCache, layer: int, q: gpu.Buffer,
                  out: gpu.Buffer, *, n_heads: int, max_tokens: int, scratch: AttentionScratch | None = None,
-                 scale: float | None = None):
+                 scale: float | None = None, rope: RopeKV | None = None):
         device = kernels.device
         n_kv_heads, head_dim = cache.n_kv_heads, cache.head_dim
         what = f"Attention layer {layer}"
@@ -65,19 +76,24 @@ class Attention:
             if buffer.nbytes < max_tokens * row_bytes:
                 raise ValueError(f"{what}: {name} buffer {buffer.label!r} has {buffer.nbytes} bytes, needs "
                                  f"{max_tokens * row_bytes} for {max_tokens} tokens")
+        if rope is not None and (rope.cache is not cache or rope.layer != layer or rope.q_out is not q):
+            raise ValueError(f"{what}: the RopeKV passed as `rope` must write this layer's cache and q buffer")
         if scratch is None:
             scratch = AttentionScratch(device, n_heads, head_dim, cache.max_context)
-        if (scratch.n_heads, scratch.head_dim) != (n_heads, head_dim) or \
-                scratch.max_splits * TILE < cache.max_context:
+        if (scratch.n_heads, scratch.head_dim) != (n_heads, head_dim):
             raise ValueError(f"{what}: the AttentionScratch was made for other shapes")
         group = n_heads // n_kv_heads
-        self.block_tokens = max(1, PREFILL_QUERY_ROWS // group)  # BQ of the prefill kernel
+        # One invocation per (query row, output vec4) and per (query row, tile row).
+        self.tile = tile_rows(head_dim)
+        max_query_rows = WORKGROUP // max(head_dim // 4, self.tile)
+        if group > max_query_rows:
+            raise ValueError(f"{what}: {group} query heads per KV head with head_dim {head_dim} exceed one "
+                             f"workgroup (at most {max_query_rows})")
+        self.block_tokens = max_query_rows // group  # BQ: tokens per prefill workgroup
         limit = device.limits.max_compute_workgroup_storage_size
-        while self.block_tokens > 1 and _workgroup_bytes(self.block_tokens * group, head_dim) > limit:
-            self.block_tokens -= 1
-        if _workgroup_bytes(group, head_dim) > limit:
-            raise ValueError(f"{what}: {group} query heads per KV head x head_dim {head_dim} need "
-                             f"{_workgroup_bytes(group, head_dim)} bytes of workgroup memory, over {limit}")
+        if _workgroup_bytes(self.block_tokens * group, head_dim) > limit:
+            raise ValueError(f"{what}: needs {_workgroup_bytes(self.block_tokens * group, head_dim)} bytes of "
+                             f"workgroup memory, over this device's {limit}")
 
         self.device = device
         self.params = params
@@ -89,14 +105,22 @@ class Attention:
         self.n_kv_heads = n_kv_heads
         self.max_tokens = max_tokens
         self.scratch = scratch
-        shape = dict(STEP_PARAMS=STEP_PARAMS_WGSL, HQ=n_heads, HKV=n_kv_heads, HD=head_dim, TILE=TILE,
-                     MAX_SPLITS=scratch.max_splits,
-                     SCALE=float(1.0 / math.sqrt(head_dim)) if scale is None else float(scale))
+        self.rope = rope
+        # The fused path rotates whole vec4 columns: rotary dims must fill them.
+        self.fused_rope = rope is not None and rope.table.rope_dim % 8 == 0
+        shape = dict(STEP_PARAMS=STEP_PARAMS_WGSL, HQ=n_heads, HKV=n_kv_heads, HD=head_dim, TILE=self.tile,
+                     WG=WORKGROUP, MAX_SPLITS=scratch.max_splits,
+                     SCALE=float(1.0 / math.sqrt(head_dim)) if scale is None else float(scale),
+                     ROPE_DIM=rope.table.rope_dim if rope is not None else head_dim,
+                     NEOX=rope.style == "neox" if rope is not None else True)
         self.prefill_pipeline = kernels.pipeline("attention", BQ=self.block_tokens, SPLIT=False, **shape)
         self.split_pipeline = kernels.pipeline("attention", BQ=1, SPLIT=True, **shape)
+        if self.fused_rope:
+            self.rope_split_pipeline = kernels.pipeline("attention", "main_rope", BQ=1, SPLIT=True, **shape)
+            self.rope_direct_pipeline = kernels.pipeline("attention", "main_rope", BQ=1, SPLIT=False, **shape)
         self.combine_pipeline = kernels.pipeline(
-            "attention_combine", STEP_PARAMS=STEP_PARAMS_WGSL, HQ=n_heads, HD=head_dim, TILE=TILE,
-            MAX_SPLITS=scratch.max_splits,
+            "attention_combine", STEP_PARAMS=STEP_PARAMS_WGSL, HQ=n_heads, HD=head_dim, TILE=self.tile,
+            WG=WORKGROUP, MAX_SPLITS=scratch.max_splits,
         )
         self.combine_group = device.bind_group(
             self.combine_pipeline, [params.buffer, scratch.acc, scratch.stats, out], f"attention combine {layer}"
@@ -107,24 +131,41 @@ class Attention:
     def rebind(self) -> None:
         """Rebuild the bind groups that name the cache's buffers (after capacity growth)."""
         k, v = self.cache.k[self.layer], self.cache.v[self.layer]
+        params, stats, label = self.params.buffer, self.scratch.stats, f"layer {self.layer}"
         self.prefill_group = self.device.bind_group(
-            self.prefill_pipeline, [self.params.buffer, self.q, k, v, self.out, self.scratch.stats],
-            f"attention prefill layer {self.layer}",
-        )
+            self.prefill_pipeline, [params, self.q, k, v, self.out, stats], f"attention prefill {label}")
         self.split_group = self.device.bind_group(
-            self.split_pipeline, [self.params.buffer, self.q, k, v, self.scratch.acc, self.scratch.stats],
-            f"attention split layer {self.layer}",
-        )
+            self.split_pipeline, [params, self.q, k, v, self.scratch.acc, stats], f"attention split {label}")
+        if self.fused_rope:
+            qkv, table = self.rope.qkv, self.rope.table.buffer
+            self.rope_split_group = self.device.bind_group(
+                self.rope_split_pipeline, [params, qkv, k, v, self.scratch.acc, stats, table],
+                f"rope+attention split {label}")
+            self.rope_direct_group = self.device.bind_group(
+                self.rope_direct_pipeline, [params, qkv, k, v, self.out, stats, table],
+                f"rope+attention {label}")
 
     def record(self, recorder: gpu.Recorder, n_tokens: int, pos: int | None = None) -> None:
-        """Add this layer's attention. `pos` (tokens already cached), when given, trims the decode
-        dispatch to the tiles in use; without it every tile of the current capacity is dispatched and
-        the unused ones exit at once (so a recorded step stays valid for any pos)."""
+        """Add this layer's attention (and RoPE + KV append when built with `rope`).
+
+        `pos` (tokens already cached) is optional: given, the decode dispatch covers only the splits
+        in use and a short context takes a single dispatch; without it the dispatch covers MAX_SPLITS
+        splits (surplus ones exit at once), so a recorded step stays valid for any position.
+        """
         if not 0 < n_tokens <= self.max_tokens:
             raise ValueError(f"Attention layer {self.layer}: n_tokens {n_tokens} outside 1..{self.max_tokens}")
+        splits = MAX_SPLITS if pos is None else min(MAX_SPLITS, -(-(pos + n_tokens) // self.tile))
+        if self.fused_rope and n_tokens == 1:
+            if pos is not None and pos < DIRECT_MAX_TILES * self.tile:
+                recorder.dispatch(self.rope_direct_pipeline, self.rope_direct_group, 1, self.n_kv_heads, 1)
+            else:
+                recorder.dispatch(self.rope_split_pipeline, self.rope_split_group, splits, self.n_kv_heads, 1)
+                recorder.dispatch(self.combine_pipeline, self.combine_group, self.n_heads, 1)
+            return
+        if self.rope is not None:
+            self.rope.record(recorder, n_tokens)
         if n_tokens <= self.scratch.max_tokens_split:
-            rows = self.cache.capacity if pos is None else pos + n_tokens
-            recorder.dispatch(self.split_pipeline, self.split_group, -(-rows // TILE), self.n_kv_heads, n_tokens)
+            recorder.dispatch(self.split_pipeline, self.split_group, splits, self.n_kv_heads, n_tokens)
             recorder.dispatch(self.combine_pipeline, self.combine_group, self.n_heads, n_tokens)
         else:
             recorder.dispatch(self.prefill_pipeline, self.prefill_group, 1, self.n_kv_heads,
@@ -132,5 +173,6 @@ class Attention:
 
 
 def _workgroup_bytes(query_rows: int, head_dim: int) -> int:
-    # qs [NQ, HD] + probs [NQ, TILE] + red [NQ, TILE], all 4-byte
-    return query_rows * (head_dim + 2 * TILE) * F32
+    # ks [TILE, HD + 4] + vs [TILE, HD] + qs [NQ, HD] + probs, red [NQ, TILE] + m/l/alpha [NQ], all 4-byte
+    tile = tile_rows(head_dim)
+    return (tile * (2 * head_dim + 4) + query_rows * (head_dim + 2 * tile + 3)) * F32

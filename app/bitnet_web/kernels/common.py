@@ -89,6 +89,16 @@ def subgroups_available(device: gpu.Device) -> bool:
     return "subgroups" in device.features
 
 
+def packed_dot_available(device: gpu.Device) -> bool:
+    """Whether WGSL's dot4I8Packed (language feature packed_4x8_integer_dot_product) can be used.
+
+    A device may list its `wgsl_language_features` (navigator.gpu.wgslLanguageFeatures in the
+    browser); without that list assume yes: naga has it, and Chrome ships it since version 123.
+    """
+    listed = getattr(device, "wgsl_language_features", None)
+    return listed is None or "packed_4x8_integer_dot_product" in listed
+
+
 def wgsl_enables(device: gpu.Device, subgroups: bool = False, f16: bool = False) -> tuple[str, ...]:
     """The `enable` directives a shader using subgroups / f16 needs on this device's compiler.
 

@@ -106,6 +106,14 @@ class LMHead:
         subgroups = subgroups_available(device)
         enables = wgsl_enables(device, subgroups=subgroups)
         sg = ("SUBGROUPS",) if subgroups else ()
+        workgroup_bytes = 4 * rows_per_workgroup * LM_HEAD_TOKENS * workgroup_size + 4
+        if workgroup_bytes > device.limits.max_compute_workgroup_storage_size:
+            raise EmbeddingShapeError(f"{label}: {rows_per_workgroup} rows x {workgroup_size} threads need "
+                                      f"{workgroup_bytes} bytes of workgroup memory, over the device's "
+                                      f"{device.limits.max_compute_workgroup_storage_size}")
+        if workgroup_size > device.limits.max_compute_invocations_per_workgroup:
+            raise EmbeddingShapeError(f"{label}: {workgroup_size} threads per workgroup, over the device's "
+                                      f"{device.limits.max_compute_invocations_per_workgroup}")
         self.single, self.multi = [], []
         for i, (start, stop, buffer) in enumerate(matrix.shards):
             groups = ceil_div(stop - start, rows_per_workgroup)

@@ -19,7 +19,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import gpu
-from .common import STEP_PARAMS_WGSL, KernelCache, StepParams, ceil_div, subgroups_available, wgsl_enables
+from .common import (
+    STEP_PARAMS_WGSL,
+    KernelCache,
+    StepParams,
+    ceil_div,
+    packed_dot_available,
+    subgroups_available,
+    wgsl_enables,
+)
+from .norm import RMSNormQuant
 
 I2S_BLOCK = 128  # values per 32-byte block; rows must hold whole blocks
 I2S_TRAILER = 32  # f32 scale + 28 bytes of padding after each tensor's codes
@@ -154,7 +163,7 @@ class TernaryLinear:
 
     def __init__(self, kernels: KernelCache, weights: TernaryMatrix, x_q: gpu.Buffer, x_scale: gpu.Buffer,
                  out: gpu.Buffer, step: StepParams, epilogue: str = "store", label: str | None = None,
-                 use_dot4: bool = True, gemv_rows: int = GEMV_ROWS, gemv_workgroup_size: int | None = None,
+                 use_dot4: bool | None = None, gemv_rows: int = GEMV_ROWS, gemv_workgroup_size: int | None = None,
                  gemm_tile: dict[str, int] | None = None):
         label = label or f"{weights.label} {epilogue}"
         op = f"TernaryLinear {label!r}"
@@ -176,9 +185,14 @@ class TernaryLinear:
         limit = device.limits.max_compute_workgroups_per_dimension
         subgroups = subgroups_available(device)
         enables = wgsl_enables(device, subgroups=subgroups)
+        if use_dot4 is None:
+            use_dot4 = packed_dot_available(device)
         dot = ("DOT4",) if use_dot4 else ()
 
         wg = gemv_workgroup_size or gemv_workgroup(k)
+        if wg > device.limits.max_compute_invocations_per_workgroup:
+            raise TernaryShapeError(f"{op}: {wg} threads per workgroup, over the device's "
+                                    f"{device.limits.max_compute_invocations_per_workgroup}")
         if wg < gemv_rows:
             raise TernaryShapeError(f"{op}: the GEMV workgroup ({wg} threads) must have at least gemv_rows "
                                     f"({gemv_rows}) threads")
@@ -213,3 +227,69 @@ class TernaryLinear:
     def record_gemv(self, recorder: gpu.Recorder, n_tokens: int) -> None:
         """The GEMV for each of `n_tokens` rows independently (tests and benchmarks)."""
         recorder.dispatch(self.gemv, self.gemv_bind, self.gemv_groups, n_tokens)
+
+
+# Fused decode GEMV with its input norm: accumulators (rows) per workgroup.
+NORM_GEMV_ROWS = 8
+
+
+class NormTernaryLinear:
+    """RMSNorm(x) (or quantize-only with `norm_weight=None`) -> BitLinear -> epilogue, as one op.
+
+    Decode (n_tokens == 1): one dispatch of `ternary_gemv_norm.wgsl`, in which every workgroup
+    normalizes and quantizes the input row itself (no rmsnorm_quant dispatch, no x_q round trip).
+    Prefill: `RMSNormQuant` into x_q / x_scale, then the tiled GEMM, exactly as the two ops would.
+    Constructor arguments are those of RMSNormQuant and TernaryLinear together.
+    """
+
+    def __init__(self, kernels: KernelCache, x: gpu.Buffer, norm_weight: gpu.Buffer | None, eps: float,
+                 weights: TernaryMatrix, x_q: gpu.Buffer, x_scale: gpu.Buffer, out: gpu.Buffer, step: StepParams,
+                 epilogue: str = "store", label: str | None = None, use_dot4: bool | None = None,
+                 rows: int = NORM_GEMV_ROWS, workgroup_size: int | None = None):
+        label = label or f"{weights.label} {epilogue} (normed input)"
+        op = f"NormTernaryLinear {label!r}"
+        k = weights.n_cols
+        self.norm = RMSNormQuant(kernels, x, norm_weight, x_q, x_scale, step, k, eps, f"{label} norm")
+        self.linear = TernaryLinear(kernels, weights, x_q, x_scale, out, step, epilogue, label, use_dot4=use_dot4)
+        if x.nbytes < 4 * k:
+            raise TernaryShapeError(f"{op}: x ({x.nbytes} bytes) holds less than one row of {k} f32")
+        chunks = k // 64
+        wg = workgroup_size or max(64, ceil_div(chunks, 32) * 32)
+        if wg < chunks or wg < rows or rows % 2 or rows <= 0:
+            raise TernaryShapeError(f"{op}: needs an even rows ({rows}) <= workgroup size ({wg}) and a workgroup "
+                                    f"of at least K/64 = {chunks} threads")
+        if wg & (wg - 1) and not subgroups_available(kernels.device):
+            wg = 1 << (wg - 1).bit_length()  # the tree reduction without subgroups needs a power of two
+        limits = kernels.device.limits
+        workgroup_bytes = k + 4 * wg + 4 * rows + 4  # int8 row, reduction slots, accumulators, slot count
+        too_big = workgroup_bytes > limits.max_compute_workgroup_storage_size
+        if wg > limits.max_compute_invocations_per_workgroup or too_big:
+            raise TernaryShapeError(f"{op}: K={k} needs {wg} threads and {workgroup_bytes} bytes of workgroup "
+                                    f"memory per workgroup, over this device's limits "
+                                    f"({limits.max_compute_invocations_per_workgroup} threads, "
+                                    f"{limits.max_compute_workgroup_storage_size} bytes): use RMSNormQuant + "
+                                    f"TernaryLinear")
+        device = kernels.device
+        subgroups = subgroups_available(device)
+        if use_dot4 is None:
+            use_dot4 = packed_dot_available(device)
+        defines = (("DOT4",) if use_dot4 else ()) + (("SUBGROUPS",) if subgroups else ()) + \
+            (("NORMALIZE", "HAS_WEIGHT") if norm_weight is not None else ())
+        gated = EPILOGUES[epilogue] >= 2
+        self.groups = ceil_div(self.linear.out_width, rows // 2 if gated else rows)
+        self.fused = kernels.pipeline("ternary_gemv_norm", enables=wgsl_enables(device, subgroups=subgroups),
+                                      defines=defines, K=k, N=weights.n_rows, ROWS=rows, WG=wg,
+                                      EPILOGUE=EPILOGUES[epilogue], EPS=float(eps), K_F=float(k))
+        buffers = [weights.codes, weights.scales, x] + ([norm_weight] if norm_weight is not None else []) + [out]
+        self.fused_bind = device.bind_group(self.fused, buffers, f"{label} fused")
+
+    def record(self, recorder: gpu.Recorder, n_tokens: int) -> None:
+        if n_tokens == 1:
+            recorder.dispatch(self.fused, self.fused_bind, self.groups)
+        else:
+            self.norm.record(recorder, n_tokens)
+            self.linear.record(recorder, n_tokens)
+
+    def record_fused(self, recorder: gpu.Recorder, n_tokens: int) -> None:
+        """The fused kernel for each of `n_tokens` rows independently (tests and benchmarks)."""
+        recorder.dispatch(self.fused, self.fused_bind, self.groups, n_tokens)

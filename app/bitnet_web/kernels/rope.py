@@ -83,6 +83,7 @@ class RopeKV:
         self.qkv = qkv
         self.q_out = q_out
         self.max_tokens = max_tokens
+        self.style = style
         self.pipeline = kernels.pipeline(
             "rope", STEP_PARAMS=STEP_PARAMS_WGSL, HQ=n_heads, HKV=n_kv_heads, HD=head_dim,
             ROPE_DIM=table.rope_dim, NEOX=style == "neox", WG=WORKGROUP,

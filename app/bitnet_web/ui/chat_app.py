@@ -4,10 +4,13 @@ State the page keeps: the conversation (`self.messages`, without the system prom
 list, and the engine worker client. The page never holds model bytes. Streaming text is appended
 as Text nodes; nothing from a model or a file is interpreted as HTML.
 
+URL parameters: `?autoload=0` skips loading the last used (or default) model at start.
+
 Test hooks: `#app` carries data-engine ("starting" | "ready" | "missing" | "failed"), data-model
-("none" | "loading" | "loaded" | "header" | "error") and data-busy ("1" while generating); each
-reply bubble carries data-pieces (streamed pieces received) and data-state ("streaming" | "done" |
-"aborted" | "error").
+("none" | "loading" | "loaded" | "header" | "error"), data-source ("network" | "cache" | "" for the
+last load), data-key (the usable model's URL), data-loads (loads started so far) and data-busy
+("1" while generating); each reply bubble carries data-pieces (streamed pieces received) and
+data-state ("streaming" | "done" | "aborted" | "error").
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from .client import EngineClient, shared_client, site_root
 from .dom import Listeners, append_text, by_id, clear, el, render_failure, set_text, show
 from .failures import describe
 from .modelinfo import info_rows
-from .progress import RateMeter, fraction, progress_text
+from .progress import RateMeter, fraction, progress_text, stats_line
 from .settings import DEFAULT_SYSTEM_PROMPT, FIELDS, SettingsError, parse_form
 
 LAST_MODEL_KEY = "bitnet-web:last-model"
@@ -41,6 +44,7 @@ class ChatApp:
         self.info: dict[str, Any] | None = None
         self.stats: dict[str, Any] | None = None
         self.loading = False
+        self.load_count = 0
         self.generating = False
         self.meter = RateMeter()
         self.n = {name: by_id(name) for name in (
@@ -89,7 +93,10 @@ class ChatApp:
         await self._refresh_cache()
         self.n["load"].disabled = False
         self._pick_start_model()
-        await self.load_selected()
+        if str(js.URLSearchParams.new(js.location.search).get("autoload")) != "0":
+            await self.load_selected()
+        else:
+            self._status("Ready: choose a model and press Load.")
 
     def _state(self, **attrs: str) -> None:
         for k, v in attrs.items():
@@ -199,8 +206,9 @@ class ChatApp:
             if not model.get("bundled"):
                 asyncio.ensure_future(self._persist(quiet=True))
         self.loading = True
+        self.load_count += 1
         self._hide_notice()
-        self._state(model="loading")
+        self._state(model="loading", source="", loads=str(self.load_count))
         self._set_busy_controls()
         self.meter.reset()
         show(self.n["progress"])
@@ -213,6 +221,8 @@ class ChatApp:
             show(self.n["progress"], False)
             show(self.n["cancel-load"], False)
             self._set_busy_controls()
+        usable = result["event"] == "loaded" or result.get("kind") == "engine_missing"
+        self._state(source=str(result.get("source") or ""), key=model["key"] if usable else "")
         if result["event"] == "loaded":
             self.info = result.get("info") or {}
             self.stats = None
@@ -457,23 +467,6 @@ class ChatApp:
     def _hide_notice(self) -> None:
         show(self.n["notice"], False)
         self.n["notice"].removeAttribute("data-kind")
-
-
-def stats_line(stats: dict[str, Any], reason: str | None = None) -> str:
-    """"42 tokens, 12.3 tok/s, first token after 0.41 s" (plus "stopped")."""
-    parts = []
-    n = stats.get("n_generated")
-    if n is not None:
-        parts.append(f"{int(n)} tokens")
-    speed = stats.get("decode_tok_per_s")
-    if speed:
-        parts.append(f"{float(speed):.1f} tok/s")
-    ttft = stats.get("ttft_s")
-    if ttft is not None:
-        parts.append(f"first token after {float(ttft):.2f} s")
-    if reason == "aborted":
-        parts.append("stopped")
-    return ", ".join(parts)
 
 
 _app: ChatApp | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 PHASE_LABELS = {
     "download": "Downloading",
@@ -83,3 +84,20 @@ def fraction(done: int, total: int | None) -> float | None:
     if not total:
         return None
     return min(1.0, max(0.0, done / total))
+
+
+def stats_line(stats: dict[str, Any], reason: str | None = None) -> str:
+    """"42 tokens, 12.3 tok/s, first token after 0.41 s" (plus "stopped")."""
+    parts = []
+    n = stats.get("n_generated")
+    if n is not None:
+        parts.append(f"{int(n)} tokens")
+    speed = stats.get("decode_tok_per_s")
+    if speed:
+        parts.append(f"{float(speed):.1f} tok/s")
+    ttft = stats.get("ttft_s")
+    if ttft is not None:
+        parts.append(f"first token after {float(ttft):.2f} s")
+    if reason == "aborted":
+        parts.append("stopped")
+    return ", ".join(parts)

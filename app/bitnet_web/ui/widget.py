@@ -25,7 +25,7 @@ from . import page
 from .client import EngineClient, shared_client, site_root
 from .dom import Listeners, append_text, clear, el, set_text
 from .failures import describe
-from .progress import progress_text
+from .progress import progress_text, stats_line
 from .prompts import clip_to_context, summary_messages, summary_prompt
 from .settings import greedy
 
@@ -155,7 +155,6 @@ class TldrWidget:
             self.stop_button.disabled = True
         if result["event"] == "done":
             stats = result.get("stats") or {}
-            from .chat_app import stats_line
             set_text(self.stats, stats_line(stats, result.get("reason")))
             set_text(self.status, "Done." if result.get("reason") != "aborted" else "Stopped.")
             self._state("done")

@@ -154,7 +154,8 @@ class EngineWorker:
             f = describe("engine_missing", f"{meta['name']}: {meta['total']:,} bytes, verified. "
                          f"{self.engine_error or ''}".strip())
             emit({"event": "error", "kind": f.kind, "title": f.title, "message": f.message,
-                  "advice": list(f.advice), "fatal": False, "detail": "", "info": meta["header"]})
+                  "advice": list(f.advice), "fatal": False, "detail": "", "info": meta["header"],
+                  "source": source})
             return
         await self._engine_load(meta, data, source, emit)
 
@@ -201,7 +202,16 @@ class EngineWorker:
         await self.engine.load_async(data, name=meta["name"], progress=progress)
         del data
         self.loaded_key = meta["key"]
-        info = {**(meta.get("header") or {}), **dict(self.engine.info)}
+        header = meta.get("header") or {}
+        try:
+            engine_info = dict(self.engine.info)
+        except Exception as e:  # display only: the model works, show what the header says
+            engine_info = {}
+            emit({"event": "log", "message": f"engine.info failed ({type(e).__name__}: {e}); "
+                                             "showing the file header instead"})
+        info = {**header, **engine_info}
+        if header.get("name"):
+            info["name"] = header["name"]  # the file's own name rather than the engine's label
         emit({"event": "loaded", "info": info, "source": source})
 
     async def op_chat(self, msg: dict[str, Any], req_id: int | None) -> None:
