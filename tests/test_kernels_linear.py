@@ -40,6 +40,7 @@ from bitnet_web.kernels.embedding import (  # noqa: E402
     LMHead,
 )
 from bitnet_web.kernels.linear import (  # noqa: E402
+    NormTernaryLinear,
     TernaryLinear,
     TernaryMatrix,
     TernaryShapeError,
@@ -248,9 +249,12 @@ def linear_case(device, kernels, rng, n_parts, k, t, epilogue, max_tokens=None, 
 
 
 def check_linear(device, op, out_buf, expected):
-    got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
-    scale = np.abs(expected).max()
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * scale)
+    check_linear_values(read(device, out_buf, np.float32, expected.size).reshape(expected.shape), expected)
+
+
+def check_linear_values(got, expected):
+    # The integer dot products are exact; only the f32 scaling (and exp in silu) rounds.
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
 
 
 LINEAR_CASES = [
@@ -308,11 +312,15 @@ def test_fallback_paths_match_numpy(device, variant, t):
     try:
         if variant == "no-subgroups":
             device.features = features - {"subgroups"}
+        else:  # a browser whose wgslLanguageFeatures lack packed_4x8_integer_dot_product
+            device.wgsl_language_features = frozenset({"readonly_and_readwrite_storage_textures"})
         rng = np.random.default_rng(3 + t)
-        op, out_buf, expected = linear_case(device, kernels, rng, [50, 50], 384, t, "gate_relu2",
-                                            use_dot4=variant != "no-dot4")
+        op, out_buf, expected = linear_case(device, kernels, rng, [50, 50], 384, t, "gate_relu2")
     finally:
         device.features = features
+        vars(device).pop("wgsl_language_features", None)
+    assert ("DOT4" in op.gemv.label) == (variant != "no-dot4")
+    assert ("SUBGROUPS" in op.gemv.label) == (variant != "no-subgroups")
     run(device, (op, (t,), {}))
     check_linear(device, op, out_buf, expected)
 
@@ -542,22 +550,26 @@ class ShaderCollector(gpu.Device):
 
 
 def k1_shader_variants() -> dict[str, str]:
-    """The WGSL of every op variant K1 builds (with and without subgroups / dot4, each epilogue)."""
-    sources = {}
+    """The WGSL of the K1 op variants that differ in text: subgroups on/off, each epilogue, dot4
+    on/off (one epilogue suffices), norm weight or not, K = 2560 and 6912. Deduplicated by text."""
+    by_source: dict[str, str] = {}
     for features in (frozenset({"subgroups"}), frozenset()):
         dev = ShaderCollector(features)
         kernels = KernelCache(dev)
         step = StepParams(dev)
         big = dev.buffer(1 << 24, label="big")
         rng = np.random.default_rng(0)
-        for k, parts in ((2560, [128, 128]), (6912, [64, 64])):
+        for k, parts, epilogues in ((2560, [128, 128], ("store", "residual", "gate_relu2", "gate_silu")),
+                                    (6912, [64, 64], ("residual",))):
             codes = [(np.zeros(n * k // 4, np.uint8), 1.0, (n, k)) for n in parts]
             plain = TernaryMatrix.upload(dev, codes[:1], "w")
             paired = TernaryMatrix.upload(dev, codes, "gu", pair_rows=True)
-            for epilogue in ("store", "residual", "gate_relu2", "gate_silu"):
-                for dot4 in (True, False):
-                    TernaryLinear(kernels, paired if epilogue.startswith("gate") else plain, big, big, big, step,
-                                  epilogue, use_dot4=dot4)
+            for epilogue in epilogues:
+                for dot4 in (True, False) if epilogue == "gate_silu" else (True,):
+                    matrix = paired if epilogue.startswith("gate") else plain
+                    TernaryLinear(kernels, matrix, big, big, big, step, epilogue, use_dot4=dot4)
+                    NormTernaryLinear(kernels, big, big, EPS, matrix, big, big, big, step, epilogue, use_dot4=dot4)
+            NormTernaryLinear(kernels, big, None, EPS, plain, big, big, big, step, "residual")
         for weight in (big, None):
             RMSNormQuant(kernels, big, weight, big, big, step, 2560, EPS)
         RMSNorm(kernels, big, big, big, step, 2560, EPS)
@@ -565,8 +577,9 @@ def k1_shader_variants() -> dict[str, str]:
         EmbeddingLookup(kernels, table, big, big)
         LMHead(kernels, table, big, big, step)
         Argmax(kernels, big, big, 128256)
-        sources.update({f"{sorted(features)} {label}": src for label, src in dev.sources.items()})
-    return sources
+        for label, src in dev.sources.items():
+            by_source.setdefault(src, f"{sorted(features)} {label}")
+    return {label: src for src, label in by_source.items()}
 
 
 def test_every_variant_is_collected():
@@ -575,15 +588,14 @@ def test_every_variant_is_collected():
     assert any("dot4I8Packed" in s for s in sources.values())
     assert any("fn dot4(a: u32, b: u32) -> i32 {\n    let s = bitcast" in s for s in sources.values())
     assert len(sources) >= 30
+    assert any("ternary_gemv_norm" in label and "SUBGROUPS" not in label for label in sources)
 
 
-@pytest.mark.browser
-@pytest.mark.slow
-def test_wgsl_compiles_in_chromium_tint():
-    """Every K1 shader variant compiles and builds a pipeline in Chromium's WebGPU (Tint + SwiftShader)."""
+def run_in_chromium(js: str, argument):
+    """Evaluate `js` (an async arrow function) with `argument` in a page of headless Chromium with
+    WebGPU on SwiftShader, served from 127.0.0.1 (WebGPU needs a secure context)."""
     import functools
     import http.server
-    import json
     import shutil
     import tempfile
     import threading
@@ -592,9 +604,8 @@ def test_wgsl_compiles_in_chromium_tint():
     sync_api = pytest.importorskip("playwright.sync_api")
     if chromium is None:
         pytest.skip("no chromium executable")
-    sources = k1_shader_variants()
     with tempfile.TemporaryDirectory() as root:
-        Path(root, "index.html").write_text("<!doctype html><title>tint</title>")
+        Path(root, "index.html").write_text("<!doctype html><title>k1</title>")
         handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=root)
         handler.log_message = lambda *args: None
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -604,12 +615,22 @@ def test_wgsl_compiles_in_chromium_tint():
                 browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_WEBGPU_ARGS)
                 page = browser.new_page()
                 page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html")
-                result = page.evaluate(COMPILE_ALL_JS, json.loads(json.dumps(list(sources.items()))))
+                result = page.evaluate(js, argument)
                 browser.close()
         finally:
             server.shutdown()
     if result is None:
         pytest.skip("Chromium has no WebGPU adapter here")
+    return result
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_wgsl_compiles_in_chromium_tint():
+    """Every K1 shader variant compiles and builds a pipeline in Chromium's WebGPU (Tint + SwiftShader)."""
+    import json
+
+    result = run_in_chromium(COMPILE_ALL_JS, list(k1_shader_variants().items()))
     assert "subgroups" in result["features"]
     failures = {label: msgs for label, msgs in result["results"] if msgs}
     assert not failures, json.dumps(failures, indent=1)[:4000]
@@ -639,3 +660,243 @@ COMPILE_ALL_JS = """async (shaders) => {
   }
   return {features: [...adapter.features], results};
 }"""
+
+
+# Running the kernels in Chromium (SwiftShader: another compiler, another subgroup size) ------------
+
+class ReplayDevice(ShaderCollector):
+    """Records buffers, uploads, pipelines, bind groups and dispatches as a plan that
+    REPLAY_JS executes in the browser; the read-back comes from the replay's result."""
+
+    def __init__(self):
+        super().__init__(frozenset({"subgroups"}))
+        self.plan = {"buffers": [], "pipelines": [], "bind_groups": [], "ops": []}
+
+    def buffer(self, nbytes, usage=gpu.STORAGE_USAGE, label=""):
+        size = (nbytes + 3) & ~3
+        self.plan["buffers"].append([len(self.plan["buffers"]), size, usage])
+        return gpu.Buffer(len(self.plan["buffers"]) - 1, size, label, usage)
+
+    def upload(self, buffer, offset, data):
+        import base64
+
+        raw = np.ascontiguousarray(data).tobytes()
+        self.plan["ops"].append(["upload", buffer.handle, offset, base64.b64encode(raw).decode()])
+
+    def pipeline(self, wgsl, label, entry_point="main"):
+        self.plan["pipelines"].append([len(self.plan["pipelines"]), wgsl, label])
+        return gpu.Pipeline(len(self.plan["pipelines"]) - 1, label)
+
+    def bind_group(self, pipeline, buffers, label=""):
+        self.plan["bind_groups"].append([len(self.plan["bind_groups"]), pipeline.handle, [b.handle for b in buffers]])
+        return gpu.BindGroup(len(self.plan["bind_groups"]) - 1, label, tuple(buffers))
+
+    def begin(self):
+        plan = self.plan
+
+        class Recorder(gpu.Recorder):
+            def dispatch(self, pipeline, bind_group, x, y=1, z=1):
+                plan["ops"].append(["dispatch", pipeline.handle, bind_group.handle, x, y, z])
+
+            def submit(self):
+                plan["ops"].append(["submit"])
+
+        return Recorder()
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_kernels_match_numpy_in_chromium():
+    """The subgroup paths (reduction slots, subgroupAdd/Max/Min) on SwiftShader's subgroups give the
+    same results as numpy: GEMV and GEMM with each epilogue, norms, LM head over shards, argmax."""
+    import base64
+
+    device = ReplayDevice()
+    kernels = KernelCache(device)
+    rng = np.random.default_rng(60)
+    checks = []  # (name, buffer, expected, kind)
+    for parts, k, t, epilogue in [([96, 40], 384, 1, "store"), ([200], 2560, 1, "residual"),
+                                  ([72, 72], 256, 1, "gate_relu2"), ([64, 64], 384, 17, "gate_silu"),
+                                  ([640, 160, 160], 640, 3, "residual")]:
+        op, out_buf, expected = linear_case(device, kernels, rng, parts, k, t, epilogue)
+        run(device, (op, (t,), {}))
+        checks.append((f"linear {parts} K={k} T={t} {epilogue}", out_buf, expected, "linear"))
+    for parts, k, epilogue in [([100, 100], 2560, "gate_relu2"), ([72], 6912, "residual")]:
+        op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, parts, k, 2, epilogue)
+        recorder = device.begin()
+        op.record_fused(recorder, 2)
+        recorder.submit()
+        checks.append((f"norm linear {parts} K={k} {epilogue}", out_buf, (expected, tie), "norm_linear"))
+    t, d, v = 3, 640, 120
+    x = random_activations(rng, t, d)
+    w = rng.uniform(0.5, 1.5, d).astype(np.float32)
+    table = random_table(rng, v, d)
+    x_buf, w_buf = upload(device, x, "x"), upload(device, w, "w")
+    xq_buf, xs_buf = device.buffer(t * d, label="xq"), device.buffer(4 * t, label="xs")
+    y_buf, logits_buf = device.buffer(4 * t * d, label="y"), device.buffer(4 * t * v, label="logits")
+    last_buf = device.buffer(4 * d, label="last")
+    ids_buf = device.buffer(16, label="ids")
+    step = step_params(device, t)
+    device.limits = gpu.GPULimits(50000, 50000, 32768, 256, 65535, 256)  # 120 x 640 F16 -> 4 shards
+    matrix = F16Matrix.upload(device, table, "head")
+    assert len(matrix.shards) == 4
+    run(device, (RMSNormQuant(kernels, x_buf, w_buf, xq_buf, xs_buf, step, d, EPS), (t,), {}),
+        (RMSNorm(kernels, x_buf, w_buf, y_buf, step, d, EPS), (t,), {}),
+        (RMSNorm(kernels, x_buf, w_buf, last_buf, step, d, EPS), (t,), {"last_only": True}),
+        (LMHead(kernels, matrix, y_buf, logits_buf, step), (t,), {}),
+        (Argmax(kernels, logits_buf, ids_buf, v, row=1, slot=2), (), {}))
+    normed = ref_rmsnorm(x, w, EPS)
+    checks += [("rmsnorm", y_buf, normed, "close"), ("rmsnorm last", last_buf, normed[-1], "close"),
+               ("lm_head", logits_buf, normed @ table.astype(np.float64).T, "close"),
+               ("xq", xq_buf, ref_quantize_rows(normed), "codes"), ("argmax", ids_buf, None, "argmax")]
+    device.plan["read"] = sorted({c[1].handle for c in checks})
+    result = run_in_chromium(REPLAY_JS, device.plan)
+    assert not result["errors"], result["errors"]
+    got = {int(i): np.frombuffer(base64.b64decode(b), np.uint8) for i, b in result["buffers"].items()}
+    for name, buf, expected, kind in checks:
+        data = got[buf.handle]
+        if kind == "linear":
+            check_linear_values(data.view(np.float32)[:expected.size].reshape(expected.shape), expected)
+        elif kind == "norm_linear":
+            expected, tie = expected
+            values = data.view(np.float32)[:expected.size].reshape(expected.shape)
+            np.testing.assert_allclose(values, expected, atol=tie + 1e-5 * np.abs(expected).max(), err_msg=name)
+        elif kind == "close":
+            values = data.view(np.float32)[:expected.size].reshape(expected.shape)
+            np.testing.assert_allclose(values, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max(), err_msg=name)
+        elif kind == "codes":
+            q_ref, _, scaled = expected
+            assert_codes_match(unpack_int8_words(data.view(np.uint32)[:t * d // 4], d), q_ref, scaled)
+        else:
+            logits = got[logits_buf.handle].view(np.float32)[:t * v].reshape(t, v)
+            assert data.view(np.uint32)[2] == int(np.argmax(logits[1]))
+
+
+REPLAY_JS = """async (plan) => {
+  if (!navigator.gpu) return null;
+  const adapter = await navigator.gpu.requestAdapter();
+  if (!adapter) return null;
+  const device = await adapter.requestDevice({requiredFeatures: ['subgroups']});
+  const errors = [];
+  device.pushErrorScope('validation');
+  const bufs = {}, pipes = {}, groups = {};
+  for (const [id, size, usage] of plan.buffers) bufs[id] = device.createBuffer({size, usage});
+  for (const [id, code, label] of plan.pipelines) {
+    const module = device.createShaderModule({code, label});
+    pipes[id] = device.createComputePipeline({layout: 'auto', compute: {module, entryPoint: 'main'}, label});
+  }
+  for (const [id, pid, bids] of plan.bind_groups)
+    groups[id] = device.createBindGroup({layout: pipes[pid].getBindGroupLayout(0),
+      entries: bids.map((b, i) => ({binding: i, resource: {buffer: bufs[b]}}))});
+  let encoder = null, pass = null;
+  for (const op of plan.ops) {
+    if (op[0] === 'upload') {
+      const bytes = Uint8Array.from(atob(op[3]), c => c.charCodeAt(0));
+      device.queue.writeBuffer(bufs[op[1]], op[2], bytes);
+    } else if (op[0] === 'dispatch') {
+      if (!encoder) { encoder = device.createCommandEncoder(); pass = encoder.beginComputePass(); }
+      pass.setPipeline(pipes[op[1]]); pass.setBindGroup(0, groups[op[2]]);
+      pass.dispatchWorkgroups(op[3], op[4], op[5]);
+    } else if (op[0] === 'submit' && encoder) {
+      pass.end(); device.queue.submit([encoder.finish()]); encoder = null;
+    }
+  }
+  const out = {};
+  for (const id of plan.read) {
+    const src = bufs[id];
+    const staging = device.createBuffer({size: src.size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST});
+    const enc = device.createCommandEncoder();
+    enc.copyBufferToBuffer(src, 0, staging, 0, src.size);
+    device.queue.submit([enc.finish()]);
+    await staging.mapAsync(GPUMapMode.READ);
+    const bytes = new Uint8Array(staging.getMappedRange().slice(0));
+    staging.unmap();
+    let s = ''; for (let i = 0; i < bytes.length; i += 8192) s += String.fromCharCode(...bytes.subarray(i, i + 8192));
+    out[id] = btoa(s);
+  }
+  const err = await device.popErrorScope();
+  if (err) errors.push(err.message);
+  return {buffers: out, errors};
+}"""
+
+
+# Norm folded into the decode GEMV ------------------------------------------------------------------
+
+def norm_linear_case(device, kernels, rng, parts, k, t, epilogue, with_weight=True, **kwargs):
+    values = [random_ternary(rng, n, k) for n in parts]
+    scales = list(rng.uniform(0.2, 2.0, len(parts)))
+    weights = upload_ternary(device, values, scales, pair_rows=epilogue.startswith("gate"))
+    x = random_activations(rng, t, k)
+    w = rng.uniform(0.5, 1.5, k).astype(np.float32) if with_weight else None
+    x_buf = upload(device, x, "x")
+    w_buf = upload(device, w, "norm w") if with_weight else None
+    xq_buf, xs_buf = device.buffer(t * k, label="xq"), device.buffer(4 * t, label="xs")
+    n = sum(parts)
+    out_w = n // 2 if epilogue.startswith("gate") else n
+    prior = rng.standard_normal((t, out_w)).astype(np.float32)
+    out_buf = upload(device, prior, "out")
+    op = NormTernaryLinear(kernels, x_buf, w_buf, EPS, weights, xq_buf, xs_buf, out_buf, step_params(device, t),
+                           epilogue, **kwargs)
+    h = ref_rmsnorm(x, w, EPS) if with_weight else x.astype(np.float64)
+    q, inv_s, _ = ref_quantize_rows(h)
+    y = ref_ternary_linear(np.concatenate(values), np.repeat(np.float32(scales), parts), q, inv_s)
+    expected = prior.astype(np.float64)
+    if epilogue == "store":
+        expected = y
+    elif epilogue == "residual":
+        expected = expected + y
+    else:
+        act = ref_relu2 if epilogue == "gate_relu2" else ref_silu
+        expected = act(y[:, :out_w]) * y[:, out_w:]
+    # one int8 step at a rounding tie moves y[n] by scale[n] * inv_s (times |u| or 2|g| for gates)
+    tie = max(scales) * inv_s.max() * (1 + (np.abs(y).max() * 2 if epilogue.startswith("gate") else 0))
+    return op, out_buf, expected, tie
+
+
+@pytest.mark.parametrize("parts,k,epilogue,with_weight", [
+    ([96], 128, "store", True),
+    ([200], 640, "residual", True),
+    ([640, 160, 160], 2560, "store", True),
+    ([100, 100], 384, "gate_relu2", True),
+    ([64, 64], 6912, "gate_silu", True),
+    ([72], 384, "residual", False),
+])
+def test_norm_linear_decode_matches_numpy(device, kernels, parts, k, epilogue, with_weight):
+    rng = np.random.default_rng(k + sum(parts))
+    op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, parts, k, 3, epilogue, with_weight)
+    recorder = device.begin()
+    op.record_fused(recorder, 3)
+    recorder.submit()
+    got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
+    close = np.isclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    assert close.mean() > 0.99, f"{np.count_nonzero(~close)} of {close.size} differ"
+    np.testing.assert_allclose(got, expected, atol=tie + 1e-5 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("t", [1, 5])
+def test_norm_linear_record_matches_numpy(device, kernels, t):
+    """record() runs the fused kernel for one token and norm + GEMM for several."""
+    rng = np.random.default_rng(70 + t)
+    op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, [80, 80], 384, t, "gate_silu")
+    run(device, (op, (t,), {}))
+    got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
+    np.testing.assert_allclose(got, expected, atol=tie + 1e-5 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("variant", ["no-subgroups", "no-dot4"])
+def test_norm_linear_fallbacks(device, variant):
+    kernels = KernelCache(device)
+    features = device.features
+    try:
+        if variant == "no-subgroups":
+            device.features = features - {"subgroups"}
+        rng = np.random.default_rng(80)
+        op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, [40, 40], 2560, 2, "gate_relu2",
+                                                      use_dot4=variant != "no-dot4")
+    finally:
+        device.features = features
+    recorder = device.begin()
+    op.record_fused(recorder, 2)
+    recorder.submit()
+    got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
+    np.testing.assert_allclose(got, expected, atol=tie + 1e-5 * np.abs(expected).max())

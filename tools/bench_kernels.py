@@ -1,0 +1,207 @@
+"""Time the K1 kernels (norms, ternary GEMV/GEMM, LM head, argmax, embedding) on this machine's GPU.
+
+Shapes are BitNet b1.58 2B-4T's (dim 2560, ffn 6912, 20/5 heads of 128, vocab 128256), weights are
+random. Each measurement records REPS dependent dispatches of one op per submit (each writes the
+buffer the next one writes, so the GPU runs them one after another, as in a decode step), queues
+STEPS submits back to back, waits once, and reports the median over ROUNDS of wall time / dispatch.
+GB/s counts the bytes each dispatch must read (weights + activations).
+
+    python tools/bench_kernels.py               # the default configuration of every op
+    python tools/bench_kernels.py --sweep       # also GEMV rows x workgroup and LM-head variants
+    python tools/bench_kernels.py --only gemv   # ops whose name contains 'gemv'
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "app"))
+
+from bitnet_web import gpu  # noqa: E402
+from bitnet_web.kernels.common import KernelCache, StepParams  # noqa: E402
+from bitnet_web.kernels.embedding import Argmax, EmbeddingLookup, F16Matrix, LMHead  # noqa: E402
+from bitnet_web.kernels.linear import NormTernaryLinear, TernaryLinear, TernaryMatrix  # noqa: E402
+from bitnet_web.kernels.norm import RMSNorm, RMSNormQuant  # noqa: E402
+
+DIM, FFN, Q_DIM, KV_DIM, VOCAB = 2560, 6912, 2560, 640, 128256
+
+
+def random_codes(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    # Any byte without a code-3 field: four codes from {0, 1, 2}.
+    table = np.array([a << 6 | b << 4 | c << 2 | d for a in range(3) for b in range(3) for c in range(3)
+                      for d in range(3)], dtype=np.uint8)
+    return table[rng.integers(0, 81, size=n * k // 4)]
+
+
+class Bench:
+    def __init__(self, device: gpu.Device, steps: int, rounds: int, target_s: float):
+        self.device = device
+        self.kernels = KernelCache(device)
+        self.steps, self.rounds, self.target_s = steps, rounds, target_s
+        self.sync_buffer = device.buffer(16, label="bench sync")
+        self.rows: list[tuple[str, float, float | None, str]] = []
+
+    def wait(self) -> None:
+        self.device.read_sync(self.sync_buffer, 0, 4)
+
+    def time_op(self, name: str, record, bytes_read: int | None, note: str = "") -> None:
+        """record(recorder) adds one dispatch group (one op call) to a recorder."""
+        # Calibrate: how many calls fit in target_s / steps per submit.
+        recorder = self.device.begin()
+        record(recorder)
+        t0 = time.perf_counter()
+        recorder.submit()
+        self.wait()
+        once = max(time.perf_counter() - t0, 1e-6)
+        reps = int(min(max(self.target_s / self.steps / once, 4), 500))
+        samples = []
+        for _ in range(self.rounds):
+            recorders = []
+            for _ in range(self.steps):
+                rec = self.device.begin()
+                for _ in range(reps):
+                    record(rec)
+                recorders.append(rec)
+            self.wait()
+            t0 = time.perf_counter()
+            for rec in recorders:
+                rec.submit()
+            self.wait()
+            samples.append((time.perf_counter() - t0) / (self.steps * reps))
+        median = statistics.median(samples)
+        gbps = bytes_read / median / 1e9 if bytes_read else None
+        self.rows.append((name, median * 1e6, gbps, note))
+        gb = f"{gbps:8.1f}" if gbps is not None else "       -"
+        print(f"{name:<44} {median * 1e6:10.2f} us {gb} GB/s  {note}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=4, help="submits queued back to back per round")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds; the median is reported")
+    parser.add_argument("--target", type=float, default=0.05, help="seconds of GPU work per round")
+    parser.add_argument("--tokens", type=int, default=64, help="token rows for the prefill (GEMM) rows")
+    parser.add_argument("--sweep", action="store_true", help="also try GEMV and LM-head tilings")
+    parser.add_argument("--only", default="", help="run only ops whose name contains this")
+    parser.add_argument("--no-lm-head", action="store_true", help="skip the 657 MB LM head (slow on CPU adapters)")
+    args = parser.parse_args()
+
+    device = gpu.open_device()
+    print(f"device: {device.adapter_name}  features: {sorted(device.features)}  "
+          f"binding limit: {device.limits.max_binding >> 20} MiB")
+    bench = Bench(device, args.steps, args.rounds, args.target)
+    k, rng = bench.kernels, np.random.default_rng(0)
+    t_max = max(args.tokens, 1)
+
+    def buf(nbytes: int, label: str) -> gpu.Buffer:
+        return device.buffer(nbytes, label=label)
+
+    def want(name: str) -> bool:
+        return args.only in name
+
+    step = StepParams(device)
+    x = buf(4 * t_max * FFN, "x")
+    device.upload(x, 0, rng.standard_normal(t_max * FFN).astype(np.float32))
+    x_q, x_scale = buf(t_max * FFN, "x_q"), buf(4 * t_max, "x_scale")
+    device.upload(x_q, 0, rng.integers(0, 2**32, t_max * FFN // 4, dtype=np.uint32))
+    device.upload(x_scale, 0, np.full(t_max, 0.01, np.float32))
+    norm_w = buf(4 * FFN, "norm w")
+    device.upload(norm_w, 0, np.ones(FFN, np.float32))
+    out = buf(4 * t_max * 2 * FFN, "out")
+
+    # Norms --------------------------------------------------------------------------------------
+    step.write(1, 0, 0)
+    for width in (DIM, FFN):
+        if want(f"rmsnorm_quant {width}"):
+            op = RMSNormQuant(k, x, norm_w, x_q, x_scale, step, width, 1e-5)
+            bench.time_op(f"rmsnorm_quant {width} T=1", lambda r, op=op: op.record(r, 1), 4 * width * 2)
+    if want("rmsnorm f32"):
+        op = RMSNorm(k, x, norm_w, out, step, DIM, 1e-5)
+        bench.time_op(f"rmsnorm f32 {DIM} last row", lambda r, op=op: op.record(r, 1, last_only=True), 8 * DIM)
+
+    # Ternary linear -------------------------------------------------------------------------------
+    shapes = [("qkv", [Q_DIM, KV_DIM, KV_DIM], DIM, "store"), ("wo", [DIM], Q_DIM, "residual"),
+              ("gate_up", [FFN, FFN], DIM, "gate_relu2"), ("down", [DIM], FFN, "residual")]
+    for name, parts, cols, epilogue in shapes:
+        if not (want(f"gemv {name}") or want(f"gemm {name}")):
+            continue
+        matrix = TernaryMatrix.upload(device, [(random_codes(rng, n, cols), 0.5, (n, cols)) for n in parts], name,
+                                      pair_rows=epilogue.startswith("gate"))
+        weight_bytes = matrix.n_rows * cols // 4 + 4 * matrix.n_rows
+        variants = [(None, None)]
+        if args.sweep:
+            variants += [(rows, wg) for rows in (4, 8, 16) for wg in (32, 64, 128, 256) if wg >= rows]
+        for rows, wg in variants:
+            kwargs = {} if rows is None else {"gemv_rows": rows, "gemv_workgroup_size": wg}
+            op = TernaryLinear(k, matrix, x_q, x_scale, out, step, epilogue, **kwargs)
+            if want(f"gemv {name}"):
+                step.write(1, 0, 0)
+                label = "default" if rows is None else f"rows={rows} wg={wg}"
+                bench.time_op(f"gemv {name} {matrix.n_rows}x{cols} {epilogue}", lambda r, op=op: op.record(r, 1),
+                              weight_bytes + cols, label)
+        if want(f"gemv {name}"):
+            # Separate norm + GEMV (two dependent dispatches) against the fused kernel.
+            step.write(1, 0, 0)
+            norm = RMSNormQuant(k, x, norm_w, x_q, x_scale, step, cols, 1e-5)
+            op = TernaryLinear(k, matrix, x_q, x_scale, out, step, epilogue)
+            bench.time_op(f"norm+gemv {name} (2 dispatches)",
+                          lambda r, norm=norm, op=op: (norm.record(r, 1), op.record(r, 1)), weight_bytes + 8 * cols)
+            fused_rows = [None] + ([4, 8, 16] if args.sweep else [])
+            for rows in fused_rows:
+                kwargs = {} if rows is None else {"rows": rows}
+                fused = NormTernaryLinear(k, x, norm_w, 1e-5, matrix, x_q, x_scale, out, step, epilogue, **kwargs)
+                bench.time_op(f"gemv+norm fused {name}", lambda r, op=fused: op.record(r, 1), weight_bytes + 8 * cols,
+                              "default" if rows is None else f"rows={rows}")
+        if want(f"gemm {name}") and t_max > 1:
+            op = TernaryLinear(k, matrix, x_q, x_scale, out, step, epilogue)
+            step.write(t_max, 0, 0)
+            bench.time_op(f"gemm {name} {matrix.n_rows}x{cols} T={t_max}", lambda r, op=op: op.record(r, t_max),
+                          weight_bytes + cols * t_max)
+            step.write(1, 0, 0)
+        matrix.release(device)
+
+    # Embedding, LM head, argmax ---------------------------------------------------------------------
+    if not args.no_lm_head and (want("lm_head") or want("embedding")):
+        table = (rng.standard_normal((VOCAB, DIM)) * 0.02).astype(np.float16)
+        matrix = F16Matrix.upload(device, table, "token_embd")
+        del table
+        logits = buf(4 * t_max * VOCAB, "logits") if 4 * t_max * VOCAB <= device.limits.max_binding else \
+            buf(4 * VOCAB, "logits")
+        ids = buf(4 * t_max, "ids")
+        device.upload(ids, 0, rng.integers(0, VOCAB, t_max, dtype=np.uint32))
+        step.write(1, 0, 0)
+        note = f"{len(matrix.shards)} shard(s)"
+        if want("embedding"):
+            op = EmbeddingLookup(k, matrix, ids, x, step)
+            bench.time_op("embedding T=1", lambda r, op=op: op.record(r, 1), 2 * DIM, note)
+        if want("lm_head"):
+            variants = [(None, None)] + ([(r, w) for r in (1, 2, 4, 8) for w in (32, 64, 128, 256)
+                                         if VOCAB / r <= 65535] if args.sweep else [])
+            for rows, wg in variants:
+                kwargs = {} if rows is None else {"rows_per_workgroup": rows, "workgroup_size": wg}
+                op = LMHead(k, matrix, x, logits, step, **kwargs)
+                label = "default" if rows is None else f"rows={rows} wg={wg}"
+                bench.time_op(f"lm_head {VOCAB}x{DIM} f16 T=1", lambda r, op=op: op.record(r, 1),
+                              2 * VOCAB * DIM + 4 * DIM, f"{note} {label}")
+        matrix.release(device)
+        if want("argmax"):
+            op = Argmax(k, logits, ids, VOCAB)
+            bench.time_op(f"argmax {VOCAB}", lambda r, op=op: op.record(r), 4 * VOCAB)
+    elif want("argmax"):
+        logits = buf(4 * VOCAB, "logits")
+        op = Argmax(k, logits, buf(16, "ids"), VOCAB)
+        bench.time_op(f"argmax {VOCAB}", lambda r, op=op: op.record(r), 4 * VOCAB)
+
+    print("\n| op | us / dispatch | GB/s | note |\n| --- | ---: | ---: | --- |")
+    for name, us, gbps, note in bench.rows:
+        print(f"| {name} | {us:.2f} | {'-' if gbps is None else f'{gbps:.0f}'} | {note} |")
+
+
+if __name__ == "__main__":
+    main()
