@@ -84,11 +84,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     return nbytes * repeats / elapsed / 1e9
 
 
+def profile_summary(timings: list[tuple[str, float]]) -> dict:
+    """Total GPU us per token, and per kernel (shader name), from per-dispatch timestamps."""
+    per_kernel: dict[str, list[float]] = {}
+    for label, us in timings:
+        per_kernel.setdefault(label.split(":")[0], []).append(us)
+    return {"total_us": round(sum(us for _, us in timings), 1),
+            "kernels": {name: {"count": len(v), "total_us": round(sum(v), 1),
+                               "median_us": round(float(np.median(v)), 2)}
+                        for name, v in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))}}
+
+
 def run_bench(model_path: Path, quick: bool) -> dict:
     from .engine import Engine
 
     report: dict = {"model": str(model_path), "file_size": model_path.stat().st_size}
+    from . import gpu
+
     engine = Engine(prefill_chunk=128)
+    engine.device = gpu.open_device(profile=True)
     baseline_mb = peak_host_mb()
     t0 = time.perf_counter()
     engine.load(model_path)
@@ -126,6 +140,8 @@ def run_bench(model_path: Path, quick: bool) -> dict:
         report[f"decode_{label}_process_cpu_ms_per_token"] = stats["cpu_ms_per_token"]
         report[f"decode_{label}_python_encode_ms_per_token"] = stats["encode_ms_per_token"]
         report["dispatches_per_token"] = stats["dispatches_per_token"]
+        if getattr(device, "profiling", False):
+            report[f"gpu_profile_{label}"] = profile_summary(model.profile_decode_step())
         report["passes_per_token"] = stats["passes_per_token"]
     report["peak_host_mb"] = peak_host_mb()
     report["host_mb_before_load"] = baseline_mb

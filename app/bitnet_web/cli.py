@@ -43,9 +43,18 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from . import hf_checkpoint
     from .gguf import describe, open_gguf
 
-    print(describe(open_gguf(args.file)))
+    source = args.model or args.file
+    if source is None:
+        print("error: give a GGUF file or --model (GGUF, checkpoint folder or folder URL)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if hf_checkpoint.is_checkpoint_location(source):
+        gguf = hf_checkpoint.load(source, allow_lossy_ternarization=args.ternarize_lossy)
+    else:
+        gguf = open_gguf(source)
+    print(describe(gguf))
     return 0
 
 
@@ -62,7 +71,8 @@ def _load_engine(args: argparse.Namespace):
     from .engine import Engine
 
     engine = Engine(max_binding_size=getattr(args, "max_binding_size", None))
-    engine.load(args.model, progress=None if args.quiet else _progress)
+    engine.load(args.model, progress=None if args.quiet else _progress,
+                allow_lossy_ternarization=getattr(args, "ternarize_lossy", False))
     return engine
 
 
@@ -119,7 +129,7 @@ def cmd_logits(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from .convert_hf import convert
 
-    convert(args.hf_dir, args.out)
+    convert(args.hf_dir, args.out, allow_lossy_ternarization=args.ternarize_lossy)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
@@ -134,8 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog="python -m bitnet_web", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("inspect", help="summarize a GGUF file")
-    p.add_argument("file")
+    def lossy_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--ternarize-lossy", action="store_true",
+                       help="EXPERIMENTAL: accept an ordinary (non-BitNet) Llama checkpoint and ternarize it "
+                            "by absmean on load (lossy: expect degraded output)")
+
+    p = sub.add_parser("inspect", help="summarize a GGUF file or a Hugging Face checkpoint (as converted)")
+    p.add_argument("file", nargs="?")
+    p.add_argument("--model", default=None, help="GGUF path, safetensors checkpoint folder or folder URL")
+    lossy_arg(p)
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("tokenize", help="print the token ids of a text as a JSON list")
@@ -146,7 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tokenize)
 
     def model_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", required=True, help="GGUF path or http(s) URL (downloaded once, then cached)")
+        p.add_argument("--model", required=True, help="GGUF path or URL, or a Hugging Face safetensors "
+                       "checkpoint folder or folder URL (.../ORG/REPO, .../resolve/main/); downloads are cached")
+        lossy_arg(p)
         p.add_argument("--max-binding-size", type=int, default=None, help=argparse.SUPPRESS)
         p.add_argument("--quiet", "-q", action="store_true", help="no progress or statistics on stderr")
 
@@ -176,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="convert a Hugging Face BitNet checkpoint folder to GGUF I2_S")
     p.add_argument("hf_dir")
     p.add_argument("out")
+    lossy_arg(p)
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("bench", help="benchmark load, prefill and decode (prints JSON)")
@@ -209,7 +229,11 @@ def _describe(exc: BaseException) -> str:
         return f"no such file: {exc.filename}"
     if isinstance(exc, IsADirectoryError):
         return f"is a directory, not a GGUF file: {exc.filename}"
-    return str(exc) or type(exc).__name__
+    # One line: a multi-line message (a list of config problems, a driver's "Caused by" chain) is joined.
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    return lines[0] + (" " + "; ".join(lines[1:]) if len(lines) > 1 else "")
 
 
 def _is_user_error(exc: BaseException) -> bool:

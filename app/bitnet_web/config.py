@@ -175,6 +175,12 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
 
     # Per-layer tensors. Expected shapes are (out, in) in numpy order.
     has_sub_norms = bool(traits["sub_norms"])
+    if n_layers and n_layers > len(tensors):
+        # A hostile block_count (up to 2^64 - 1) must not drive the per-layer loops below: every
+        # layer needs at least 9 tensors, so more layers than tensors is a contradiction on its own.
+        problems.append(f"{k(Keys.BLOCK_COUNT)} is {n_layers} but the file has only {len(tensors)} tensors "
+                        "(each layer needs at least 9)")
+        n_layers = None
     if n_layers and traits["sub_norms"] is None:
         present = [f"blk.{i}.{n}.weight" in tensors for i in range(n_layers)
                    for n in ("attn_sub_norm", "ffn_sub_norm")]

@@ -74,10 +74,20 @@ class Engine:
 
     # Loading ---------------------------------------------------------------------------------
 
-    def load(self, source: str | Path | GGUFFile, progress: ProgressCallback | None = None) -> None:
-        """Load a GGUF from a path or URL (CPython). A URL is downloaded once into the user cache."""
+    def load(self, source: str | Path | GGUFFile, progress: ProgressCallback | None = None, *,
+             allow_lossy_ternarization: bool = False) -> None:
+        """Load a GGUF from a path or URL (CPython). A URL is downloaded once into the user cache.
+
+        A folder path or a Hugging Face folder URL (.../ORG/REPO, .../resolve/main/) is a safetensors
+        checkpoint, converted in memory by hf_checkpoint (`allow_lossy_ternarization`: see there)."""
+        from . import hf_checkpoint
+
         if isinstance(source, GGUFFile):
             gguf, name = source, "model"
+        elif hf_checkpoint.is_checkpoint_location(source):
+            gguf = hf_checkpoint.load(source, progress=progress,
+                                      allow_lossy_ternarization=allow_lossy_ternarization)
+            name = str(gguf.metadata.get("general.name") or "model")
         else:
             path = Path(source)
             if str(source).startswith(("http://", "https://")):
@@ -124,7 +134,8 @@ class Engine:
         self.name = name
         self._device_was_lost = False
 
-    async def _upload(self, gguf: GGUFFile, config: ModelConfig, progress: ProgressCallback | None) -> BitNetModel:
+    async def _upload(self, gguf: GGUFFile, config: ModelConfig,
+                      progress: ProgressCallback | None) -> BitNetModel:
         model = BitNetModel(self.device, gguf, config, max_tokens=self.prefill_chunk)
         try:
             await model.upload(progress)
@@ -201,7 +212,8 @@ class Engine:
                                     max_tokens: int = 256, stop_strings: Sequence[str] = ()) -> AsyncIterator[str]:
         """Prefill `prompt_ids` (reusing the cached prefix), then sample up to `max_tokens` tokens,
         yielding text as soon as it is complete UTF-8 and not part of a stop string."""
-        async with contextlib.aclosing(self._generate(prompt_ids, settings, max_tokens, stop_strings)) as pieces:
+        steps = self._generate(prompt_ids, settings, max_tokens, stop_strings)
+        async with contextlib.aclosing(steps) as pieces:
             try:
                 async for piece in pieces:
                     yield piece
@@ -265,7 +277,7 @@ class Engine:
                     break
                 if stats.n_generated >= max_tokens:
                     break
-                if model.n_cached + 1 >= context:
+                if model.n_cached >= context:  # every cache row is used: this token cannot be fed back
                     stats.stop_reason = "context_full"
                     break
         finally:

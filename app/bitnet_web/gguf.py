@@ -29,6 +29,9 @@ GGUF_MAGIC = b"GGUF"
 GGUF_DEFAULT_ALIGNMENT = 32
 SUPPORTED_VERSIONS = (2, 3)
 GGML_MAX_DIMS = 4
+# Arrays of arrays are legal GGUF, but real files nest at most once; a hostile file could nest
+# thousands deep (12 bytes per level) and exhaust Python's recursion limit.
+GGUF_MAX_ARRAY_NESTING = 16
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,8 +339,11 @@ class _Cursor:
             return self.array(field)
         raise GGUFFormatError(f"{field} at byte offset {at} has unknown value type {vtype}")
 
-    def array(self, field: str) -> object:
+    def array(self, field: str, depth: int = 0) -> object:
         at = self.pos
+        if depth > GGUF_MAX_ARRAY_NESTING:
+            raise GGUFFormatError(f"{field} at byte offset {at}: arrays nested more than "
+                                  f"{GGUF_MAX_ARRAY_NESTING} deep")
         etype = self.u32(f"element type of {field}")
         if etype not in MIN_VALUE_BYTES:
             raise GGUFFormatError(f"{field} at byte offset {at} is an array of unknown value type {etype}")
@@ -354,7 +360,7 @@ class _Cursor:
         if etype == GGUFValueType.STRING:
             return self.string_array(count, field)
         # Nested arrays: a list of whatever each element is.
-        return [self.array(f"{field}[{i}]") for i in range(count)]
+        return [self.array(f"{field}[{i}]", depth + 1) for i in range(count)]
 
 
 _SCALAR_FORMATS: dict[int, tuple[str, int]] = {

@@ -219,22 +219,43 @@ class GGUFWriter:
     def _padded(self, n: int) -> int:
         return -(-n // self.alignment) * self.alignment
 
+    def file_size(self) -> int:
+        """Size of the file `write()` produces (header and every tensor padded to the alignment)."""
+        return self._padded(len(self.header_bytes())) + sum(self._padded(t.n_bytes) for t in self.tensors)
+
+    def _file_chunks(self) -> Iterator[bytes | memoryview]:
+        """The file's bytes in order: header, padding, then each tensor's data and padding."""
+        header = self.header_bytes()
+        yield header
+        yield b"\0" * (self._padded(len(header)) - len(header))
+        for t in self.tensors:
+            written = 0
+            for chunk in _payload_chunks(t):
+                yield chunk
+                written += len(chunk)
+            if written != t.n_bytes:
+                raise ValueError(f"tensor {t.name!r} ({t.ggml_type.name} {list(t.shape)}): data has "
+                                 f"{written} bytes, expected {t.n_bytes}")
+            yield b"\0" * (self._padded(written) - written)
+
     def write(self) -> int:
         """Write the file; returns its size in bytes."""
-        header = self.header_bytes()
         with open(self.path, "wb") as f:
-            f.write(header)
-            f.write(b"\0" * (self._padded(len(header)) - len(header)))
-            for t in self.tensors:
-                written = 0
-                for chunk in _payload_chunks(t):
-                    f.write(chunk)
-                    written += len(chunk)
-                if written != t.n_bytes:
-                    raise ValueError(f"tensor {t.name!r} ({t.ggml_type.name} {list(t.shape)}): data has "
-                                     f"{written} bytes, expected {t.n_bytes}")
-                f.write(b"\0" * (self._padded(written) - written))
+            for chunk in self._file_chunks():
+                f.write(chunk)
             return f.tell()
+
+    def to_buffer(self) -> np.ndarray:
+        """The whole file as one uint8 array, filled tensor by tensor (for GGUFFile.from_buffer)."""
+        out = np.zeros(self.file_size(), dtype=np.uint8)
+        pos = 0
+        for chunk in self._file_chunks():
+            data = np.frombuffer(chunk, dtype=np.uint8)
+            if pos + len(data) > len(out):
+                raise ValueError(f"tensor data overruns the planned file size {len(out)}")
+            out[pos:pos + len(data)] = data
+            pos += len(data)
+        return out
 
 
 def _payload_chunks(t: _PendingTensor) -> Iterable[bytes | memoryview]:

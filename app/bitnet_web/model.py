@@ -278,12 +278,12 @@ class BitNetModel:
 
     # Forward -----------------------------------------------------------------------------------
 
-    def _record_step(self, n_tokens: int, all_logits: bool) -> gpu.Recorder:
+    def _record_step(self, n_tokens: int, all_logits: bool, rec: gpu.Recorder | None = None) -> gpu.Recorder:
         """Record one forward step over `n_tokens` rows at the next positions (allocates nothing)."""
         pos = self.n_cached
         self.kv_cache.ensure_capacity(pos + n_tokens)
         self.step.write(n_tokens, pos, self.kv_cache.capacity)
-        rec = self.device.begin()
+        rec = rec or self.device.begin()
         n = n_tokens
         self.embed.record(rec, n)  # x = token_embd[token_ids]
         for layer in self.layer_ops:
@@ -394,6 +394,14 @@ class BitNetModel:
                 "cpu_ms_per_token": 1e3 * cpu / n_tokens, "encode_ms_per_token": 1e3 * self.encode_seconds / n_tokens,
                 "dispatches_per_token": self.last_dispatches,
                 "passes_per_token": self.last_passes}
+
+    def profile_decode_step(self) -> list[tuple[str, float]]:
+        """GPU microseconds per dispatch of one greedy decode step (NativeDevice(profile=True) only).
+        The step is not kept: the cache is left as it was."""
+        rec = self._record_step(1, all_logits=False, rec=self.device.begin_profiled())
+        self.argmax.record(rec)
+        rec.submit()
+        return self.device.read_profile(rec)
 
     @property
     def bytes_read_per_token(self) -> int:

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-def open_device(max_binding_size: int | None = None) -> Device:
+def open_device(max_binding_size: int | None = None, profile: bool = False) -> Device:
     """Open the default adapter's device in CPython (wgpu-py). In the browser use `open_device_async`.
 
     `max_binding_size` lowers the storage-binding limit the engine plans for, so tensor sharding can
@@ -49,7 +49,7 @@ def open_device(max_binding_size: int | None = None) -> Device:
         raise RuntimeError("in the browser the device must be opened with `await open_device_async()`")
     from .native import NativeDevice
 
-    return NativeDevice(max_binding_size=max_binding_size)
+    return NativeDevice(max_binding_size=max_binding_size, profile=profile)
 
 
 async def open_device_async(max_binding_size: int | None = None) -> Device:

@@ -78,6 +78,7 @@ class Pipeline:
     handle: Any
     label: str
     bind_group_layout: Any = field(repr=False, default=None)
+    raw: Any = field(repr=False, default=None)  # backend's C handle, for its fast dispatch path
 
 
 @dataclass(eq=False)
@@ -85,6 +86,7 @@ class BindGroup:
     handle: Any
     label: str
     buffers: tuple[Buffer, ...]
+    raw: Any = field(repr=False, default=None)
 
 
 def align4(nbytes: int) -> int:

@@ -117,7 +117,7 @@ class ChatApp:
         clear(box)
         for f in FIELDS:
             field_id = "setting-" + f.name.replace("_", "-")
-            attrs = {"id": field_id, "name": f.name, "type": "number", "inputmode": "decimal",
+            attrs = {"id": field_id, "name": f.name, "type": "number", "inputmode": "decimal", "spellcheck": "false",
                      "min": f"{f.low:g}", "max": f"{f.high:g}",
                      "step": "1" if f.kind is int else "0.05", "value": "" if f.default is None else f"{f.default:g}"}
             if f.default is None:

@@ -145,8 +145,9 @@ class ModelDownloader:
                                    "(shorter than its Content-Length)")
             except _Interrupted as e:
                 attempts += 1
-                progressed = int(meta["stored"]) > received_before
-                if attempts > MAX_AUTO_RESUMES or (int(meta["stored"]) == 0 and not progressed):
+                if int(meta["stored"]) > received_before:
+                    attempts = min(attempts, 1)  # progress was made: the retry budget starts again
+                if attempts > MAX_AUTO_RESUMES:
                     stored = int(meta["stored"])
                     where = (f" {stored:,} of {meta['total']:,} bytes are kept: press Load to resume."
                              if stored and meta["total"] else "")
@@ -180,9 +181,11 @@ class ModelDownloader:
         try:
             resp = await js.fetch(url, js_obj({"headers": js_obj(headers), "cache": "no-store"}))
         except JsException as e:
-            raise _Interrupted(f"could not connect to {_host(url)} ({error_message(e)}: the server is "
-                               "unreachable, the browser is offline, or the server does not allow "
-                               "cross-origin requests)") from None
+            text = (f"could not connect to {_host(url)} ({error_message(e)}: the server is unreachable, "
+                    "the browser is offline, or the server does not allow cross-origin requests)")
+            if start == 0:
+                raise DownloadError(text) from None  # nothing to resume: say so at once
+            raise _Interrupted(text) from None
         status = int(resp.status)
         if status == 416 and start > 0 and meta.get("total") == start:
             return  # everything was already stored
