@@ -37,7 +37,7 @@ class EngineError(RuntimeError):
 
 def _device_lost(device: gpu.Device) -> bool:
     """True if the device is known to be gone (browser: its `lost` promise fired; native: destroyed)."""
-    return bool(getattr(device, "lost_reason", None) or getattr(device, "_destroyed", False))
+    return device.lost_reason is not None
 
 
 @dataclass

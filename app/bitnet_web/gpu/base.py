@@ -134,6 +134,7 @@ class Device:
     features: frozenset[str]  # normalized names: 'shader-f16', 'subgroups', 'timestamp-query', ...
     live_buffers: int
     bytes_allocated: int
+    lost_reason: str | None  # None while usable; why it stopped being usable otherwise
 
     def buffer(self, nbytes: int, usage: int = STORAGE_USAGE, label: str = "") -> Buffer:
         raise NotImplementedError

@@ -170,18 +170,18 @@ class NativeDevice(Device):
         self.live_buffers = 0
         self.bytes_allocated = 0
         self._readback: Buffer | None = None
-        self._destroyed = False
+        self.lost_reason: str | None = None  # set once the device is destroyed or lost
 
     def _translate(self, exc: Exception, what: str) -> GPUError:
         text = str(exc)
-        if self._destroyed or "lost" in text.lower() or "destroyed" in text.lower():
+        if self.lost_reason or "lost" in text.lower() or "destroyed" in text.lower():
             return GPUDeviceLostError(f"GPU device lost during {what}: {text}")
         if "memory" in text.lower():
             return GPUOutOfMemoryError(f"{what}: out of GPU memory: {text}")
         return GPUError(f"{what}: {text}")
 
     def buffer(self, nbytes: int, usage: int = 0x0080 | 0x0008 | 0x0004, label: str = "") -> Buffer:
-        if self._destroyed:
+        if self.lost_reason:
             raise GPUDeviceLostError(f"buffer {label!r}: the GPU device is gone; reload the model")
         size = self._check_buffer_size(nbytes, label)
         try:
@@ -225,7 +225,7 @@ class NativeDevice(Device):
         return BindGroup(handle, label or pipeline.label, tuple(buffers), raw=getattr(handle, "_internal", None))
 
     def begin(self) -> NativeRecorder:
-        if self._destroyed:
+        if self.lost_reason:
             raise GPUDeviceLostError("the GPU device is gone; reload the model")
         return NativeRecorder(self)
 
@@ -293,6 +293,6 @@ class NativeDevice(Device):
         self.bytes_allocated -= buffer.nbytes
 
     def destroy(self) -> None:
-        if not self._destroyed:
-            self._destroyed = True
+        if self.lost_reason is None:
+            self.lost_reason = "destroyed"
             self._device.destroy()
