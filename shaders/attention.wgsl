@@ -3,31 +3,46 @@
 // Query token t (absolute position pos + t) of head qh attends to cache rows 0..pos+t with
 // KV head qh / G, weights softmax(q . k * SCALE).
 //
-// One workgroup = one KV head x BQ consecutive tokens, i.e. NQ = BQ * G query rows sharing every
-// K/V row it loads (NQ * C4 <= WG, so each invocation owns at most one output vec4). Key rows are
-// walked in tiles of TILE rows; per tile:
-//   1. scores: one (row, query) pair per invocation and loop step, LOADS K vec4 issued per batch;
-//   2. online softmax: tile max (tree), p = exp(s - m_new), tile sum (tree); invocations < NQ keep
-//      the running max / sum of their query in workgroup memory;
-//   3. values: invocation (col = i % C4, query = i / C4) rescales its accumulator and adds
-//      p * V[row, col] over the tile's rows, LOADS rows per batch.
-// Every loop body keeps its loads in named locals (no function-scope arrays): a driver that does not
-// unroll a loop must still not spill or serialize the loads.
+// One workgroup = one KV head x BQ consecutive tokens: NQ = BQ * G query rows share every K/V row
+// it loads. Key rows are walked in tiles of TILE rows (TILE * HD / 4 = 2 * WG, so each invocation
+// loads 2 vec4 of K and 2 of V per tile, coalesced, the next tile's loads issued before the current
+// tile's arithmetic). Per tile, from workgroup memory:
+//   1. scores: invocation (query i / TILE, row i % TILE) dots its query with its K row;
+//   2. online softmax: invocation qi < NQ takes its query's tile max and rescale factor, then every
+//      score becomes p = exp(s - m_new), then invocation qi < NQ adds its query's p to the running sum;
+//   3. values (alongside the sum): invocation (query i / C4, column i % C4) rescales its accumulator
+//      and adds p * V.
+// Why this shape (measured on an H100 through wgpu/naga): one workgroup streams only ~30 GB/s from
+// L2, so every K/V element is loaded from memory once per workgroup and long contexts are split over
+// many workgroups; loops are not unrolled by the driver and each iteration waits for its loads
+// (~100 cycles even from workgroup memory), so every inner loop takes 8 independent loads per
+// iteration, and the per-query reductions are short loops rather than barrier-separated trees.
 //
 // SPLIT = false (prefill): the workgroup walks every tile up to its last token's row and writes
 //   out [T, HQ*HD] f32 = acc / l. Dispatch (1, HKV, ceil(T / BQ)).
-// SPLIT = true (decode, long contexts): workgroup x handles only tile x (rows x*TILE ..), so a
-//   4k context keeps 64 workgroups per KV head busy, and writes the unnormalized partial
-//   (acc, m, l) for attention_combine.wgsl. BQ must be 1. Dispatch (n_splits, HKV, T) with
-//   n_splits >= ceil((pos + T) / TILE); workgroups past the last row exit at once.
+// SPLIT = true (decode): the n_tiles = ceil((pos + t + 1) / TILE) tiles are dealt to
+//   n_splits = min(n_tiles, MAX_SPLITS) workgroups (ceil(n_tiles / n_splits) consecutive tiles each);
+//   each writes its unnormalized partial (acc, m, l) for attention_combine.wgsl. BQ must be 1.
+//   Dispatch (>= n_splits, HKV, T); workgroups without tiles exit at once.
 //
-// Bindings:
+// Entry points:
+//   main       queries from `q` (RoPE already applied, K/V rows already appended by rope.wgsl).
+//   main_rope  decode of one token with RoPE fused in (saves rope.wgsl's dispatch): binding 1 is then
+//              the fused projection qkv, and the queries are rotated on load; row pos (rotated k,
+//              plain v) is computed in registers, used in place of the cache row by the tile loads,
+//              and appended to the cache by the workgroup whose tiles hold it (nothing in the
+//              dispatch reads it back from memory). n_tokens must be 1. Rotation as in rope.wgsl;
+//              needs ROPE_DIM % 8 == 0.
+//
+// Bindings (main uses 0-5, main_rope 0-6):
 //   0 params   uniform StepParams
-//   1 q        [T, HQ * HD] f32 (vec4)        rotated queries
-//   2 k_cache  [capacity, HKV * HD] f32 (vec4)
+//   1 q        main: [T, HQ * HD] f32 (vec4), rotated queries;
+//              main_rope: qkv [1, (HQ + 2 * HKV) * HD] f32 (vec4), fused projection (q, k, v heads)
+//   2 k_cache  [capacity, HKV * HD] f32 (vec4) (read_write only for main_rope's append)
 //   3 v_cache  [capacity, HKV * HD] f32 (vec4)
 //   4 out      SPLIT: partial acc [MAX_TOKENS_SPLIT, HQ, MAX_SPLITS, HD] f32; else [T, HQ * HD] f32
 //   5 stats    SPLIT: partial (m, l) [MAX_TOKENS_SPLIT, HQ, MAX_SPLITS] vec2<f32>; else not written
+//   6 table    main_rope: [n_positions, ROPE_DIM / 2] (cos, sin) pairs, read as vec4 (two pairs)
 
 ${STEP_PARAMS}
 
@@ -40,169 +55,244 @@ const WG: u32 = ${WG};
 const SPLIT: bool = ${SPLIT};
 const MAX_SPLITS: u32 = ${MAX_SPLITS};
 const SCALE: f32 = ${SCALE};
+const ROPE_DIM: u32 = ${ROPE_DIM};
+const NEOX: bool = ${NEOX};
 
 const G: u32 = HQ / HKV;            // query heads per KV head
-const C4: u32 = HD / 4u;            // vec4 columns of one head (a multiple of 8)
+const C4: u32 = HD / 4u;            // vec4 columns of one head
 const NQ: u32 = BQ * G;             // query rows of one workgroup, index qi = b * G + (qh % G)
+const KS_ROW: u32 = C4 + 1u;        // padded K row in workgroup memory: no bank conflicts
+const LOAD_ROWS: u32 = WG / C4;     // tile rows covered by one load of every invocation
 const Q_ROW4: u32 = HQ * C4;
 const KV_ROW4: u32 = HKV * C4;
 const NEG: f32 = -3.0e38;           // "minus infinity" that stays finite through subtraction
 
 @group(0) @binding(0) var<uniform> params: StepParams;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> k_cache: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> v_cache: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> stats: array<vec2<f32>>;
+@group(0) @binding(6) var<storage, read> table: array<vec4<f32>>;
 
-var<workgroup> qs: array<vec4<f32>, NQ * C4>;   // queries * SCALE, [NQ, C4]
-var<workgroup> probs: array<f32, NQ * TILE>;     // scores, then p, of the current tile [NQ, TILE]
-var<workgroup> red: array<f32, NQ * TILE>;       // reduction scratch [NQ, TILE]
-var<workgroup> m_run: array<f32, NQ>;            // running max score per query
-var<workgroup> l_run: array<f32, NQ>;            // running sum of exp(score - m_run) per query
-var<workgroup> alpha: array<f32, NQ>;            // exp(m_old - m_new) of the current tile
+var<workgroup> ks: array<vec4<f32>, TILE * KS_ROW>;  // K tile [TILE, C4 (+1 pad)]
+var<workgroup> vs: array<vec4<f32>, TILE * C4>;      // V tile [TILE, C4]
+var<workgroup> qs: array<vec4<f32>, NQ * C4>;        // queries * SCALE [NQ, C4]
+var<workgroup> probs: array<f32, NQ * TILE>;         // scores, then p [NQ, TILE]
+var<workgroup> m_run: array<f32, NQ>;                // running max score per query
+var<workgroup> l_run: array<f32, NQ>;                // running sum of exp(score - m_run) per query
+var<workgroup> alpha: array<f32, NQ>;                // exp(m_old - m_new) of the current tile
 
-// q[qi] . K[row] (q already scaled), 8 vec4 loads in flight per step.
-fn score(row: u32, kvh: u32, qi: u32) -> f32 {
-    let kb = row * KV_ROW4 + kvh * C4;
-    let qb = qi * C4;
-    var s = 0.0;
-    for (var c = 0u; c < C4; c += 8u) {
-        let k0 = k_cache[kb + c];
-        let k1 = k_cache[kb + c + 1u];
-        let k2 = k_cache[kb + c + 2u];
-        let k3 = k_cache[kb + c + 3u];
-        let k4 = k_cache[kb + c + 4u];
-        let k5 = k_cache[kb + c + 5u];
-        let k6 = k_cache[kb + c + 6u];
-        let k7 = k_cache[kb + c + 7u];
-        s += dot(qs[qb + c], k0) + dot(qs[qb + c + 1u], k1) + dot(qs[qb + c + 2u], k2)
-           + dot(qs[qb + c + 3u], k3) + dot(qs[qb + c + 4u], k4) + dot(qs[qb + c + 5u], k5)
-           + dot(qs[qb + c + 6u], k6) + dot(qs[qb + c + 7u], k7);
-    }
-    return s;
+// Max of probs[b .. b + 8].
+fn max8(b: u32) -> f32 {
+    return max(max(max(probs[b], probs[b + 1u]), max(probs[b + 2u], probs[b + 3u])),
+               max(max(probs[b + 4u], probs[b + 5u]), max(probs[b + 6u], probs[b + 7u])));
 }
 
-// Tree reductions of red[qi * TILE + 0 .. TILE] for every qi; the result lands in red[qi * TILE].
-fn reduce_max(tid: u32) {
-    for (var stride = TILE / 2u; stride > 0u; stride = stride / 2u) {
-        for (var e = tid; e < NQ * stride; e += WG) {
-            let i = (e / stride) * TILE + e % stride;
-            red[i] = max(red[i], red[i + stride]);
-        }
-        workgroupBarrier();
+// Which rows this workgroup attends over; `ok` is false for workgroups with nothing to do.
+struct Work {
+    ok: bool,
+    t0: u32,          // first token of this workgroup
+    kv_len: u32,      // rows visible to its last token
+    tile_begin: u32,
+    tile_end: u32,
+};
+
+fn plan(wid: vec3<u32>) -> Work {
+    var w: Work;
+    w.t0 = wid.z * BQ;
+    w.ok = w.t0 < params.n_tokens;
+    w.kv_len = params.pos + min(w.t0 + BQ, params.n_tokens);
+    let n_tiles = (w.kv_len + TILE - 1u) / TILE;
+    w.tile_begin = 0u;
+    w.tile_end = n_tiles;
+    if (SPLIT) {
+        let n_splits = min(n_tiles, MAX_SPLITS);
+        let per_split = (n_tiles + n_splits - 1u) / n_splits;
+        w.tile_begin = wid.x * per_split;
+        w.tile_end = min(n_tiles, w.tile_begin + per_split);
+        w.ok = w.ok && w.tile_begin < w.tile_end;
     }
+    return w;
 }
 
-fn reduce_sum(tid: u32) {
-    for (var stride = TILE / 2u; stride > 0u; stride = stride / 2u) {
-        for (var e = tid; e < NQ * stride; e += WG) {
-            let i = (e / stride) * TILE + e % stride;
-            red[i] = red[i] + red[i + stride];
-        }
-        workgroupBarrier();
+// Column c (vec4) of the head starting at vec4 `head` of qkv (binding 1), rotated for `position`.
+fn rope_vec4(head: u32, c: u32, position: u32) -> vec4<f32> {
+    let x = q[head + c];
+    if (4u * c >= ROPE_DIM) {
+        return x;
     }
+    let row = position * (ROPE_DIM / 4u);   // table vec4s per position
+    if (NEOX) {
+        // Dims 4c..4c+3 pair with the same dims of the other half (rotate-half).
+        let half4 = ROPE_DIM / 8u;
+        let first = c < half4;
+        let j = select(c - half4, c, first);
+        let partner = q[head + select(c - half4, c + half4, first)];
+        let cs01 = table[row + 2u * j];
+        let cs23 = table[row + 2u * j + 1u];
+        let cos = vec4<f32>(cs01.x, cs01.z, cs23.x, cs23.z);
+        let sin = vec4<f32>(cs01.y, cs01.w, cs23.y, cs23.w);
+        return x * cos + select(partner, -partner, first) * sin;
+    }
+    // Interleaved: pairs (x, y) and (z, w) use frequencies 2c and 2c + 1.
+    let cs = table[row + c];
+    return vec4<f32>(x.x * cs.x - x.y * cs.y, x.y * cs.x + x.x * cs.y,
+                     x.z * cs.z - x.w * cs.w, x.w * cs.z + x.z * cs.w);
 }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let w = plan(wid);
+    if (!w.ok) {
+        return;
+    }
+    // Queries of this workgroup, pre-scaled; rows of tokens past n_tokens are zero.
+    if (tid < NQ * C4) {
+        let qi = tid / C4;
+        let t = w.t0 + qi / G;
+        let qh = wid.y * G + qi % G;
+        var value = vec4<f32>(0.0);
+        if (t < params.n_tokens) {
+            value = q[t * Q_ROW4 + qh * C4 + tid % C4] * SCALE;
+        }
+        qs[tid] = value;
+    }
+    attend(tid, wid, w, false, vec4<f32>(0.0), vec4<f32>(0.0));
+}
+
+@compute @workgroup_size(WG)
+fn main_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let w = plan(wid);
+    if (!w.ok) {
+        return;
+    }
+    let kvh = wid.y;
+    let pos = params.pos;
+    // Row pos of this KV head: every invocation computes its own column (all loads independent), so
+    // the tile loads can take it from registers instead of waiting for the cache write.
+    let new_k = rope_vec4((HQ + kvh) * C4, tid % C4, pos);
+    let new_v = q[(HQ + HKV + kvh) * C4 + tid % C4];
+    if (tid < NQ * C4) {
+        qs[tid] = rope_vec4((kvh * G + tid / C4) * C4, tid % C4, pos) * SCALE;
+    }
+    // The workgroup whose tiles hold row pos appends it; nothing in this dispatch reads it back.
+    if (pos < w.tile_end * TILE && pos >= w.tile_begin * TILE && pos < params.kv_capacity && tid < C4) {
+        k_cache[pos * KV_ROW4 + kvh * C4 + tid] = new_k;
+        v_cache[pos * KV_ROW4 + kvh * C4 + tid] = new_v;
+    }
+    attend(tid, wid, w, true, new_k, new_v);
+}
+
+// The tile walk shared by both entry points; qs must be written (the first barrier orders it).
+// With `has_new`, cache row pos is taken as (new_k, new_v) (this invocation's column) instead of
+// being loaded.
+fn attend(tid: u32, wid: vec3<u32>, w: Work, has_new: bool, new_k: vec4<f32>, new_v: vec4<f32>) {
     let kvh = wid.y;
     let n_tokens = params.n_tokens;
     let pos = params.pos;
-    let t0 = wid.z * BQ;
-    if (t0 >= n_tokens) {
-        return;
-    }
-    let kv_len = pos + min(t0 + BQ, n_tokens);   // rows visible to this workgroup's last token
+    let t0 = w.t0;
+    let kv_len = w.kv_len;
+    let tile_begin = w.tile_begin;
+    let tile_end = w.tile_end;
 
-    var row_begin = 0u;
-    var row_end = kv_len;
-    if (SPLIT) {
-        row_begin = wid.x * TILE;
-        row_end = min(kv_len, row_begin + TILE);
-        if (row_begin >= kv_len) {
-            return;
-        }
-    }
+    // This invocation's share of each tile load: rows lr and lr + LOAD_ROWS, column lc.
+    let lr = tid / C4;
+    let lc = tid % C4;
+    let last_row = kv_len - 1u;
+    let head_col = kvh * C4 + lc;
+    let new_row = select(0xffffffffu, pos, has_new);
+    var base = tile_begin * TILE;
+    var row_a = min(base + lr, last_row);
+    var row_b = min(base + lr + LOAD_ROWS, last_row);
+    var k_a = select(k_cache[row_a * KV_ROW4 + head_col], new_k, row_a == new_row);
+    var k_b = select(k_cache[row_b * KV_ROW4 + head_col], new_k, row_b == new_row);
+    var v_a = select(v_cache[row_a * KV_ROW4 + head_col], new_v, row_a == new_row);
+    var v_b = select(v_cache[row_b * KV_ROW4 + head_col], new_v, row_b == new_row);
 
-    // Queries of this workgroup, pre-scaled; rows of tokens past n_tokens are zero.
-    for (var i = tid; i < NQ * C4; i += WG) {
-        let qi = i / C4;
-        let t = t0 + qi / G;
-        let qh = kvh * G + qi % G;
-        var value = vec4<f32>(0.0);
-        if (t < n_tokens) {
-            value = q[t * Q_ROW4 + qh * C4 + i % C4] * SCALE;
-        }
-        qs[i] = value;
-    }
     if (tid < NQ) {
         m_run[tid] = NEG;
         l_run[tid] = 0.0;
     }
-    workgroupBarrier();
 
-    let col = tid % C4;
-    let vq = tid / C4;                 // this invocation's query in the value phase
-    let v_active = vq < NQ;
-    let v_probs = min(vq, NQ - 1u) * TILE;
+    let sq = tid / TILE;               // score phase: query and row of this invocation
+    let sr = tid % TILE;
+    let s_limit = pos + t0 + sq / G;   // last row query sq may see
+    let vq = tid / C4;                 // value phase: query and column of this invocation
     var acc = vec4<f32>(0.0);
 
-    for (var base = row_begin; base < row_end; base += TILE) {
-        // 1. scores. Query qi (token t0 + qi / G) sees rows <= pos + t0 + qi / G.
-        for (var e = tid; e < NQ * TILE; e += WG) {
-            let qi = e / TILE;
-            let row = base + e % TILE;
+    for (var tile = tile_begin; tile < tile_end; tile++) {
+        base = tile * TILE;
+        ks[lr * KS_ROW + lc] = k_a;
+        ks[(lr + LOAD_ROWS) * KS_ROW + lc] = k_b;
+        vs[lr * C4 + lc] = v_a;
+        vs[(lr + LOAD_ROWS) * C4 + lc] = v_b;
+        workgroupBarrier();
+
+        // Issue the next tile's loads now; they land while this tile is computed.
+        let next = min(tile + 1u, tile_end - 1u) * TILE;
+        row_a = min(next + lr, last_row);
+        row_b = min(next + lr + LOAD_ROWS, last_row);
+        k_a = select(k_cache[row_a * KV_ROW4 + head_col], new_k, row_a == new_row);
+        k_b = select(k_cache[row_b * KV_ROW4 + head_col], new_k, row_b == new_row);
+        v_a = select(v_cache[row_a * KV_ROW4 + head_col], new_v, row_a == new_row);
+        v_b = select(v_cache[row_b * KV_ROW4 + head_col], new_v, row_b == new_row);
+
+        // 1. scores.
+        if (sq < NQ) {
+            let row = base + sr;
             var s = NEG;
-            if (row < row_end && row <= pos + t0 + qi / G) {
-                s = score(row, kvh, qi);
+            if (row <= s_limit && row < kv_len) {
+                let qb = sq * C4;
+                let kb = sr * KS_ROW;
+                var d = 0.0;
+                for (var c = 0u; c < C4; c += 8u) {
+                    d += dot(qs[qb + c], ks[kb + c]) + dot(qs[qb + c + 1u], ks[kb + c + 1u])
+                       + dot(qs[qb + c + 2u], ks[kb + c + 2u]) + dot(qs[qb + c + 3u], ks[kb + c + 3u])
+                       + dot(qs[qb + c + 4u], ks[kb + c + 4u]) + dot(qs[qb + c + 5u], ks[kb + c + 5u])
+                       + dot(qs[qb + c + 6u], ks[kb + c + 6u]) + dot(qs[qb + c + 7u], ks[kb + c + 7u]);
+                }
+                s = d;
             }
-            probs[e] = s;
-            red[e] = s;
+            probs[tid] = s;
         }
         workgroupBarrier();
 
-        // 2. online softmax update.
-        reduce_max(tid);
+        // 2. online softmax: new running max and the factor rescaling what was summed so far.
         if (tid < NQ) {
-            let m_old = m_run[tid];
-            let m_new = max(m_old, red[tid * TILE]);
-            alpha[tid] = exp(m_old - m_new);
-            m_run[tid] = m_new;
+            var m = m_run[tid];
+            for (var r = 0u; r < TILE; r += 8u) {
+                m = max(m, max8(tid * TILE + r));
+            }
+            alpha[tid] = exp(m_run[tid] - m);
+            m_run[tid] = m;
         }
         workgroupBarrier();
-        for (var e = tid; e < NQ * TILE; e += WG) {
-            let s = probs[e];
-            let p = select(exp(s - m_run[e / TILE]), 0.0, s == NEG);
-            probs[e] = p;
-            red[e] = p;
+        if (sq < NQ) {
+            let s = probs[tid];
+            probs[tid] = select(exp(s - m_run[sq]), 0.0, s == NEG);
         }
         workgroupBarrier();
-        reduce_sum(tid);
         if (tid < NQ) {
-            l_run[tid] = l_run[tid] * alpha[tid] + red[tid * TILE];
+            var l = 0.0;
+            for (var r = 0u; r < TILE; r += 8u) {
+                let b = tid * TILE + r;
+                l += probs[b] + probs[b + 1u] + probs[b + 2u] + probs[b + 3u]
+                   + probs[b + 4u] + probs[b + 5u] + probs[b + 6u] + probs[b + 7u];
+            }
+            l_run[tid] = l_run[tid] * alpha[tid] + l;
         }
 
         // 3. acc = acc * alpha + sum over the tile's rows of p * V[row, col].
-        if (v_active) {
+        if (vq < NQ) {
             var a = acc * alpha[vq];
-            let n_rows = min(TILE, row_end - base);
-            let last = row_end - 1u;
-            let vb = kvh * C4 + col;
-            for (var r = 0u; r < n_rows; r += 8u) {
-                // Rows past the tile's end re-read the last valid row; their p is 0.
-                let row = base + r;
-                let v0 = v_cache[min(row, last) * KV_ROW4 + vb];
-                let v1 = v_cache[min(row + 1u, last) * KV_ROW4 + vb];
-                let v2 = v_cache[min(row + 2u, last) * KV_ROW4 + vb];
-                let v3 = v_cache[min(row + 3u, last) * KV_ROW4 + vb];
-                let v4 = v_cache[min(row + 4u, last) * KV_ROW4 + vb];
-                let v5 = v_cache[min(row + 5u, last) * KV_ROW4 + vb];
-                let v6 = v_cache[min(row + 6u, last) * KV_ROW4 + vb];
-                let v7 = v_cache[min(row + 7u, last) * KV_ROW4 + vb];
-                let pb = v_probs + r;
-                a += probs[pb] * v0 + probs[pb + 1u] * v1 + probs[pb + 2u] * v2 + probs[pb + 3u] * v3
-                   + probs[pb + 4u] * v4 + probs[pb + 5u] * v5 + probs[pb + 6u] * v6 + probs[pb + 7u] * v7;
+            for (var r = 0u; r < TILE; r += 8u) {
+                let pb = vq * TILE + r;
+                let vb = r * C4 + lc;
+                a += probs[pb] * vs[vb] + probs[pb + 1u] * vs[vb + C4] + probs[pb + 2u] * vs[vb + 2u * C4]
+                   + probs[pb + 3u] * vs[vb + 3u * C4] + probs[pb + 4u] * vs[vb + 4u * C4]
+                   + probs[pb + 5u] * vs[vb + 5u * C4] + probs[pb + 6u] * vs[vb + 6u * C4]
+                   + probs[pb + 7u] * vs[vb + 7u * C4];
             }
             acc = a;
         }
@@ -210,16 +300,16 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     }
 
     let t = t0 + vq / G;
-    if (v_active && t < n_tokens) {
+    if (vq < NQ && t < n_tokens) {
         let qh = kvh * G + vq % G;
         if (SPLIT) {
             let slot = (t * HQ + qh) * MAX_SPLITS + wid.x;
-            out[slot * C4 + col] = acc;
-            if (col == 0u) {
+            out[slot * C4 + lc] = acc;
+            if (lc == 0u) {
                 stats[slot] = vec2<f32>(m_run[vq], l_run[vq]);
             }
         } else {
-            out[t * Q_ROW4 + qh * C4 + col] = acc / l_run[vq];
+            out[t * Q_ROW4 + qh * C4 + lc] = acc / l_run[vq];
         }
     }
 }

@@ -17,7 +17,7 @@ except ImportError:  # running from a checkout without an install
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
 from bitnet_web import gpu  # noqa: E402
-from bitnet_web.kernels.attention import TILE, Attention, AttentionScratch  # noqa: E402
+from bitnet_web.kernels.attention import MAX_SPLITS, Attention, AttentionScratch, tile_rows  # noqa: E402
 from bitnet_web.kernels.common import KernelCache, StepParams  # noqa: E402
 from bitnet_web.kernels.kv_cache import KVCache, KVCacheFullError  # noqa: E402
 from bitnet_web.kernels.rope import RopeKV, RopeTable  # noqa: E402
@@ -93,7 +93,7 @@ class Layer:
     """One layer's buffers and ops, as model.py will wire them."""
 
     def __init__(self, device, kernels, *, n_heads, n_kv_heads, head_dim, max_tokens, max_context,
-                 rope_dim=None, theta=10000.0, style="neox", initial_capacity=256, n_layers=1):
+                 rope_dim=None, theta=10000.0, style="neox", initial_capacity=256, n_layers=1, fused=False):
         self.device = device
         self.params = StepParams(device)
         self.cache = KVCache(device, n_layers, n_kv_heads, head_dim, max_context, initial_capacity)
@@ -104,16 +104,19 @@ class Layer:
         self.out = f32_buffer(device, None, max_tokens * n_heads * head_dim, "attn out")
         self.rope = RopeKV(kernels, self.params, self.cache, 0, self.table, self.qkv, self.q, n_heads=n_heads,
                            style=style, max_tokens=max_tokens)
+        self.fused = fused
         self.attention = Attention(kernels, self.params, self.cache, 0, self.q, self.out, n_heads=n_heads,
-                                   max_tokens=max_tokens)
+                                   max_tokens=max_tokens, rope=self.rope if fused else None)
 
     def step(self, qkv: np.ndarray, pos: int, *, run_attention=True, pass_pos=True) -> None:
+        """One model step: RoPE + KV append + attention (with `fused`, all recorded by Attention)."""
         n_tokens = qkv.shape[0]
         self.cache.ensure_capacity(pos + n_tokens)
         self.params.write(n_tokens, pos, self.cache.capacity)
         self.device.upload(self.qkv, 0, qkv.astype(np.float32))
         recorder = self.device.begin()
-        self.rope.record(recorder, n_tokens)
+        if not self.fused:
+            self.rope.record(recorder, n_tokens)
         if run_attention:
             self.attention.record(recorder, n_tokens, pos if pass_pos else None)
         recorder.submit()
@@ -175,6 +178,7 @@ GQA_SHAPES = [  # (n_heads, n_kv_heads, head_dim): query heads per KV head 1, 2,
     (4, 2, 128),
     (8, 2, 64),
     (10, 2, 64),
+    (10, 2, 128),
 ]
 
 
@@ -225,7 +229,8 @@ def test_attention_sharp_scores_stay_finite(device, kernels):
 @pytest.mark.slow
 @pytest.mark.parametrize("pass_pos", [True, False])
 def test_long_context_decode_split(device, kernels, pass_pos):
-    """2B-4T shapes (20 query heads, 5 KV heads, head_dim 128) at position ~2000: 32 tiles + combine.
+    """2B-4T shapes (20 query heads, 5 KV heads, head_dim 128) at position ~2000: more tiles than splits,
+    so each split workgroup walks two tiles, then the combine merges 63 partials.
 
     Without `pos` the dispatch covers the whole capacity and the surplus workgroups must not matter.
     """
@@ -249,26 +254,56 @@ def test_long_context_decode_split(device, kernels, pass_pos):
     recorder.submit()
     got = read_f32(device, layer.out, q.size).reshape(q.shape)
     np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
-    assert -(-rows // TILE) > 16
+    assert -(-rows // tile_rows(head_dim)) > MAX_SPLITS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", ["neox", "interleaved"])
+@pytest.mark.parametrize("pass_pos", [True, False])
+def test_long_context_decode_with_fused_rope(device, kernels, style, pass_pos):
+    """The fused decode kernel at position ~2000 (split path): rotates q on load, appends the rotated
+    k and plain v of row pos to the cache, and attends over the 2011 earlier rows plus that one."""
+    n_heads, n_kv_heads, head_dim, pos, theta = 20, 5, 128, 2011, 500000.0
+    rng = np.random.default_rng(11)
+    layer = Layer(device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=1,
+                  max_context=4096, theta=theta, style=style, initial_capacity=4096, fused=True)
+    k = rng.standard_normal((pos + 1, n_kv_heads, head_dim)).astype(np.float32)
+    v = rng.standard_normal((pos + 1, n_kv_heads, head_dim)).astype(np.float32)
+    device.upload(layer.cache.k[0], 0, k[:pos])
+    device.upload(layer.cache.v[0], 0, v[:pos])
+    qkv = rng.standard_normal((1, (n_heads + 2 * n_kv_heads) * head_dim)).astype(np.float32)
+    q_new, k_new, v_new = split_qkv(qkv, n_heads, n_kv_heads, head_dim)
+    k[pos] = ref_rope(k_new, np.array([pos]), head_dim, theta, style)[0]
+    v[pos] = v_new[0]
+    layer.step(qkv, pos, pass_pos=pass_pos)
+    q_rot = ref_rope(q_new, np.array([pos]), head_dim, theta, style)
+    got = read_f32(device, layer.out, n_heads * head_dim).reshape(1, n_heads, head_dim)
+    np.testing.assert_allclose(got, ref_attention(q_rot, k, v, pos), atol=5e-5, rtol=1e-3)
+    row = n_kv_heads * head_dim
+    got_k = read_f32(device, layer.cache.k[0], row, pos * row).reshape(n_kv_heads, head_dim)
+    np.testing.assert_allclose(got_k, k[pos], atol=5e-4, rtol=1e-4)  # f32 table vs float64 angles
+    np.testing.assert_array_equal(read_f32(device, layer.cache.v[0], row, pos * row).reshape(n_kv_heads, head_dim),
+                                  v[pos])
 
 
 # --- the chain and the cache ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("style", ["neox", "interleaved"])
-def test_prefill_then_decode_with_cache_growth(device, kernels, style):
-    """RopeKV + Attention in one recorder: a 13-token prefill, then decode steps that grow the cache
-    from 16 rows through 32 to 64; the rows written before each growth must survive the copy, and
-    the rebound ops must use the new buffers."""
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("style, rope_dim", [("neox", 64), ("interleaved", 64), ("neox", 32)])
+def test_prefill_then_decode_with_cache_growth(device, kernels, style, rope_dim, fused):
+    """RopeKV + Attention in one recorder (or RoPE fused into the decode kernel): a 13-token prefill,
+    then decode steps that grow the cache from 16 rows through 32 to 64; the rows written before each
+    growth must survive the copy, and the rebound ops must use the new buffers."""
     n_heads, n_kv_heads, head_dim, theta = 4, 2, 64, 10000.0
     rng = np.random.default_rng(7)
     width = (n_heads + 2 * n_kv_heads) * head_dim
     layer = Layer(device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=13,
-                  max_context=100, theta=theta, style=style, initial_capacity=16)
+                  max_context=100, rope_dim=rope_dim, theta=theta, style=style, initial_capacity=16, fused=fused)
     all_qkv = rng.standard_normal((40, width)).astype(np.float32)
     q, k, v = split_qkv(all_qkv, n_heads, n_kv_heads, head_dim)
     positions = np.arange(40)
-    q_rot = ref_rope(q, positions, head_dim, theta, style)
-    k_rot = ref_rope(k, positions, head_dim, theta, style)
+    q_rot = ref_rope(q, positions, rope_dim, theta, style)
+    k_rot = ref_rope(k, positions, rope_dim, theta, style)
 
     layer.step(all_qkv[:13], 0)
     got = read_f32(device, layer.out, 13 * n_heads * head_dim).reshape(13, n_heads, head_dim)
@@ -282,6 +317,7 @@ def test_prefill_then_decode_with_cache_growth(device, kernels, style):
         np.testing.assert_allclose(got, ref_attention(q_rot[p: p + 1], k_rot, v, p), atol=3e-5, rtol=1e-4,
                                    err_msg=f"decode at position {p}")
     assert capacities == {16, 32, 64}
+    assert layer.attention.fused_rope == fused
     row = n_kv_heads * head_dim
     np.testing.assert_allclose(read_f32(device, layer.cache.k[0], 40 * row).reshape(40, n_kv_heads, head_dim),
                                k_rot, atol=1e-5, rtol=1e-5)

@@ -69,6 +69,8 @@ def main() -> None:
              for i in range(args.layers)]
     attns = [Attention(kernels, params, cache, i, q, out, n_heads=n_heads, max_tokens=max_tokens, scratch=scratch)
              for i in range(args.layers)]
+    fused = [Attention(kernels, params, cache, i, q, out, n_heads=n_heads, max_tokens=max_tokens, scratch=scratch,
+                       rope=ropes[i]) for i in range(args.layers)]
 
     def timed(n_tokens: int, pos: int, ops: str) -> tuple[float, float, int]:
         params.write(n_tokens, pos, cache.capacity)
@@ -83,6 +85,8 @@ def main() -> None:
                         ropes[layer].record(recorder, n_tokens)
                     if "attn" in ops:
                         attns[layer].record(recorder, n_tokens, pos)
+                    if "fused" in ops:
+                        fused[layer].record(recorder, n_tokens, pos)
             t1 = time.perf_counter()
             recorder.submit()
             device.read_sync(out, 0, 16)
@@ -108,6 +112,7 @@ def main() -> None:
     for pos in [int(p) for p in args.positions.split(",")]:
         for label, n_tokens, ops in (("decode rope+kv", 1, "rope"), ("decode attention", 1, "attn"),
                                      ("decode rope+attention", 1, "rope attn"),
+                                     ("decode fused rope+attn", 1, "fused"),
                                      (f"prefill {args.prefill_tokens} attention", args.prefill_tokens, "attn")):
             if pos + n_tokens > args.context:
                 continue

@@ -7,14 +7,15 @@ cache (grows by doubling up to the context length). `forward` allocates nothing:
 
 Per layer (shared/ground-truth.md, `build_bitnet_158`):
 
-    h = attn_norm(x)                      -> int8 h, per-token scale      RMSNormQuant
-    q, k, v = BitLinear_qkv(h)            (one fused ternary GEMV)        TernaryLinear 'store'
+    q, k, v = BitLinear_qkv(attn_norm(x)) (norm + one fused GEMV)          NormTernaryLinear 'store'
     q, k = rope(q, k); cache <- k, v                                      RopeKV
     a = attention(q, K_cache, V_cache)    (GQA, causal)                   Attention
-    x = x + BitLinear_o(attn_sub_norm(a))                                 RMSNormQuant, TernaryLinear 'residual'
-    h = ffn_norm(x)                                                       RMSNormQuant
-    m = relu(BitLinear_gate(h))^2 * BitLinear_up(h)  (fused)              TernaryLinear 'gate_relu2'
-    x = x + BitLinear_down(ffn_sub_norm(m))                               RMSNormQuant, TernaryLinear 'residual'
+    x = x + BitLinear_o(attn_sub_norm(a))                                 NormTernaryLinear 'residual'
+    m = relu(BitLinear_gate(h))^2 * BitLinear_up(h), h = ffn_norm(x)      NormTernaryLinear 'gate_relu2'
+    x = x + BitLinear_down(ffn_sub_norm(m))                               NormTernaryLinear 'residual'
+
+Each NormTernaryLinear is one dispatch when decoding (every GEMV workgroup normalizes and quantizes
+its input row itself) and RMSNormQuant + a tiled GEMM for a prefill chunk.
 
 then logits = token_embd @ output_norm(x) (tied F16 head, sharded by rows when large).
 """
@@ -35,8 +36,8 @@ from .kernels.attention import Attention, AttentionScratch
 from .kernels.common import KernelCache, StepParams
 from .kernels.embedding import Argmax, EmbeddingLookup, F16Matrix, LMHead
 from .kernels.kv_cache import KVCache
-from .kernels.linear import TernaryLinear, TernaryMatrix
-from .kernels.norm import RMSNorm, RMSNormQuant
+from .kernels.linear import NormTernaryLinear, TernaryMatrix
+from .kernels.norm import RMSNorm
 from .kernels.rope import RopeKV, RopeTable
 from .quants import i2s_encode, ternarize
 
@@ -67,7 +68,8 @@ def ternary_rows(gguf: GGUFFile, name: str) -> tuple[np.ndarray, float]:
     return i2s_encode(values, scale)[: info.n_elements // 4], float(scale)
 
 
-def check_device_limits(config: ModelConfig, limits: gpu.GPULimits, max_tokens: int, source: str = "model") -> None:
+def check_device_limits(config: ModelConfig, limits: gpu.GPULimits, max_tokens: int,
+                        source: str = "model") -> None:
     """Refuse, before anything is uploaded, a model with a buffer that one storage binding cannot hold.
 
     The F16 embedding and LM head are split into row shards (only one row must fit). Ternary weights,
@@ -112,18 +114,17 @@ class LayerWeights:
 
 @dataclass
 class LayerOps:
-    """One layer's kernels in execution order, each bound to its weights and the run-state buffers."""
+    """One layer's kernels in execution order, each bound to its weights and the run-state buffers.
 
-    attn_norm: RMSNormQuant
-    qkv: TernaryLinear
-    rope: RopeKV
+    Each BitLinear carries its input RMSNorm + int8 quantization (NormTernaryLinear): one dispatch
+    for a decoded token (the norm folded into the GEMV), norm + tiled GEMM for a prefill chunk.
+    """
+
+    qkv: NormTernaryLinear  # attn_norm -> W_qkv
     attention: Attention
-    attn_sub_norm: RMSNormQuant
-    wo: TernaryLinear
-    ffn_norm: RMSNormQuant
-    gate_up: TernaryLinear
-    ffn_sub_norm: RMSNormQuant
-    down: TernaryLinear
+    wo: NormTernaryLinear  # attn_sub_norm -> W_o, residual add
+    gate_up: NormTernaryLinear  # ffn_norm -> W_gate, W_up, act(g) * u
+    down: NormTernaryLinear  # ffn_sub_norm -> W_down, residual add
 
 
 class BitNetModel:
@@ -233,30 +234,24 @@ class BitNetModel:
         gate = "gate_relu2" if cfg.activation == "relu2" else "gate_silu"
         self.embed = EmbeddingLookup(k, self.token_embd, self.token_ids, self.x, step)
         self.layer_ops = []
+        xq, xs = self.x_q, self.x_scale
         for i, w in enumerate(self.layers):
-            p = f"blk.{i}."
             self.layer_ops.append(LayerOps(
-                attn_norm=RMSNormQuant(k, self.x, w.attn_norm, self.x_q, self.x_scale, step, cfg.dim, eps,
-                                       p + "attn_norm"),
-                qkv=TernaryLinear(k, w.qkv, self.x_q, self.x_scale, self.qkv, step, "store"),
-                rope=RopeKV(k, step, self.kv_cache, i, self.rope_table, self.qkv, self.q, n_heads=cfg.n_heads,
-                            style=cfg.rope_style, max_tokens=rows),
+                qkv=NormTernaryLinear(k, self.x, w.attn_norm, eps, w.qkv, xq, xs, self.qkv, step, "store"),
                 attention=Attention(k, step, self.kv_cache, i, self.q, self.attn_out, n_heads=cfg.n_heads,
-                                    max_tokens=rows, scratch=self.attention_scratch),
-                attn_sub_norm=RMSNormQuant(k, self.attn_out, w.attn_sub_norm, self.x_q, self.x_scale, step,
-                                           cfg.q_dim, eps, p + "attn_sub_norm"),
-                wo=TernaryLinear(k, w.wo, self.x_q, self.x_scale, self.x, step, "residual"),
-                ffn_norm=RMSNormQuant(k, self.x, w.ffn_norm, self.x_q, self.x_scale, step, cfg.dim, eps,
-                                      p + "ffn_norm"),
-                gate_up=TernaryLinear(k, w.gate_up, self.x_q, self.x_scale, self.ffn_hidden, step, gate),
-                ffn_sub_norm=RMSNormQuant(k, self.ffn_hidden, w.ffn_sub_norm, self.x_q, self.x_scale, step,
-                                          cfg.ffn_dim, eps, p + "ffn_sub_norm"),
-                down=TernaryLinear(k, w.down, self.x_q, self.x_scale, self.x, step, "residual"),
+                                    max_tokens=rows, scratch=self.attention_scratch,
+                                    rope=RopeKV(k, step, self.kv_cache, i, self.rope_table, self.qkv, self.q,
+                                                n_heads=cfg.n_heads, style=cfg.rope_style, max_tokens=rows)),
+                wo=NormTernaryLinear(k, self.attn_out, w.attn_sub_norm, eps, w.wo, xq, xs, self.x, step, "residual"),
+                gate_up=NormTernaryLinear(k, self.x, w.ffn_norm, eps, w.gate_up, xq, xs, self.ffn_hidden, step, gate),
+                down=NormTernaryLinear(k, self.ffn_hidden, w.ffn_sub_norm, eps, w.down, xq, xs, self.x, step,
+                                       "residual"),
             ))
         self.final_norm = RMSNorm(k, self.x, self.output_norm, self.x_final, step, cfg.dim, eps)
         self.lm_head = LMHead(k, self.output, self.x_final, self.logits, step)
         # Greedy decoding on the GPU: the argmax goes straight into token_ids[0], the next step's input.
         self.argmax = Argmax(k, self.logits, self.token_ids, cfg.vocab_size)
+        self._buffers.append(self.argmax.partials)
 
     # Context bookkeeping -----------------------------------------------------------------------
 
@@ -287,17 +282,13 @@ class BitNetModel:
         n = n_tokens
         self.embed.record(rec, n)  # x = token_embd[token_ids]
         for layer in self.layer_ops:
-            # x = x + W_o(sub_norm(attention(rope(W_qkv(norm(x))))))
-            layer.attn_norm.record(rec, n)
+            # x = x + W_o(sub_norm(attention(rope(W_qkv(norm(x)))))); RoPE and the KV-cache write run
+            # inside the attention op (fused into its kernel when decoding one token)
             layer.qkv.record(rec, n)
-            layer.rope.record(rec, n)
             layer.attention.record(rec, n, pos)
-            layer.attn_sub_norm.record(rec, n)
             layer.wo.record(rec, n)
             # x = x + W_down(sub_norm(act(W_gate(norm(x))) * W_up(norm(x))))
-            layer.ffn_norm.record(rec, n)
             layer.gate_up.record(rec, n)
-            layer.ffn_sub_norm.record(rec, n)
             layer.down.record(rec, n)
         # logits = head(output_norm(x)) for the last row, or for every row
         self.final_norm.record(rec, n, last_only=not all_logits)

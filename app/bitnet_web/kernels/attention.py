@@ -6,6 +6,10 @@ Two paths, both built at construction, chosen per step by the number of tokens:
   context keeps 64 workgroups per KV head busy instead of one. Two dispatches.
 - prefill (more tokens): one workgroup per (BQ tokens, KV head) walks all visible rows with an
   online softmax and writes the output directly. One dispatch.
+Built with `rope=` (the layer's RopeKV), a one-token step also folds RoPE + the KV append into the
+attention kernel, and runs in a single dispatch (no split) while pos < DIRECT_MAX_TILES tiles.
+Timings per layer on an H100 (2B-4T shapes, tools/bench_attention.py): ~7 us at pos < 64, ~12-16 us up
+to pos 1024, ~21 us at 2048, ~30 us at 4000; each dependent dispatch costs ~4 us there by itself.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ def tile_rows(head_dim: int) -> int:
 class AttentionScratch:
     """Partial results of split-sequence decode, shared by every layer's Attention op.
 
-    acc   [max_tokens_split, n_heads, max_splits, head_dim] f32: unnormalized sum p * V per tile
-    stats [max_tokens_split, n_heads, max_splits] vec2<f32>: (max score, sum p) per tile
+    acc   [max_tokens_split, n_heads, max_splits, head_dim] f32: unnormalized sum p * V per split
+    stats [max_tokens_split, n_heads, max_splits] vec2<f32>: (max score, sum p) per split
+    The size does not depend on `max_context` (splits are capped at MAX_SPLITS, tiles dealt evenly).
     """
 
     def __init__(self, device: gpu.Device, n_heads: int, head_dim: int, max_context: int,

