@@ -9,10 +9,8 @@ over a large buffer (copies under-report bandwidth on some GPUs: shared/ground-t
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -43,6 +41,8 @@ def synthetic_model(shape: str) -> Path:
 
 
 def peak_host_mb() -> float:
+    import resource  # not in Pyodide: only the CPython bench reports host memory
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
@@ -95,62 +95,73 @@ def profile_summary(timings: list[tuple[str, float]]) -> dict:
                         for name, v in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))}}
 
 
-def run_bench(model_path: Path, quick: bool) -> dict:
-    from .engine import Engine
+async def measure_async(engine, quick: bool = False) -> dict:
+    """Prefill and decode speeds of a loaded engine (CPython and browser alike)."""
+    from .sampler import SamplerSettings
 
-    report: dict = {"model": str(model_path), "file_size": model_path.stat().st_size}
+    model, device = engine.model, engine.device
+    report: dict = {"device": device.adapter_name, "gpu_bytes_allocated": device.bytes_allocated}
+    rng = np.random.default_rng(0)
+    vocab, context = engine.config.vocab_size, engine.config.context_length
+
+    def prompt(n: int) -> list[int]:
+        return rng.integers(0, vocab, size=min(n, context - 200)).tolist()
+
+    for n in (128,) if quick else (128, 512):
+        ids = prompt(n)
+        model.truncate(0)
+        await model.prefill(ids)  # warm-up: pipelines, KV growth
+        model.truncate(0)
+        t0 = time.perf_counter()
+        await model.prefill(ids)
+        report[f"prefill_{len(ids)}_tok_per_s"] = len(ids) / (time.perf_counter() - t0)
+
+    n_decode = 16 if quick else 128
+    for label, ctx in ({"short": 16} if quick else {"short": 16, "1k": 1024}).items():
+        model.truncate(0)
+        await model.prefill(prompt(ctx))
+        stats = await model.decode_greedy_benchmark(n_decode)
+        report[f"decode_{label}_tok_per_s"] = stats["tok_per_s"]
+        report[f"decode_{label}_ms_per_token"] = stats["ms_per_token"]
+        report[f"decode_{label}_process_cpu_ms_per_token"] = stats["cpu_ms_per_token"]
+        report[f"decode_{label}_python_encode_ms_per_token"] = stats["encode_ms_per_token"]
+        report["dispatches_per_token"] = stats["dispatches_per_token"]
+        report["passes_per_token"] = stats["passes_per_token"]
+        if getattr(device, "profiling", False):
+            report[f"gpu_profile_{label}"] = profile_summary(model.profile_decode_step())
+
+    # End to end through Engine.generate: tokenizer streaming, stop checks and sampling included.
+    ids = prompt(16)
+    for label, settings in (("greedy", SamplerSettings(temperature=0.0)),
+                            ("sampled", SamplerSettings(temperature=0.8, top_k=40, top_p=0.95, seed=1))):
+        model.truncate(0)
+        async for _ in engine.generate_tokens_async(ids, settings, max_tokens=n_decode):
+            pass
+        stats = engine.last_stats
+        report[f"engine_{label}_decode_tok_per_s"] = stats.decode_tok_per_s
+        report[f"engine_{label}_tokens"] = stats.n_generated
+    report["bytes_read_per_token"] = model.bytes_read_per_token
+    return report
+
+
+def run_bench(model_path: Path, quick: bool) -> dict:
     from . import gpu
+    from .engine import Engine
 
     engine = Engine(prefill_chunk=128)
     engine.device = gpu.open_device(profile=True)
     baseline_mb = peak_host_mb()
     t0 = time.perf_counter()
     engine.load(model_path)
-    report["load_s"] = time.perf_counter() - t0
-    report["peak_host_mb_after_load"] = peak_host_mb()
-    model = engine.model
-    device = engine.device
-    report["device"] = device.adapter_name
-    report["gpu_bytes_allocated"] = device.bytes_allocated
-    vocab = engine.config.vocab_size
-    rng = np.random.default_rng(0)
-
-    def prompt(n: int) -> list[int]:
-        return rng.integers(0, vocab, size=n).tolist()
-
-    loop = engine._loop or asyncio.new_event_loop()
-    engine._loop = loop
-    prefill_sizes = (128,) if quick else (128, 512)
-    for n in prefill_sizes:
-        model.truncate(0)
-        loop.run_until_complete(model.prefill(prompt(n)))  # warm-up
-        model.truncate(0)
-        t0 = time.perf_counter()
-        loop.run_until_complete(model.prefill(prompt(n)))
-        report[f"prefill_{n}_tok_per_s"] = n / (time.perf_counter() - t0)
-
-    n_decode = 16 if quick else 128
-    contexts = {"short": 16} if quick else {"short": 16, "1k": 1024}
-    for label, ctx in contexts.items():
-        model.truncate(0)
-        loop.run_until_complete(model.prefill(prompt(ctx)))
-        stats = loop.run_until_complete(model.decode_greedy_benchmark(n_decode))
-        report[f"decode_{label}_tok_per_s"] = stats["tok_per_s"]
-        report[f"decode_{label}_ms_per_token"] = stats["ms_per_token"]
-        report[f"decode_{label}_process_cpu_ms_per_token"] = stats["cpu_ms_per_token"]
-        report[f"decode_{label}_python_encode_ms_per_token"] = stats["encode_ms_per_token"]
-        report["dispatches_per_token"] = stats["dispatches_per_token"]
-        if getattr(device, "profiling", False):
-            report[f"gpu_profile_{label}"] = profile_summary(model.profile_decode_step())
-        report["passes_per_token"] = stats["passes_per_token"]
+    report: dict = {"model": str(model_path), "file_size": model_path.stat().st_size,
+                    "load_s": time.perf_counter() - t0, "peak_host_mb_after_load": peak_host_mb()}
+    report.update(engine._run(measure_async(engine, quick)))
     report["peak_host_mb"] = peak_host_mb()
     report["host_mb_before_load"] = baseline_mb
     report["host_peak_growth_over_file"] = (report["peak_host_mb"] - baseline_mb) * 1048576 / report["file_size"]
-    bandwidth = measure_read_bandwidth(device)
+    bandwidth = measure_read_bandwidth(engine.device)
     report["read_bandwidth_gb_s"] = bandwidth
-    bytes_per_token = model.bytes_read_per_token
-    report["bytes_read_per_token"] = bytes_per_token
-    floor_tok_s = bandwidth * 1e9 / bytes_per_token
+    floor_tok_s = bandwidth * 1e9 / report["bytes_read_per_token"]
     report["bandwidth_floor_tok_per_s"] = floor_tok_s
     report["fraction_of_floor"] = report["decode_short_tok_per_s"] / floor_tok_s
     engine.close()

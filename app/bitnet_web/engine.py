@@ -301,8 +301,12 @@ class Engine:
         first = sampler.sample(logits, history)
         yield first
         if settings.temperature == 0 and settings.repetition_penalty == 1.0:
-            async for token in model.decode_greedy(first):
-                yield token
+            greedy = model.decode_greedy(first)
+            try:
+                async for token in greedy:
+                    yield token
+            finally:
+                await greedy.aclose()
             return
         token = first
         while True:
