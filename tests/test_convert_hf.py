@@ -226,3 +226,21 @@ def test_bad_checkpoints(tmp_path):
     save_file(state, str(folder / "model.safetensors"))
     with pytest.raises(ConvertError, match=r"no model\.layers\.0\.mlp\.up_proj\.weight_scale"):
         convert(folder, tmp_path / "x.gguf")
+
+
+def test_untied_lm_head(tmp_path):
+    from safetensors.numpy import load_file, save_file
+    folder = build_tiny_bitnet(tmp_path / "hf", num_hidden_layers=1)
+    state = load_file(str(folder / "model.safetensors"))
+    head = np.random.default_rng(2).standard_normal((1000, 256)).astype(np.float32)
+    state["lm_head.weight"] = head
+    save_file(state, str(folder / "model.safetensors"))
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["tie_word_embeddings"] = False
+    (folder / "config.json").write_text(json.dumps(cfg))
+    convert(folder, tmp_path / "m.gguf", embed_type="F32")
+    g = open_gguf(str(tmp_path / "m.gguf"))
+    np.testing.assert_array_equal(g.tensor("output.weight"), head)
+    assert not config_from_gguf(g).tied_embeddings
+    model = load_tiny_bitnet(folder)
+    np.testing.assert_array_equal(model.lm_head.weight.detach().numpy(), head)

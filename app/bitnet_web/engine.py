@@ -50,9 +50,49 @@ class GenerationStats:
     prefill_tok_per_s: float = 0.0
     context_used: int = 0
     stop_reason: str = ""  # 'eos', 'stop_string', 'max_tokens', 'context_full', 'aborted'
+    n_dropped_messages: int = 0  # chat: oldest messages left out to fit the context (fit_chat_to_context)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+def fit_chat_to_context(messages: Sequence[dict], count_tokens: Callable[[list[dict]], int],
+                        budget: int, limit: int | None = None) -> list[dict]:
+    """The chat context policy: which messages to render so that the prompt takes <= `budget` tokens.
+
+    A conversation that fits is kept whole. Otherwise the oldest turns (a turn is a user message and
+    the replies after it) are dropped; the leading system message(s) and the latest turn never are.
+    Cuts fall only at turn starts where the dropped history first reaches a multiple of half the
+    budget, counted on the history itself, so the same cut is chosen turn after turn and the KV
+    cache of the kept conversation is reused until the history has grown by another half budget.
+    If the system prompt and the latest turn alone exceed `budget` they are still used when they take
+    at most `limit` tokens (the reply then has less room); beyond that, EngineError.
+    """
+    messages = list(messages)
+    if count_tokens(messages) <= budget:
+        return messages
+    n_system = 0
+    while n_system < len(messages) and messages[n_system].get("role") == "system":
+        n_system += 1
+    system, rest = messages[:n_system], messages[n_system:]
+    starts = [0] + [i for i in range(1, len(rest)) if rest[i].get("role") == "user"]
+    # Candidate cuts: the first turn start at or past each multiple of half the budget, then the latest turn.
+    step, dropped, candidates = max(1, budget // 2), 0, []
+    for start, end in zip(starts, starts[1:], strict=False):
+        dropped += count_tokens(rest[start:end])
+        if dropped >= step * (len(candidates) + 1):
+            candidates.append(end)
+    candidates.append(starts[-1])
+    for cut in candidates:
+        kept = system + rest[cut:]
+        n = count_tokens(kept)
+        if n <= budget:
+            return kept
+    if n <= (budget if limit is None else limit):
+        return kept
+    raise EngineError(
+        f"the system prompt and the latest message need {n} tokens, more than the "
+        f"{budget if limit is None else limit} the context leaves for them: shorten the message or start a new chat")
 
 
 class Engine:
@@ -67,6 +107,7 @@ class Engine:
         self.model: BitNetModel | None = None
         self.name = ""
         self.generated_tokens: list[int] = []
+        self.chat_dropped_messages = 0  # set by encode_chat (the context policy)
         self.last_stats = GenerationStats()
         self._abort = False
         self._device_was_lost = False  # set when a GPU call reported the device gone (for the message)
@@ -169,7 +210,7 @@ class Engine:
             "name": self.name,
             "arch": cfg.arch,
             "n_params": self.model.n_params if self.model else 0,
-            "file_size": self.gguf.file_size,
+            "file_size": int(self.gguf.total_size or len(self.gguf.data)),
             "context_length": cfg.context_length,
             "vocab_size": cfg.vocab_size,
             "dim": cfg.dim,
@@ -204,9 +245,20 @@ class Engine:
             raise EngineError("the prompt is empty: give some text")
         return self.tokenizer.encode(prompt, add_bos=add_bos and self.tokenizer.add_bos)
 
-    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
+    def encode_chat(self, messages: Sequence[dict], max_tokens: int = 256) -> list[int]:
+        """Prompt tokens for a chat, with the oldest turns dropped when the conversation plus room for
+        the reply (`max_tokens`, at most half the context) exceeds the context: see fit_chat_to_context.
+        `self.chat_dropped_messages` says how many messages were left out."""
         self._require_model()
-        return render_tokens(self.tokenizer, self.template, list(messages), add_generation_prompt=True)
+        context = self.config.context_length
+        budget = context - min(max(1, max_tokens), context // 2)
+
+        def count(msgs: list[dict]) -> int:
+            return len(render_tokens(self.tokenizer, self.template, msgs, add_generation_prompt=True))
+
+        kept = fit_chat_to_context(messages, count, budget, limit=context - 1)
+        self.chat_dropped_messages = len(messages) - len(kept)
+        return render_tokens(self.tokenizer, self.template, kept, add_generation_prompt=True)
 
     async def generate_tokens_async(self, prompt_ids: Sequence[int], settings: SamplerSettings,
                                     max_tokens: int = 256, stop_strings: Sequence[str] = ()) -> AsyncIterator[str]:
@@ -319,10 +371,19 @@ class Engine:
         async for piece in self.generate_tokens_async(self.encode_prompt(prompt), settings, max_tokens, stop_strings):
             yield piece
 
-    async def chat_async(self, messages: Sequence[dict], settings: SamplerSettings, max_tokens: int = 256
-                         ) -> AsyncIterator[str]:
-        async for piece in self.generate_tokens_async(self.encode_chat(messages), settings, max_tokens):
+    async def chat_async(self, messages: Sequence[dict], settings: SamplerSettings, max_tokens: int = 256,
+                         stop_strings: Sequence[str] = ()) -> AsyncIterator[str]:
+        ids = self.encode_chat(messages, max_tokens)
+        async for piece in self._chat_stream(ids, self.chat_dropped_messages, settings, max_tokens, stop_strings):
             yield piece
+
+    async def _chat_stream(self, ids: list[int], n_dropped: int, settings: SamplerSettings, max_tokens: int,
+                           stop_strings: Sequence[str]) -> AsyncIterator[str]:
+        try:
+            async for piece in self.generate_tokens_async(ids, settings, max_tokens, stop_strings):
+                yield piece
+        finally:
+            self.last_stats.n_dropped_messages = n_dropped
 
     async def logits_async(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 logits [n_tokens, vocab] for every position of exactly these ids (no BOS added)."""
@@ -365,8 +426,10 @@ class Engine:
         """Stream text for a plain prompt, exact token ids (no BOS added) or chat messages."""
         settings = settings or SamplerSettings()
         if messages is not None:
-            ids = self.encode_chat(messages)
-        elif tokens is not None:
+            ids = self.encode_chat(messages, max_tokens)
+            return self._iterate(self._chat_stream(ids, self.chat_dropped_messages, settings, max_tokens,
+                                                   stop_strings))
+        if tokens is not None:
             ids = list(tokens)
         elif prompt is not None:
             ids = self.encode_prompt(prompt)

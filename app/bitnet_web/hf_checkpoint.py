@@ -144,6 +144,13 @@ def is_checkpoint_location(source: object) -> bool:
 # The files of one checkpoint: a folder on disk, cached downloads, or buffers held in memory
 # ---------------------------------------------------------------------------------------------
 
+def _as_uint8(data: np.ndarray | bytes | bytearray | memoryview) -> np.ndarray:
+    """A downloaded file as a 1-D uint8 array (no copy for arrays, bytes or memoryviews)."""
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    return np.frombuffer(data, dtype=np.uint8)
+
+
 class CheckpointFiles:
     """Files of a checkpoint by name: local paths (memory-mapped) or byte buffers (the browser's)."""
 
@@ -174,7 +181,7 @@ class CheckpointFiles:
     def text(self, fname: str) -> str:
         try:
             if fname in self.buffers:
-                return bytes(np.asarray(self.buffers[fname], dtype=np.uint8)).decode("utf-8")
+                return _as_uint8(self.buffers[fname]).tobytes().decode("utf-8")
             if fname in self.paths:
                 return self.paths[fname].read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
@@ -193,8 +200,7 @@ class CheckpointFiles:
 
     def safetensors(self, fname: str) -> SafetensorsFile:
         if fname in self.buffers:
-            data = np.asarray(self.buffers[fname], dtype=np.uint8)
-            return SafetensorsFile.from_buffer(data, self.label(fname))
+            return SafetensorsFile.from_buffer(_as_uint8(self.buffers[fname]), self.label(fname))
         if fname in self.paths:
             return open_safetensors(str(self.paths[fname]))
         raise SafetensorsError(f"{self.label(fname)}: missing (named by {INDEX_FILE})")
