@@ -4,9 +4,10 @@ Checks, all on the CPU:
 - the file is what the model card says (size, hash, config) and small enough to bundle;
 - its vocabulary, read by our tokenizer from the GGUF, encodes exactly like Hugging Face `tokenizers`
   with the tokenizer.json it was trained as;
-- greedy continuations (64 tokens, several prompts) from the project's numpy reference forward pass
-  equal those of the PyTorch training model (tools/train/model.py, inference mode, float32) loaded
-  with the GGUF's weights, and their logits agree to int8-rounding tolerance;
+- greedy continuations (64 tokens, several prompts) of the PyTorch training model
+  (tools/train/model.py, inference mode, float32) loaded with the GGUF's weights are exactly the
+  greedy choices of the project's numpy reference forward pass (app/bitnet_web/reference.py), and
+  their logits agree to int8-rounding tolerance;
 - the model actually learned: on a held-out stdlib file its perplexity is far below the unigram
   baseline of the card (a wrong tensor mapping or layout would not be).
 """
@@ -26,7 +27,6 @@ import pytest
 
 from bitnet_web.config import config_from_gguf
 from bitnet_web.gguf import GGMLType, open_gguf
-from bitnet_web.quants import i2s_decode
 from bitnet_web.reference import ReferenceModel
 from bitnet_web.tokenizer import Tokenizer
 
@@ -36,6 +36,12 @@ CARD_PATH = MODEL_PATH.with_suffix(".json")
 TOKENIZER_JSON = REPO / "tools/train/tokenizer.json"
 MAX_BUNDLE_BYTES = 15 * 1024 * 1024
 N_GREEDY = 64
+# Two float32 implementations of the same int8/ternary math differ where an activation lands within
+# rounding error of a .5 boundary: one int8 step, which on this model's logits (|logit| ~ 20) moved
+# them by up to 0.28 over 64 generated tokens (measured on 8 prompts). A wrong layer, norm or RoPE
+# moves them by whole units.
+LOGIT_TOL = 0.4
+MAX_NEAR_TIES = 2  # of 64 tokens; 0 or 1 seen per prompt
 PROMPTS = [
     "def fibonacci(n):\n",
     "import os\nimport sys\n\n\ndef main(argv):\n",
@@ -46,14 +52,18 @@ PROMPTS = [
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(REPO / "tools/train"))
-from model import BitNetConfig, BitNetLM  # noqa: E402
+from export_gguf import torch_model_from_gguf  # noqa: E402
+from model import BitNetLM, greedy_generate  # noqa: E402
 
-TORCH_TO_GGUF = {  # module inside blocks.N -> tensor inside blk.N
-    "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-    "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
-    "attn_norm": "attn_norm", "attn_sub_norm": "attn_sub_norm", "ffn_norm": "ffn_norm",
-    "ffn_sub_norm": "ffn_sub_norm",
-}
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    # Sequences of <= 100 tokens gain nothing from threads, and on a loaded CI machine OpenMP threads
+    # waiting on each other made each forward pass 40x slower (measured here: 15 s vs 0.37 s).
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")
@@ -80,27 +90,8 @@ def reference(gguf) -> ReferenceModel:
 
 @pytest.fixture(scope="module")
 def torch_model(gguf) -> BitNetLM:
-    """The training model in inference ('frozen') mode, every weight taken from the GGUF."""
-    cfg = config_from_gguf(gguf)
-    model = BitNetLM(BitNetConfig(vocab_size=cfg.vocab_size, dim=cfg.dim, n_layers=cfg.n_layers,
-                                  n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, ffn_dim=cfg.ffn_dim,
-                                  context_length=cfg.context_length, rope_theta=cfg.rope_theta,
-                                  norm_eps=cfg.norm_eps))
-    with torch.no_grad():
-        model.token_embd.weight.copy_(torch.from_numpy(np.asarray(gguf.tensor("token_embd.weight"), np.float32)))
-        model.output_norm.weight.copy_(torch.from_numpy(np.asarray(gguf.tensor("output_norm.weight"), np.float32)))
-        for i, block in enumerate(model.blocks):
-            for module_name, tensor_name in TORCH_TO_GGUF.items():
-                name = f"blk.{i}.{tensor_name}.weight"
-                info = gguf.tensors[name]
-                module = getattr(block, module_name)
-                if info.ggml_type == GGMLType.I2_S:
-                    values, scale = i2s_decode(gguf.tensor_bytes(name), info.shape)
-                    module.load_ternary(torch.from_numpy(values.copy()), scale)
-                else:
-                    module.weight.copy_(torch.from_numpy(np.asarray(gguf.tensor(name), np.float32)))
-    model.set_mode("frozen")
-    return model.eval()
+    """The training model (tools/train/model.py) in inference mode, every weight read from the GGUF."""
+    return torch_model_from_gguf(gguf)
 
 
 def torch_logits(model: BitNetLM, ids: list[int]) -> np.ndarray:
@@ -158,24 +149,25 @@ def test_tokenizer_encodes_like_hf_tokenizers(tokenizer):
     assert {tokenizer.eos_id, tokenizer.eot_id} <= tokenizer.stop_ids
 
 
-def greedy(logits_fn, prompt_ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
-    ids = list(prompt_ids)
-    for _ in range(n):
-        ids.append(int(np.argmax(logits_fn(ids)[-1])))
-    return ids[len(prompt_ids):], logits_fn(ids)
-
-
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_continuation_matches_torch_model(prompt, tokenizer, reference, torch_model):
     ids = tokenizer.encode(prompt, add_bos=True)
-    ref_tokens, ref_logits = greedy(reference.logits, ids, N_GREEDY)
-    pt_tokens, pt_logits = greedy(lambda x: torch_logits(torch_model, x), ids, N_GREEDY)
-    assert pt_tokens == ref_tokens, (tokenizer.decode(ref_tokens), tokenizer.decode(pt_tokens))
-    # Same final sequence, so logits are comparable position by position: int8 rounding of one
-    # activation can move a logit by ~1e-2 (ground-truth.md); a real bug moves them by O(1).
-    scale = np.abs(ref_logits).max()
-    assert np.abs(pt_logits - ref_logits).max() < 0.02 * scale
-    assert len(set(ref_tokens)) > 3, "degenerate output: the model repeats one or two tokens"
+    pt_tokens = greedy_generate(torch_model, ids, N_GREEDY)  # KV-cached, one token per step
+    seq = ids + pt_tokens
+    ref_logits = reference.logits(seq)  # (T, vocab), causal: row t sees tokens 0..t only
+    # Row t of one pass over the final sequence is what greedy decoding with the reference computes
+    # at step t, so its argmax must be the token PyTorch chose -- except at a near-tie, where a
+    # one-step difference in an int8 activation rounding may pick the other token.
+    near_ties = 0
+    for row, chosen in zip(ref_logits[len(ids) - 1 : -1], pt_tokens, strict=True):
+        best = int(np.argmax(row))
+        if best != chosen:
+            assert row[best] - row[chosen] < LOGIT_TOL, (best, chosen, tokenizer.decode(pt_tokens))
+            near_ties += 1
+    assert near_ties <= MAX_NEAR_TIES, tokenizer.decode(pt_tokens)
+    pt_logits = torch_logits(torch_model, seq)
+    assert np.abs(pt_logits - ref_logits).max() < LOGIT_TOL
+    assert len(set(pt_tokens)) > 3, "degenerate output: the model repeats one or two tokens"
 
 
 def test_model_beats_unigram_on_held_out_file(tokenizer, reference, torch_model, card):
@@ -198,3 +190,38 @@ def test_model_beats_unigram_on_held_out_file(tokenizer, reference, torch_model,
     assert abs(ref_nll - pt_nll) < 0.01
     unigram_ppl = card["validation_perplexity"]["unigram"]
     assert math.exp(ref_nll) < unigram_ppl / 4, (math.exp(ref_nll), unigram_ppl)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    from bitnet_web.engine import Engine
+
+    engine = Engine()
+    engine.load(str(MODEL_PATH))
+    yield engine
+    engine.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("prompt", PROMPTS[:3])
+def test_gpu_engine_greedy_matches_torch_model(prompt, tokenizer, torch_model, engine):
+    """The product path: the exported GGUF through our WGSL engine (lavapipe in CI) against the
+    PyTorch model in inference mode. Tokens must agree until the first step where PyTorch's own
+    top-2 gap is a near-tie; logits over the whole sequence agree within LOGIT_TOL."""
+    from bitnet_web.sampler import SamplerSettings
+
+    ids = tokenizer.encode(prompt, add_bos=True)
+    pt_tokens = greedy_generate(torch_model, ids, N_GREEDY)
+    list(engine.generate(tokens=ids, settings=SamplerSettings(temperature=0.0), max_tokens=N_GREEDY))
+    ours = engine.generated_tokens
+    seq = ids + pt_tokens
+    pt_logits = torch_logits(torch_model, seq)
+    assert np.abs(engine.logits(seq) - pt_logits).max() < LOGIT_TOL
+    for step, (mine, theirs) in enumerate(zip(ours, pt_tokens, strict=False)):
+        if mine != theirs:
+            row = pt_logits[len(ids) - 1 + step]
+            assert row[theirs] - row[mine] < LOGIT_TOL, (step, mine, theirs)
+            break
+    else:
+        assert len(ours) == len(pt_tokens) or ours[-1:] and ours[-1] in tokenizer.stop_ids

@@ -82,6 +82,8 @@ class BitLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))  # latent full-precision weights
         self.register_buffer("codes", torch.zeros(0, dtype=torch.int8), persistent=False)  # (out, in) frozen
         self.register_buffer("scale", torch.zeros((), dtype=torch.float32), persistent=False)
+        # the codes as float32, made once: converting them on every call dominated CPU inference
+        self.register_buffer("codes_float", torch.zeros(0), persistent=False)
         self.mode = "qat"
 
     def freeze(self) -> None:
@@ -89,12 +91,14 @@ class BitLinear(nn.Module):
         with torch.no_grad():
             codes, scale = absmean_ternary(self.weight.float())
         self.codes = codes.to(torch.int8)
+        self.codes_float = codes.float()
         self.scale = scale.float()
 
     def load_ternary(self, codes: torch.Tensor, scale: float) -> None:
         if tuple(codes.shape) != tuple(self.weight.shape):
             raise ValueError(f"ternary codes of shape {tuple(codes.shape)}, expected {tuple(self.weight.shape)}")
         self.codes = codes.to(torch.int8).to(self.weight.device)
+        self.codes_float = self.codes.float()
         self.scale = torch.tensor(float(scale), dtype=torch.float32, device=self.weight.device)
         with torch.no_grad():  # latent weights that ternarize to the same codes, for completeness
             self.weight.copy_(self.codes.float() * self.scale)
@@ -107,7 +111,7 @@ class BitLinear(nn.Module):
         xs = xf * s.detach()
         x_ste = xs + (x_int - xs).detach()  # forward: integers; backward: identity (scaled back below)
         if self.mode == "frozen":
-            w_ste = self.codes.to(x_ste.dtype)
+            w_ste = self.codes_float
             w_scale = self.scale
         else:
             w = self.weight.float()
@@ -161,7 +165,10 @@ class Block(nn.Module):
         self.ffn_sub_norm = RMSNorm(cfg.ffn_dim, cfg.norm_eps)
         self.down_proj = BitLinear(cfg.ffn_dim, cfg.dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: list | None = None, index: int = 0) -> torch.Tensor:
+        """x (B, T, dim) at positions past..past+T-1, cos/sin for those positions; kv_cache[index]
+        holds this layer's (k, v) of the `past` earlier positions and is extended in place."""
         cfg, (bsz, n, _) = self.cfg, x.shape
         hd = cfg.head_dim
         h = self.attn_norm(x)
@@ -169,8 +176,19 @@ class Block(nn.Module):
         k = self.k_proj(h).view(bsz, n, cfg.n_kv_heads, hd).transpose(1, 2)  # (B, KV, T, hd)
         v = self.v_proj(h).view(bsz, n, cfg.n_kv_heads, hd).transpose(1, 2)
         q, k = apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)
+        mask = None
+        if kv_cache is not None:
+            if index < len(kv_cache):
+                k = torch.cat([kv_cache[index][0], k], dim=2)
+                v = torch.cat([kv_cache[index][1], v], dim=2)
+                kv_cache[index] = (k, v)
+            else:
+                kv_cache.append((k, v))
+            past = k.shape[2] - n
+            if past:  # query i (position past+i) sees keys 0..past+i
+                mask = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(diagonal=past)
         # scale 1/sqrt(hd); under CUDA autocast the operands go to bf16 (flash attention)
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
         attn = attn.transpose(1, 2).reshape(bsz, n, cfg.n_heads * hd)
         x = x + self.o_proj(self.attn_sub_norm(attn)).float()
         h = self.ffn_norm(x)
@@ -209,24 +227,31 @@ class BitNetLM(nn.Module):
                 m.freeze()
             m.mode = mode
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, T) int64 -> logits (B, T, vocab) float32."""
+    def forward(self, tokens: torch.Tensor, kv_cache: list | None = None) -> torch.Tensor:
+        """tokens (B, T) int64 -> logits (B, T, vocab) float32. With `kv_cache` (a list, empty at
+        the start), tokens continue the cached sequence and their keys/values are appended."""
         n = tokens.shape[1]
-        cos, sin = rope_cos_sin(n, self.cfg.head_dim, self.cfg.rope_theta, tokens.device)
+        past = kv_cache[0][0].shape[2] if kv_cache else 0
+        cos, sin = rope_cos_sin(past + n, self.cfg.head_dim, self.cfg.rope_theta, tokens.device)
+        cos, sin = cos[past:], sin[past:]
         x = self.token_embd(tokens).float()
-        for block in self.blocks:
-            x = block(x, cos, sin)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, kv_cache, i)
         x = self.output_norm(x)
         return F.linear(x, self.token_embd.weight).float()  # tied head
 
 
 @torch.no_grad()
 def greedy_generate(model: BitNetLM, prompt: list[int], n_new: int) -> list[int]:
-    """Greedy continuation, recomputing the whole (short) sequence each step: simple and exact."""
-    ids = list(prompt)
+    """Greedy continuation with a KV cache (prompt in one pass, then one token per step)."""
+    if len(prompt) + n_new > model.cfg.context_length:
+        raise ValueError(f"{len(prompt)} prompt + {n_new} new tokens exceed the context of "
+                         f"{model.cfg.context_length}")
     device = model.token_embd.weight.device
+    cache: list = []
+    logits = model(torch.tensor([prompt], device=device), cache)
+    out: list[int] = []
     for _ in range(n_new):
-        window = ids[-model.cfg.context_length:]
-        logits = model(torch.tensor([window], device=device))[0, -1]
-        ids.append(int(logits.argmax()))
-    return ids[len(prompt):]
+        out.append(int(logits[0, -1].argmax()))
+        logits = model(torch.tensor([[out[-1]]], device=device), cache)
+    return out
