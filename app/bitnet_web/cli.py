@@ -67,10 +67,24 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
+def bundled_model_path():
+    """The model shipped in static/models (repository checkout or the package's own copy)."""
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    for folder in (here / "models", here.parent.parent / "static" / "models"):
+        found = sorted(folder.glob("*.gguf")) if folder.is_dir() else []
+        if found:
+            return found[0]
+    raise FileNotFoundError("no bundled model found (static/models/*.gguf); pass --model")
+
+
 def _load_engine(args: argparse.Namespace):
     from .engine import Engine
 
     engine = Engine(max_binding_size=getattr(args, "max_binding_size", None))
+    if args.model is None:
+        args.model = str(bundled_model_path())
     engine.load(args.model, progress=None if args.quiet else _progress,
                 allow_lossy_ternarization=getattr(args, "ternarize_lossy", False))
     return engine
@@ -163,8 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tokenize)
 
     def model_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", required=True, help="GGUF path or URL, or a Hugging Face safetensors "
-                       "checkpoint folder or folder URL (.../ORG/REPO, .../resolve/main/); downloads are cached")
+        p.add_argument("--model", default=None, help="GGUF path or URL, or a Hugging Face safetensors "
+                       "checkpoint folder or folder URL (.../ORG/REPO, .../resolve/main/); downloads are cached. "
+                       "Default: the bundled model (a 27M-parameter Python-code completion model)")
         lossy_arg(p)
         p.add_argument("--max-binding-size", type=int, default=None, help=argparse.SUPPRESS)
         p.add_argument("--quiet", "-q", action="store_true", help="no progress or statistics on stderr")
