@@ -363,6 +363,7 @@ class BitNetModel:
                 return
             encode_start = time.perf_counter()
             pending = self._record_greedy_step(self._staging[step % 2])  # encoded while the GPU works
+            pending.finish()
             self.encode_seconds += time.perf_counter() - encode_start
             token = int((await self.device.read_staging(self._staging[(step - 1) % 2], 4)).view(np.uint32)[0])
             yield token

@@ -121,7 +121,13 @@ class Recorder:
     def copy(self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int, nbytes: int) -> None:
         raise NotImplementedError
 
+    def finish(self) -> None:
+        """Close the command buffer now (its validation and resource tracking cost CPU time), so a
+        later `submit` is only the queue call: the decode loop finishes step n+1 while step n runs."""
+        raise NotImplementedError
+
     def submit(self) -> None:
+        """Finish if needed, then queue the commands."""
         raise NotImplementedError
 
 

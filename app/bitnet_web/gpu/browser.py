@@ -57,11 +57,12 @@ def _heap_view(array: np.ndarray):
 
 class BrowserRecorder(Recorder):
     __slots__ = ("_device", "_encoder", "_pass", "_set_pipeline", "_set_bind_group", "_dispatch", "passes",
-                 "dispatches")
+                 "dispatches", "_command_buffers")
 
     def __init__(self, device: BrowserDevice):
         self._device = device
         self._encoder = device._device.createCommandEncoder()
+        self._command_buffers = None
         self._pass = None
         self.passes = 0
         self.dispatches = 0
@@ -87,14 +88,19 @@ class BrowserRecorder(Recorder):
             self._pass = None
         self._encoder.copyBufferToBuffer(src.handle, src_offset, dst.handle, dst_offset, nbytes)
 
+    def finish(self) -> None:
+        if self._command_buffers is None:
+            if self._pass is not None:
+                self._pass.end()
+                self._pass = None
+            js, _ = _js()
+            self._command_buffers = js.Array.of(self._encoder.finish())
+
     def submit(self) -> None:
-        if self._pass is not None:
-            self._pass.end()
-            self._pass = None
         if self._device.lost_reason is not None:
             raise GPUDeviceLostError(f"GPU device lost: {self._device.lost_reason}")
-        js, _ = _js()
-        self._device._queue.submit(js.Array.of(self._encoder.finish()))
+        self.finish()
+        self._device._queue.submit(self._command_buffers)
 
 
 class BrowserDevice(Device):

@@ -47,11 +47,12 @@ _FFI, _LIB = _raw_lib()
 
 
 class NativeRecorder(Recorder):
-    __slots__ = ("_device", "_encoder", "_pass", "_raw_pass", "passes", "dispatches")
+    __slots__ = ("_device", "_encoder", "_pass", "_raw_pass", "_command_buffer", "passes", "dispatches")
 
     def __init__(self, device: NativeDevice):
         self._device = device
         self._encoder = device._device.create_command_encoder()
+        self._command_buffer = None
         self._pass = None
         self._raw_pass = None
         self.passes = 0
@@ -82,13 +83,21 @@ class NativeRecorder(Recorder):
             self._pass = None
         self._encoder.copy_buffer_to_buffer(src.handle, src_offset, dst.handle, dst_offset, nbytes)
 
+    def finish(self) -> None:
+        if self._command_buffer is None:
+            if self._pass is not None:
+                self._pass.end()
+                self._pass = None
+            try:
+                self._command_buffer = self._encoder.finish()
+            except Exception as exc:  # wgpu raises its own error types; callers get ours
+                raise self._device._translate(exc, "finishing a command buffer") from exc
+
     def submit(self) -> None:
-        if self._pass is not None:
-            self._pass.end()
-            self._pass = None
+        self.finish()
         try:
-            self._device._queue.submit([self._encoder.finish()])
-        except Exception as exc:  # wgpu raises its own error types; callers get ours
+            self._device._queue.submit([self._command_buffer])
+        except Exception as exc:
             raise self._device._translate(exc, "submit") from exc
 
 
