@@ -67,29 +67,43 @@ def fit_chat_to_context(messages: Sequence[dict], count_tokens: Callable[[list[d
     cache of the kept conversation is reused until the history has grown by another half budget.
     If the system prompt and the latest turn alone exceed `budget` they are still used when they take
     at most `limit` tokens (the reply then has less room); beyond that, EngineError.
+
+    `count_tokens(messages)` is the prompt length of `messages` rendered on their own (BOS and
+    generation prompt included). It is called once per turn (callers should cache it: the history is
+    the same every request) and on the conversation finally kept (its exact count decides), never on
+    the whole history, so a long session costs O(turns) per request, not O(history tokens).
     """
     messages = list(messages)
-    if count_tokens(messages) <= budget:
-        return messages
     n_system = 0
     while n_system < len(messages) and messages[n_system].get("role") == "system":
         n_system += 1
     system, rest = messages[:n_system], messages[n_system:]
+    if not rest:
+        return messages
     starts = [0] + [i for i in range(1, len(rest)) if rest[i].get("role") == "user"]
-    # Candidate cuts: the first turn start at or past each multiple of half the budget, then the latest turn.
-    step, dropped, candidates = max(1, budget // 2), 0, []
-    for start, end in zip(starts, starts[1:], strict=False):
-        dropped += count_tokens(rest[start:end])
-        if dropped >= step * (len(candidates) + 1):
-            candidates.append(end)
-    candidates.append(starts[-1])
-    for cut in candidates:
-        kept = system + rest[cut:]
+    bounds = list(zip(starts, starts[1:] + [len(rest)], strict=True))
+    overhead = count_tokens([])                                  # BOS + generation prompt
+    sizes = [count_tokens(rest[a:b]) - overhead for a, b in bounds]
+    suffix = [0] * (len(sizes) + 1)                              # estimated tokens of turns j..end
+    for j in range(len(sizes) - 1, -1, -1):
+        suffix[j] = suffix[j + 1] + sizes[j]
+    base = count_tokens(system)
+    # Candidate first kept turns: all of them, then the first turn at or past each multiple of half the
+    # budget of dropped history, then only the latest turn.
+    step, dropped, candidates = max(1, budget // 2), 0, [0]
+    for j in range(len(sizes) - 1):
+        dropped += sizes[j]
+        if dropped >= step * len(candidates):
+            candidates.append(j + 1)
+    if candidates[-1] != len(sizes) - 1:
+        candidates.append(len(sizes) - 1)
+    for j in candidates:
+        if base + suffix[j] > budget and j != candidates[-1]:
+            continue                                             # estimated too long: skip the render
+        kept = system + rest[bounds[j][0]:]
         n = count_tokens(kept)
-        if n <= budget:
+        if n <= budget or (j == candidates[-1] and n <= (budget if limit is None else limit)):
             return kept
-    if n <= (budget if limit is None else limit):
-        return kept
     raise EngineError(
         f"the system prompt and the latest message need {n} tokens, more than the "
         f"{budget if limit is None else limit} the context leaves for them: shorten the message or start a new chat")
@@ -108,6 +122,7 @@ class Engine:
         self.name = ""
         self.generated_tokens: list[int] = []
         self.chat_dropped_messages = 0  # set by encode_chat (the context policy)
+        self._turn_tokens: tuple[Tokenizer | None, dict] = (None, {})  # encode_chat's token counts per turn
         self.last_stats = GenerationStats()
         self._abort = False
         self._device_was_lost = False  # set when a GPU call reported the device gone (for the message)
@@ -250,11 +265,22 @@ class Engine:
         the reply (`max_tokens`, at most half the context) exceeds the context: see fit_chat_to_context.
         `self.chat_dropped_messages` says how many messages were left out."""
         self._require_model()
+        messages = list(messages)
+        self.template.parts(messages)  # validates every message first (errors name its index)
         context = self.config.context_length
         budget = context - min(max(1, max_tokens), context // 2)
+        if self._turn_tokens[0] is not self.tokenizer or len(self._turn_tokens[1]) > 8192:
+            self._turn_tokens = (self.tokenizer, {})
+        cache = self._turn_tokens[1]
 
         def count(msgs: list[dict]) -> int:
-            return len(render_tokens(self.tokenizer, self.template, msgs, add_generation_prompt=True))
+            if len(msgs) > 8:  # the conversation finally kept: counted once per request, not cached
+                return len(render_tokens(self.tokenizer, self.template, msgs, add_generation_prompt=True))
+            key = (self.template.kind, *((m["role"], m["content"]) for m in msgs))
+            n = cache.get(key)
+            if n is None:
+                n = cache[key] = len(render_tokens(self.tokenizer, self.template, msgs, add_generation_prompt=True))
+            return n
 
         kept = fit_chat_to_context(messages, count, budget, limit=context - 1)
         self.chat_dropped_messages = len(messages) - len(kept)
@@ -329,9 +355,8 @@ class Engine:
                     break
                 if stats.n_generated >= max_tokens:
                     break
-                if model.n_cached >= context:  # every cache row is used: this token cannot be fed back
-                    stats.stop_reason = "context_full"
-                    break
+            else:  # the token source ran out: every cache row is used
+                stats.stop_reason = "context_full"
         finally:
             await tokens.aclose()
         if stats.stop_reason != "stop_string":
@@ -361,7 +386,7 @@ class Engine:
                 await greedy.aclose()
             return
         token = first
-        while True:
+        while model.n_cached < model.config.context_length:  # else this token cannot be fed back
             logits = await model.decode(token)
             token = sampler.sample(logits, history)
             yield token

@@ -339,36 +339,54 @@ class BitNetModel:
         rec.copy(self.token_ids, 0, staging, 0, 4)
         return rec
 
+    GREEDY_DEPTH = 2  # decode steps queued on the GPU at once
+
     async def decode_greedy(self, first_token: int) -> AsyncIterator[int]:
         """Feed `first_token`, then yield greedy tokens one by one, forever (the caller stops).
 
-        Step n+1 is recorded while step n runs on the GPU, and only 4 bytes come back per token,
-        so Python's encoding time hides behind GPU time. A step is submitted only once the caller
-        asks for the token after it, so stopping leaves the cache exactly at the yielded tokens.
+        The next token id never leaves the GPU: each step's argmax is the next step's input, so
+        GREEDY_DEPTH steps are queued at once and the GPU never waits for Python; only 4 bytes per
+        token come back, read from a ring of staging buffers. Invariant: `cached_tokens` holds the
+        input of every step submitted so far except the newest one, whose input is the token this
+        generator is about to read; so stopping at any yield leaves the cache consistent (a step
+        already queued past a stop token just computes one extra KV row, which the bookkeeping
+        records and the next turn reuses or truncates).
         """
+        depth = self.GREEDY_DEPTH
         if self._staging is None:
-            self._staging = [self.device.staging(16, f"greedy token {i}") for i in range(2)]
+            self._staging = [self.device.staging(16, f"greedy token {i}") for i in range(depth + 1)]
             self._buffers.extend(self._staging)
+        ring = len(self._staging)
+        context = self.config.context_length
         self.device.upload(self.token_ids, 0, np.asarray([first_token], dtype=np.uint32))
-        step = 0
-        rec = self._record_greedy_step(self._staging[0])
-        rec.submit()
-        self.last_dispatches, self.last_passes = rec.dispatches, rec.passes
-        self.cached_tokens.append(first_token)
-        while True:
-            step += 1
-            if self.n_cached >= self.config.context_length:
-                token = int((await self.device.read_staging(self._staging[(step - 1) % 2], 4)).view(np.uint32)[0])
-                yield token
-                return
+        submitted = 0  # steps submitted; step j writes its output token to staging[j % ring]
+
+        def launch() -> None:
+            nonlocal submitted
             encode_start = time.perf_counter()
-            pending = self._record_greedy_step(self._staging[step % 2])  # encoded while the GPU works
-            pending.finish()
+            rec = self._record_greedy_step(self._staging[submitted % ring])
+            rec.finish()
             self.encode_seconds += time.perf_counter() - encode_start
-            token = int((await self.device.read_staging(self._staging[(step - 1) % 2], 4)).view(np.uint32)[0])
+            rec.submit()
+            self.last_dispatches, self.last_passes = rec.dispatches, rec.passes
+            submitted += 1
+
+        launch()
+        self.cached_tokens.append(first_token)
+        if self.n_cached < context:
+            launch()  # its input is step 0's output, still on the GPU
+        read = 0
+        while True:
+            raw = await self.device.read_staging(self._staging[read % ring], 4)
+            token = int(raw.view(np.uint32)[0])
+            read += 1
+            if submitted > read:
+                self.cached_tokens.append(token)  # it is already the input of a queued step
             yield token
-            pending.submit()
-            self.cached_tokens.append(token)
+            if submitted == read:  # the context is full: nothing queued consumes `token`
+                return
+            if self.n_cached < context:
+                launch()
 
     async def decode_greedy_benchmark(self, n_tokens: int) -> dict:
         """Decode `n_tokens` greedily from the current context; wall and Python CPU time per token."""

@@ -179,6 +179,17 @@ class NativeDevice(Device):
         self.live_buffers = 0
         self.bytes_allocated = 0
         self._readback: Buffer | None = None
+        # Mapping state for `_read_staging_raw`: one callback, created once, records the status
+        # (0 while pending, then the WGPUMapAsyncStatus).
+        self._map_done = [0]
+        if _FFI is not None:
+            done = self._map_done
+
+            @_FFI.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+            def _on_mapped(status, message, userdata1, userdata2):
+                done[0] = int(status)
+
+            self._map_callback = _on_mapped
         self.lost_reason: str | None = None  # set once the device is destroyed or lost
 
     def _translate(self, exc: Exception, what: str) -> GPUError:
@@ -291,7 +302,35 @@ class NativeDevice(Device):
         return data
 
     async def read_staging(self, staging: Buffer, nbytes: int) -> np.ndarray:
-        return self._read_staging_sync(staging, nbytes)
+        if _LIB is None:
+            return self._read_staging_sync(staging, nbytes)
+        return self._read_staging_raw(staging, nbytes)
+
+    def _read_staging_raw(self, staging: Buffer, nbytes: int) -> np.ndarray:
+        """Map `staging` with a non-blocking poll loop, returning as soon as the submission that
+        wrote it is done.
+
+        wgpu-py's own mapping waits through a thread that polls with `wait=True`, which blocks
+        until *every* submitted command buffer has finished: with decode steps queued ahead it
+        would wait for the newest one and starve the GPU. Polling without waiting returns when
+        this buffer's writer has finished, while later steps keep the GPU busy. Only the staging
+        buffers of this device are mapped this way (never through wgpu-py's map methods).
+        """
+        done = self._map_done
+        done[0] = 0
+        info = _FFI.new("WGPUBufferMapCallbackInfo *")
+        info.mode = _LIB.WGPUCallbackMode_AllowProcessEvents
+        info.callback = self._map_callback
+        _LIB.wgpuBufferMapAsync(staging.handle._internal, _LIB.WGPUMapMode_Read, 0, staging.nbytes, info[0])
+        device = self._device._internal
+        while not done[0]:
+            _LIB.wgpuDevicePoll(device, False, _FFI.NULL)
+        if done[0] != _LIB.WGPUMapAsyncStatus_Success:
+            raise self._translate(GPUError(f"map status {done[0]}"), f"reading back {staging.label!r}")
+        pointer = _LIB.wgpuBufferGetConstMappedRange(staging.handle._internal, 0, staging.nbytes)
+        data = np.frombuffer(_FFI.buffer(pointer, nbytes), dtype=np.uint8).copy()
+        _LIB.wgpuBufferUnmap(staging.handle._internal)
+        return data
 
     def release(self, buffer: Buffer) -> None:
         if buffer.handle is None:
