@@ -290,6 +290,8 @@ class NativeDevice(Device):
         recorder = self.begin()
         recorder.copy(buffer, offset, staging, 0, nbytes)
         recorder.submit()
+        if _LIB is not None:
+            return self._read_staging_raw(staging, nbytes)
         return self._read_staging_sync(staging, nbytes)
 
     def _read_staging_sync(self, staging: Buffer, nbytes: int) -> np.ndarray:
