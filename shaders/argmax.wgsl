@@ -5,23 +5,37 @@
 // NaN logits never win. Keeping the id on the GPU lets step n+1 be recorded and queued before
 // step n's result is read back.
 //
-// Bindings:
-//   0 logits   [rows, V] f32
-//   1 out_ids  [>= SLOT + 1] u32
+// Two passes, two variants of this file (a single workgroup scanning 128256 logits took ~200 us):
+//   default:   workgroup g scans logits g*SPAN .. g*SPAN+SPAN-1 (PER loads per thread, all issued
+//              first, coalesced) and writes its best (value bits, index) to partials[g].
+//   COMBINE:   one workgroup reduces the GROUPS partials and writes out_ids[SLOT].
+// Both reduce (value, index) pairs by subgroupMax / subgroupMin into one slot per subgroup, or by
+// a workgroup-memory tree without subgroups (WG a power of two).
 //
-// Mapping: one workgroup of WG threads; thread lid scans v = lid, lid + WG, ... (coalesced), then
-// (value, index) pairs reduce by subgroupMax / subgroupMin into one slot per subgroup, or by a
-// workgroup-memory tree without subgroups. Dispatch: (1, 1, 1).
+// Bindings:  default: 0 logits    [rows, V] f32
+//                     1 partials  [GROUPS] vec2<u32>   (bitcast value, index; index NO_INDEX = none)
+//            COMBINE: 0 partials  [GROUPS] vec2<u32>
+//                     1 out_ids   [>= SLOT + 1] u32
+//
+// Dispatch: default (GROUPS, 1, 1) with GROUPS = ceil(V / SPAN), SPAN = WG * PER; then COMBINE (1, 1, 1).
 
 const V: u32 = ${V};
 const ROW: u32 = ${ROW};
 const SLOT: u32 = ${SLOT};
 const WG: u32 = ${WG};
-const ITERS: u32 = (V + WG - 1u) / WG;
+const PER: u32 = ${PER};
+const SPAN: u32 = WG * PER;
+const GROUPS: u32 = (V + SPAN - 1u) / SPAN;
+const COMBINE_ITERS: u32 = (GROUPS + WG - 1u) / WG;
 const NO_INDEX: u32 = 0xffffffffu;
 
-@group(0) @binding(0) var<storage, read> logits: array<f32>;
+//#if COMBINE
+@group(0) @binding(0) var<storage, read> partials: array<vec2<u32>>;
 @group(0) @binding(1) var<storage, read_write> out_ids: array<u32>;
+//#else
+@group(0) @binding(0) var<storage, read> logits: array<f32>;
+@group(0) @binding(1) var<storage, read_write> partials: array<vec2<u32>>;
+//#endif
 
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
@@ -32,26 +46,8 @@ fn better(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
     return ib == NO_INDEX || (ia != NO_INDEX && (va > vb || (va == vb && ia < ib)));
 }
 
-@compute @workgroup_size(WG)
-fn main(@builtin(local_invocation_index) lid: u32,
-//#if SUBGROUPS
-        @builtin(subgroup_size) sg_size: u32,
-        @builtin(subgroup_invocation_id) sg_lane: u32,
-//#endif
-) {
-    var bv = 0.0;
-    var bi = NO_INDEX;
-    for (var it = 0u; it < ITERS; it++) {
-        let v = lid + it * WG;
-        if (v < V) {
-            let value = logits[ROW * V + v];
-            // value == value is false for NaN; scanning upwards keeps the first of equal values
-            if (value == value && (bi == NO_INDEX || value > bv)) {
-                bv = value;
-                bi = v;
-            }
-        }
-    }
+// The workgroup's best pair (valid in thread 0 at least).
+fn reduce_best(bv: f32, bi: u32, lid: u32, sg_size: u32, sg_lane: u32) -> vec2<u32> {
 //#if SUBGROUPS
     if (lid == 0u) {
         n_slots_wg = (WG + sg_size - 1u) / sg_size;
@@ -65,17 +61,15 @@ fn main(@builtin(local_invocation_index) lid: u32,
         best_i[lid / sg_size] = mi;
     }
     workgroupBarrier();
-    if (lid == 0u) {
-        var v = best_v[0];
-        var i = best_i[0];
-        for (var s = 1u; s < n_slots; s++) {
-            if (better(best_v[s], best_i[s], v, i)) {
-                v = best_v[s];
-                i = best_i[s];
-            }
+    var v = best_v[0];
+    var i = best_i[0];
+    for (var s = 1u; s < n_slots; s++) {
+        if (better(best_v[s], best_i[s], v, i)) {
+            v = best_v[s];
+            i = best_i[s];
         }
-        out_ids[SLOT] = select(i, 0u, i == NO_INDEX);
     }
+    return vec2<u32>(bitcast<u32>(v), i);
 //#else
     best_v[lid] = bv;
     best_i[lid] = bi;
@@ -87,8 +81,68 @@ fn main(@builtin(local_invocation_index) lid: u32,
         }
         workgroupBarrier();
     }
-    if (lid == 0u) {
-        out_ids[SLOT] = select(best_i[0], 0u, best_i[0] == NO_INDEX);
-    }
+    return vec2<u32>(bitcast<u32>(best_v[0]), best_i[0]);
 //#endif
 }
+
+//#if !COMBINE
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32,
+//#if SUBGROUPS
+        @builtin(subgroup_size) sg_size: u32,
+        @builtin(subgroup_invocation_id) sg_lane: u32,
+//#endif
+) {
+//#if !SUBGROUPS
+    let sg_size = 1u;
+    let sg_lane = 0u;
+//#endif
+    let base = wid.x * SPAN + lid;
+//#for i in PER
+    let val{{i}} = logits[ROW * V + min(base + {{i}}u * WG, V - 1u)];  // all loads first (clamped)
+//#endfor
+    var bv = 0.0;
+    var bi = NO_INDEX;
+//#for i in PER
+    // value == value is false for NaN; scanning upwards keeps the first of equal values
+    if (base + {{i}}u * WG < V && val{{i}} == val{{i}} && (bi == NO_INDEX || val{{i}} > bv)) {
+        bv = val{{i}};
+        bi = base + {{i}}u * WG;
+    }
+//#endfor
+    let best = reduce_best(bv, bi, lid, sg_size, sg_lane);
+    if (lid == 0u) {
+        partials[wid.x] = best;
+    }
+}
+//#else
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) lid: u32,
+//#if SUBGROUPS
+        @builtin(subgroup_size) sg_size: u32,
+        @builtin(subgroup_invocation_id) sg_lane: u32,
+//#endif
+) {
+//#if !SUBGROUPS
+    let sg_size = 1u;
+    let sg_lane = 0u;
+//#endif
+    var bv = 0.0;
+    var bi = NO_INDEX;
+    for (var it = 0u; it < COMBINE_ITERS; it++) {  // partials in index order: ties keep the first
+        let g = lid + it * WG;
+        if (g < GROUPS) {
+            let p = partials[g];
+            if (better(bitcast<f32>(p.x), p.y, bv, bi)) {
+                bv = bitcast<f32>(p.x);
+                bi = p.y;
+            }
+        }
+    }
+    let best = reduce_best(bv, bi, lid, sg_size, sg_lane);
+    if (lid == 0u) {
+        out_ids[SLOT] = select(best.y, 0u, best.y == NO_INDEX);
+    }
+}
+//#endif

@@ -9,9 +9,10 @@
 //   3 params  uniform StepParams            only with MULTI: n_tokens bounds the token rows
 //
 // Mapping: a workgroup of WG threads computes ROWS rows for TOK tokens; thread lid takes 16-byte
-// chunks lid, lid+WG, ... of each row, converts them once and reuses them for the TOK tokens.
-// Partial sums reduce through subgroupAdd into one slot per subgroup (or one per thread without
-// subgroups), summed in a fixed order: results are deterministic run to run.
+// chunks lid, lid+WG, ... of each row. All ITERS * ROWS weight loads are issued before any
+// arithmetic (clamped indices, so no branch stands between them), converted once and reused for
+// the TOK tokens. Per-thread values are unrolled `let`s (//#for, see common.unroll_loops). Partial sums reduce through subgroupAdd into one slot per subgroup (or one per
+// thread without subgroups), summed in a fixed order: results are deterministic run to run.
 // Dispatch: (ceil(SHARD_ROWS / ROWS), ceil(T / TOK), 1); without MULTI, TOK = 1 and T = 1.
 
 const D8: u32 = ${D8};
@@ -21,8 +22,9 @@ const V: u32 = ${V};
 const ROWS: u32 = ${ROWS};
 const TOK: u32 = ${TOK};
 const WG: u32 = ${WG};
+const SLOTS: u32 = ${SLOTS};  // reduction slots per output: WG / (smallest subgroup size), or WG
 
-const ITERS: u32 = (D8 + WG - 1u) / WG;
+const ITERS: u32 = ${ITERS};  // ceil(D8 / WG)
 const D4: u32 = D8 * 2u;
 const OUTS: u32 = ROWS * TOK;
 
@@ -37,7 +39,7 @@ ${STEP_PARAMS}
 @group(0) @binding(3) var<uniform> params: StepParams;
 //#endif
 
-var<workgroup> red: array<f32, OUTS * WG>;
+var<workgroup> red: array<f32, OUTS * SLOTS>;
 var<workgroup> n_slots_wg: u32;
 
 @compute @workgroup_size(WG)
@@ -55,42 +57,59 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let n_tokens = 1u;
 //#endif
     let t0 = wid.y * TOK;
-    var acc: array<f32, OUTS>;
-    for (var it = 0u; it < ITERS; it++) {
-        let c = lid + it * WG;
-        if (c < D8) {
-            var w: array<vec4<u32>, ROWS>;
-            for (var r = 0u; r < ROWS; r++) {
-                w[r] = table[min(g * ROWS + r, SHARD_ROWS - 1u) * D8 + c];
-            }
-            for (var m = 0u; m < TOK; m++) {
-                let t = min(t0 + m, n_tokens - 1u);
-                let xa = x[t * D4 + 2u * c];
-                let xb = x[t * D4 + 2u * c + 1u];
-                for (var r = 0u; r < ROWS; r++) {
-                    let wa = vec4<f32>(unpack2x16float(w[r].x), unpack2x16float(w[r].y));
-                    let wb = vec4<f32>(unpack2x16float(w[r].z), unpack2x16float(w[r].w));
-                    acc[r * TOK + m] += dot(wa, xa) + dot(wb, xb);
-                }
-            }
-        }
+//#for it in ITERS
+    let c{{it}} = lid + {{it}}u * WG;
+    let cc{{it}} = min(c{{it}}, D8 - 1u);
+//#for r in ROWS
+    let w{{it}}_{{r}} = table[min(g * ROWS + {{r}}u, SHARD_ROWS - 1u) * D8 + cc{{it}}];
+//#endfor
+//#endfor
+//#for r in ROWS
+//#for m in TOK
+    var acc{{r}}_{{m}} = 0.0;
+//#endfor
+//#endfor
+//#for it in ITERS
+//#for r in ROWS
+    let wa{{it}}_{{r}} = vec4<f32>(unpack2x16float(w{{it}}_{{r}}.x), unpack2x16float(w{{it}}_{{r}}.y));
+    let wb{{it}}_{{r}} = vec4<f32>(unpack2x16float(w{{it}}_{{r}}.z), unpack2x16float(w{{it}}_{{r}}.w));
+//#endfor
+//#for m in TOK
+    {
+        let t = min(t0 + {{m}}u, n_tokens - 1u);
+        let xa = select(vec4<f32>(0.0), x[t * D4 + 2u * cc{{it}}], c{{it}} < D8);
+        let xb = select(vec4<f32>(0.0), x[t * D4 + 2u * cc{{it}} + 1u], c{{it}} < D8);
+//#for r in ROWS
+        acc{{r}}_{{m}} += dot(wa{{it}}_{{r}}, xa) + dot(wb{{it}}_{{r}}, xb);
+//#endfor
     }
+//#endfor
+//#endfor
 //#if SUBGROUPS
     if (lid == 0u) {
         n_slots_wg = (WG + sg_size - 1u) / sg_size;
     }
     let n_slots = workgroupUniformLoad(&n_slots_wg);
-    for (var o = 0u; o < OUTS; o++) {
-        let s = subgroupAdd(acc[o]);
-        if (sg_lane == 0u) {
-            red[o * WG + lid / sg_size] = s;
-        }
+//#for r in ROWS
+//#for m in TOK
+    let s{{r}}_{{m}} = subgroupAdd(acc{{r}}_{{m}});
+//#endfor
+//#endfor
+    if (sg_lane == 0u) {
+        let slot = lid / sg_size;
+//#for r in ROWS
+//#for m in TOK
+        red[({{r}}u * TOK + {{m}}u) * SLOTS + slot] = s{{r}}_{{m}};
+//#endfor
+//#endfor
     }
 //#else
     let n_slots = WG;
-    for (var o = 0u; o < OUTS; o++) {
-        red[o * WG + lid] = acc[o];
-    }
+//#for r in ROWS
+//#for m in TOK
+    red[({{r}}u * TOK + {{m}}u) * SLOTS + lid] = acc{{r}}_{{m}};
+//#endfor
+//#endfor
 //#endif
     workgroupBarrier();
     for (var o = lid; o < OUTS; o += WG) {
@@ -100,7 +119,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         if (row < SHARD_ROWS && t < n_tokens) {
             var total = 0.0;
             for (var i = 0u; i < n_slots; i++) {
-                total += red[o * WG + i];
+                total += red[o * SLOTS + i];
             }
             logits[t * V + START + row] = total;
         }

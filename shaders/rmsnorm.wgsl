@@ -84,27 +84,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     }
     let n_slots = workgroupUniformLoad(&n_slots_wg);
 //#endif
-    var v: array<vec4<f32>, ITEMS>;
     var ss = 0.0;
-    for (var i = 0u; i < ITEMS; i++) {
-        let c = lid + i * WG;
-        if (c < W4) {
-            v[i] = x[t_in * W4 + c];
-        } else {
-            v[i] = vec4<f32>(0.0);
-        }
-        ss += dot(v[i], v[i]);
-    }
+//#for i in ITEMS
+    let c{{i}} = lid + {{i}}u * WG;
+    let v{{i}} = select(vec4<f32>(0.0), x[t_in * W4 + min(c{{i}}, W4 - 1u)], c{{i}} < W4);
+    let w{{i}} = weight[min(c{{i}}, W4 - 1u)];  // loaded with x, before the reduction
+    ss += dot(v{{i}}, v{{i}});
+//#endfor
 //#if SUBGROUPS
     let total = reduce_sum(ss, lid, sg_size, sg_lane, n_slots);
 //#else
     let total = reduce_sum(ss, lid);
 //#endif
     let r = 1.0 / sqrt(total / W_F + EPS);
-    for (var i = 0u; i < ITEMS; i++) {
-        let c = lid + i * WG;
-        if (c < W4) {
-            y[t_out * W4 + c] = v[i] * r * weight[c];
-        }
+//#for i in ITEMS
+    if (c{{i}} < W4) {
+        y[t_out * W4 + c{{i}}] = v{{i}} * r * w{{i}};
     }
+//#endfor
 }

@@ -5,6 +5,10 @@
 //   xq = clamp(round(y * s), -128, 127)              round() is half-to-even, like np.round
 //   scale_out[t] = 1 / s                             the GEMV multiplies by it
 //
+// Computed as h = x * weight, r = 1 / sqrt(mean(x^2) + EPS), max|y| = r * max|h|, xq = round(h * (r * s)):
+// sum of squares and absmax need no result of each other, so ONE reduction round gives both (the
+// codes equal the formula's except within float32 rounding of a .5 tie).
+//
 // Bindings:
 //   0 params     uniform StepParams       n_tokens bounds the rows
 //   1 x          [T, W/4] vec4<f32>       input rows
@@ -13,7 +17,7 @@
 //   4 scale_out  [T] f32                  1 / s per row
 //
 // Mapping: one workgroup of WG threads per row; thread lid holds vec4 items lid + i*WG
-// (i < ITEMS) in registers across the three reductions (sum of squares, absmax).
+// (i < ITEMS, unrolled `let`s) in registers across the reduction (sum of squares and absmax together).
 // Dispatch: (n_tokens, 1, 1).
 
 ${STEP_PARAMS}
@@ -35,70 +39,9 @@ const W_F: f32 = ${W_F};
 @group(0) @binding(3) var<storage, read_write> scale_out: array<f32>;
 //#endif
 
-var<workgroup> red: array<f32, WG>;
+var<workgroup> red_ss: array<f32, WG>;
+var<workgroup> red_mx: array<f32, WG>;
 var<workgroup> n_slots_wg: u32;
-
-//#if SUBGROUPS
-// Subgroup sums land in one slot per subgroup (subgroups of a 1-D workgroup are consecutive
-// ranges of local_invocation_index); every thread then adds the slots in the same order, so
-// all threads get the same, run-to-run deterministic total.
-fn reduce_sum(v: f32, lid: u32, sg_size: u32, sg_lane: u32, n_slots: u32) -> f32 {
-    let s = subgroupAdd(v);
-    if (sg_lane == 0u) {
-        red[lid / sg_size] = s;
-    }
-    workgroupBarrier();
-    var total = 0.0;
-    for (var i = 0u; i < n_slots; i++) {
-        total += red[i];
-    }
-    workgroupBarrier();
-    return total;
-}
-
-fn reduce_max(v: f32, lid: u32, sg_size: u32, sg_lane: u32, n_slots: u32) -> f32 {
-    let s = subgroupMax(v);
-    if (sg_lane == 0u) {
-        red[lid / sg_size] = s;
-    }
-    workgroupBarrier();
-    var total = 0.0;
-    for (var i = 0u; i < n_slots; i++) {
-        total = max(total, red[i]);
-    }
-    workgroupBarrier();
-    return total;
-}
-//#else
-// Tree reductions in workgroup memory (WG is a power of two).
-fn reduce_sum(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-        if (lid < stride) {
-            red[lid] += red[lid + stride];
-        }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    workgroupBarrier();
-    return total;
-}
-
-fn reduce_max(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-        if (lid < stride) {
-            red[lid] = max(red[lid], red[lid + stride]);
-        }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    workgroupBarrier();
-    return total;
-}
-//#endif
 
 fn pack_i8(q: vec4<i32>) -> u32 {
     let b = bitcast<vec4<u32>>(q) & vec4<u32>(0xffu);
@@ -117,57 +60,64 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     if (t >= params.n_tokens) {
         return;
     }
+    var ss = 0.0;
+    var mx = 0.0;
+//#for i in ITEMS
+    let c{{i}} = lid + {{i}}u * WG;
+    let cc{{i}} = min(c{{i}}, W4 - 1u);
+    let v{{i}} = select(vec4<f32>(0.0), x[t * W4 + cc{{i}}], c{{i}} < W4);
+//#if HAS_WEIGHT
+    let h{{i}} = v{{i}} * weight[cc{{i}}];
+//#else
+    let h{{i}} = v{{i}};
+//#endif
+    ss += dot(v{{i}}, v{{i}});
+    let a{{i}} = abs(h{{i}});
+    mx = max(mx, max(max(a{{i}}.x, a{{i}}.y), max(a{{i}}.z, a{{i}}.w)));
+//#endfor
 //#if SUBGROUPS
+    let ss_sg = subgroupAdd(ss);
+    let mx_sg = subgroupMax(mx);
+    if (sg_lane == 0u) {
+        red_ss[lid / sg_size] = ss_sg;
+        red_mx[lid / sg_size] = mx_sg;
+    }
     if (lid == 0u) {
         n_slots_wg = (WG + sg_size - 1u) / sg_size;
     }
-    let n_slots = workgroupUniformLoad(&n_slots_wg);
-//#endif
-    var v: array<vec4<f32>, ITEMS>;
-    var ss = 0.0;
-    for (var i = 0u; i < ITEMS; i++) {
-        let c = lid + i * WG;
-        if (c < W4) {
-            v[i] = x[t * W4 + c];
-        } else {
-            v[i] = vec4<f32>(0.0);
-        }
-        ss += dot(v[i], v[i]);
-    }
-//#if NORMALIZE
-//#if SUBGROUPS
-    let total = reduce_sum(ss, lid, sg_size, sg_lane, n_slots);
-//#else
-    let total = reduce_sum(ss, lid);
-//#endif
-    let r = 1.0 / sqrt(total / W_F + EPS);
-    for (var i = 0u; i < ITEMS; i++) {
-        let c = min(lid + i * WG, W4 - 1u);
-//#if HAS_WEIGHT
-        v[i] = v[i] * r * weight[c];
-//#else
-        v[i] = v[i] * r;
-//#endif
-    }
-//#endif
+    let n_slots = workgroupUniformLoad(&n_slots_wg);  // also the barrier for the slots
+    var total = 0.0;
     var amax = 0.0;
-    for (var i = 0u; i < ITEMS; i++) {
-        let a = abs(v[i]);
-        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+    for (var i = 0u; i < n_slots; i++) {  // same order in every thread: identical results
+        total += red_ss[i];
+        amax = max(amax, red_mx[i]);
     }
-//#if SUBGROUPS
-    amax = reduce_max(amax, lid, sg_size, sg_lane, n_slots);
 //#else
-    amax = reduce_max(amax, lid);
-//#endif
-    let s = 127.0 / max(amax, 1e-5);
-    for (var i = 0u; i < ITEMS; i++) {
-        let c = lid + i * WG;
-        if (c < W4) {
-            let q = clamp(round(v[i] * s), vec4<f32>(-128.0), vec4<f32>(127.0));
-            xq[t * W4 + c] = pack_i8(vec4<i32>(q));
+    red_ss[lid] = ss;
+    red_mx[lid] = mx;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
+        if (lid < stride) {
+            red_ss[lid] += red_ss[lid + stride];
+            red_mx[lid] = max(red_mx[lid], red_mx[lid + stride]);
         }
+        workgroupBarrier();
     }
+    let total = red_ss[0];
+    let amax = red_mx[0];
+//#endif
+//#if NORMALIZE
+    let r = 1.0 / sqrt(total / W_F + EPS);
+//#else
+    let r = 1.0;
+//#endif
+    let s = 127.0 / max(amax * r, 1e-5);
+    let k = r * s;
+//#for i in ITEMS
+    if (c{{i}} < W4) {
+        xq[t * W4 + c{{i}}] = pack_i8(vec4<i32>(clamp(round(h{{i}} * k), vec4<f32>(-128.0), vec4<f32>(127.0))));
+    }
+//#endfor
     if (lid == 0u) {
         scale_out[t] = 1.0 / s;
     }

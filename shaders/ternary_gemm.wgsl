@@ -3,7 +3,7 @@
 //   y[t, n] = wscale[n] * xscale[t] * sum_k (code[n, k] - 1) * xq[t, k]
 //
 // Same math, weight layout and epilogues as ternary_gemv.wgsl (see there); this kernel reuses
-// every loaded weight word across a tile of TT tokens instead of re-reading it per token.
+// every loaded weight word across a tile of TT tokens and every activation word across RT rows.
 //
 // Bindings:
 //   0 params   uniform StepParams    n_tokens bounds the token rows
@@ -13,11 +13,20 @@
 //   4 xscale   [T] f32
 //   5 out      [T, OUT_W] f32
 //
-// Mapping: a workgroup of TX*TY threads owns a tile of RT = TX*MR weight rows x TT = TY*MT tokens.
-// Per 128-value block of K it stages the tile's weight words (RT x 8 u32) and activation words
-// (TT x 32 u32) in workgroup memory; thread (tx, ty) accumulates local rows tx + TX*i and tokens
-// ty + TY*m. Gated epilogues: local rows 0..RT/2-1 are gate rows, RT/2.. the matching up rows, so
-// a thread's accumulator i pairs with i + MR/2.
+// Mapping: a workgroup of TX*TY threads owns a tile of RT = TX*MR weight rows x TT = TY*MT tokens
+// and walks K one 128-value block at a time. Per block it stages in workgroup memory
+//   w_s: each tile row's 32 bytes of codes, decoded ONCE to 128 signed int8 (-1/0/+1, 4 per u32,
+//        in activation order: u32 word 8s + 4h + j <- code word 4h + j shifted by 6 - 2s), so the
+//        inner loop needs no decoding and no sum(xq) correction;
+//   x_s: each tile token's 128 int8 activations;
+// rows padded to 9 vec4 (36 words) so the vec4 reads of TX different rows hit distinct banks.
+// The next block's global loads are issued into registers before the current block's arithmetic
+// (double buffering through registers); with PINGPONG the staged block alternates between two
+// workgroup buffers, so one barrier per block suffices instead of two. Thread (tx, ty) accumulates local rows tx + TX*i and
+// tokens ty + TY*m from vec4 reads: MR + MT vec4 loads per MR*MT*4 dot products. Per-thread
+// values are unrolled `let`/`var`s (//#for, see common.unroll_loops), never loop-indexed arrays.
+// Gated epilogues: local rows 0..RT/2-1 are gate rows, RT/2.. the matching up rows, so a
+// thread's accumulator acc0i (row tx + TX*i) pairs with acc1i (row tx + TX*(MR/2 + i)).
 // Dispatch: (ceil(OUT_W / (RT or RT/2)), ceil(n_tokens / TT), 1).
 
 ${STEP_PARAMS}
@@ -29,6 +38,7 @@ const TX: u32 = ${TX};
 const TY: u32 = ${TY};
 const MR: u32 = ${MR};
 const MT: u32 = ${MT};
+const MRH: u32 = MR / 2u;
 
 const RT: u32 = TX * MR;
 const TT: u32 = TY * MT;
@@ -40,12 +50,11 @@ const GATED: bool = EPILOGUE >= 2u;
 const HALF: u32 = N / 2u;
 const OUT_W: u32 = select(N, HALF, GATED);
 const OUT_TILE: u32 = select(RT, RT / 2u, GATED);
-const W_STRIDE: u32 = 9u;   // 8 words per row + 1 pad: rows tx + TX*i fall in distinct banks
-const X_STRIDE: u32 = 33u;  // 32 words per token + 1 pad
-const W_ITEMS: u32 = (RT * 2u + WG - 1u) / WG;
-const X_ITEMS: u32 = (TT * 8u + WG - 1u) / WG;
+const STRIDE: u32 = 9u;  // vec4 per staged row: 8 + 1 pad
+const BUFS: u32 = ${BUFS};  // 2 (PINGPONG): stage block b+1 into one buffer while block b is read from the other
+const W_ITEMS: u32 = ${W_ITEMS};  // 16-byte code loads per thread per block: ceil(RT * 2 / WG)
+const X_ITEMS: u32 = ${X_ITEMS};  // 16-byte activation loads per thread per block: ceil(TT * 8 / WG)
 const CODE_MASK: u32 = 0x03030303u;
-const ONES: u32 = 0x01010101u;
 
 @group(0) @binding(0) var<uniform> params: StepParams;
 @group(0) @binding(1) var<storage, read> weights: array<vec4<u32>>;
@@ -54,20 +63,33 @@ const ONES: u32 = 0x01010101u;
 @group(0) @binding(4) var<storage, read> xscale: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
-var<workgroup> w_tile: array<u32, RT * W_STRIDE>;
-var<workgroup> x_tile: array<u32, TT * X_STRIDE>;
+var<workgroup> w_s: array<vec4<u32>, BUFS * RT * STRIDE>;
+var<workgroup> x_s: array<vec4<u32>, BUFS * TT * STRIDE>;
 
 //#if DOT4
 fn dot4(a: u32, b: u32) -> i32 {
     return dot4I8Packed(a, b);
 }
 //#else
+// Four signed int8 times four signed int8, without the packed_4x8_integer_dot_product feature.
 fn dot4(a: u32, b: u32) -> i32 {
-    let s = bitcast<i32>(b);
-    return i32(a & 0xffu) * ((s << 24u) >> 24u) + i32((a >> 8u) & 0xffu) * ((s << 16u) >> 24u)
-         + i32((a >> 16u) & 0xffu) * ((s << 8u) >> 24u) + i32(a >> 24u) * (s >> 24u);
+    let p = bitcast<i32>(a);
+    let q = bitcast<i32>(b);
+    return ((p << 24u) >> 24u) * ((q << 24u) >> 24u) + ((p << 16u) >> 24u) * ((q << 16u) >> 24u)
+         + ((p << 8u) >> 24u) * ((q << 8u) >> 24u) + (p >> 24u) * (q >> 24u);
 }
 //#endif
+
+fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
+    return dot4(a.x, b.x) + dot4(a.y, b.y) + dot4(a.z, b.z) + dot4(a.w, b.w);
+}
+
+// Codes (0, 1, 2 per 2-bit field) of shift group s -> signed bytes (-1, 0, +1): per byte,
+// c + 0x7f is 0x7f..0x81 (no carry), and xor 0x80 maps it to 0xff, 0x00, 0x01.
+fn decode(v: vec4<u32>, shift: u32) -> vec4<u32> {
+    let c = (v >> vec4<u32>(shift)) & vec4<u32>(CODE_MASK);
+    return (c + vec4<u32>(0x7f7f7f7fu)) ^ vec4<u32>(0x80808080u);
+}
 
 // Global weight row of local tile row lr in row tile rt.
 fn global_row(rt: u32, lr: u32) -> u32 {
@@ -93,78 +115,134 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let n_tokens = params.n_tokens;
     let tx = lid % TX;
     let ty = lid / TX;
-    var acc: array<i32, MR * MT>;
-    var xsum: array<i32, MT>;
+
+    // Staging items of this thread (fixed for the whole K walk): source index of block 0, and the
+    // workgroup-memory slot it fills.
+//#for k in W_ITEMS
+    let w_item{{k}} = min(lid + {{k}}u * WG, RT * 2u - 1u);
+    let w_live{{k}} = lid + {{k}}u * WG < RT * 2u;
+    let w_src{{k}} = min(global_row(rt, w_item{{k}} / 2u), N - 1u) * CHUNKS + w_item{{k}} % 2u;
+    let w_dst{{k}} = (w_item{{k}} / 2u) * STRIDE + w_item{{k}} % 2u;
+    var w_reg{{k}} = weights[w_src{{k}}];
+//#endfor
+//#for k in X_ITEMS
+    let x_item{{k}} = min(lid + {{k}}u * WG, TT * 8u - 1u);
+    let x_live{{k}} = lid + {{k}}u * WG < TT * 8u;
+    let x_src{{k}} = min(t0 + x_item{{k}} / 8u, n_tokens - 1u) * XROW + x_item{{k}} % 8u;
+    let x_dst{{k}} = (x_item{{k}} / 8u) * STRIDE + x_item{{k}} % 8u;
+    var x_reg{{k}} = xq[x_src{{k}}];
+//#endfor
+    // Accumulator acc{h}{i}_{m}: local row tx + TX * (h * MRH + i), token ty + TY * m.
+//#for h in 2
+//#for i in MRH
+//#for m in MT
+    var acc{{h}}{{i}}_{{m}} = 0i;
+//#endfor
+//#endfor
+//#endfor
 
     for (var b = 0u; b < BLOCKS; b++) {
-        for (var k = 0u; k < W_ITEMS; k++) {
-            let item = lid + k * WG;
-            if (item < RT * 2u) {
-                let lr = item / 2u;
-                let h = item % 2u;
-                let v = weights[min(global_row(rt, lr), N - 1u) * CHUNKS + b * 2u + h];
-                let base = lr * W_STRIDE + h * 4u;
-                w_tile[base] = v.x;
-                w_tile[base + 1u] = v.y;
-                w_tile[base + 2u] = v.z;
-                w_tile[base + 3u] = v.w;
+//#if PINGPONG
+        let wbase = (b % 2u) * (RT * STRIDE);  // block b was staged here (before the loop, or last round)
+        let xbase = (b % 2u) * (TT * STRIDE);
+        if (b == 0u) {
+//#else
+        let wbase = 0u;
+        let xbase = 0u;
+        {
+//#endif
+//#for k in W_ITEMS
+            if (w_live{{k}}) {
+                w_s[wbase + w_dst{{k}}] = decode(w_reg{{k}}, 6u);
+                w_s[wbase + w_dst{{k}} + 2u] = decode(w_reg{{k}}, 4u);
+                w_s[wbase + w_dst{{k}} + 4u] = decode(w_reg{{k}}, 2u);
+                w_s[wbase + w_dst{{k}} + 6u] = decode(w_reg{{k}}, 0u);
             }
-        }
-        for (var k = 0u; k < X_ITEMS; k++) {
-            let item = lid + k * WG;
-            if (item < TT * 8u) {
-                let tok = item / 8u;
-                let q = item % 8u;
-                let v = xq[min(t0 + tok, n_tokens - 1u) * XROW + b * 8u + q];
-                let base = tok * X_STRIDE + q * 4u;
-                x_tile[base] = v.x;
-                x_tile[base + 1u] = v.y;
-                x_tile[base + 2u] = v.z;
-                x_tile[base + 3u] = v.w;
+//#endfor
+//#for k in X_ITEMS
+            if (x_live{{k}}) {
+                x_s[xbase + x_dst{{k}}] = x_reg{{k}};
             }
+//#endfor
         }
+//#if PINGPONG
+        if (b == 0u) {
+            workgroupBarrier();
+        }
+//#else
         workgroupBarrier();
-        for (var j = 0u; j < 8u; j++) {
-            var xw: array<vec4<u32>, MT>;
-            for (var m = 0u; m < MT; m++) {
-                let base = (ty + TY * m) * X_STRIDE + j;
-                xw[m] = vec4<u32>(x_tile[base], x_tile[base + 8u], x_tile[base + 16u], x_tile[base + 24u]);
-                xsum[m] += dot4(ONES, xw[m].x) + dot4(ONES, xw[m].y) + dot4(ONES, xw[m].z) + dot4(ONES, xw[m].w);
-            }
-            for (var i = 0u; i < MR; i++) {
-                let wv = w_tile[(tx + TX * i) * W_STRIDE + j];
-                let c0 = (wv >> 6u) & CODE_MASK;
-                let c1 = (wv >> 4u) & CODE_MASK;
-                let c2 = (wv >> 2u) & CODE_MASK;
-                let c3 = wv & CODE_MASK;
-                for (var m = 0u; m < MT; m++) {
-                    acc[i * MT + m] += dot4(c0, xw[m].x) + dot4(c1, xw[m].y) + dot4(c2, xw[m].z)
-                                     + dot4(c3, xw[m].w);
-                }
-            }
+//#endif
+        // The next block's loads fly while this one is multiplied (the last round re-reads
+        // block BLOCKS-1, harmlessly, to keep the loads unconditional).
+        let nb = min(b + 1u, BLOCKS - 1u);
+//#for k in W_ITEMS
+        w_reg{{k}} = weights[w_src{{k}} + nb * 2u];
+//#endfor
+//#for k in X_ITEMS
+        x_reg{{k}} = xq[x_src{{k}} + nb * 8u];
+//#endfor
+//#for q in 8
+        {
+//#for m in MT
+            let xv{{m}} = x_s[xbase + (ty + TY * {{m}}u) * STRIDE + {{q}}u];
+//#endfor
+//#for h in 2
+//#for i in MRH
+            let wv{{h}}{{i}} = w_s[wbase + (tx + TX * ({{h}}u * MRH + {{i}}u)) * STRIDE + {{q}}u];
+//#for m in MT
+            acc{{h}}{{i}}_{{m}} += dot16(wv{{h}}{{i}}, xv{{m}});
+//#endfor
+//#endfor
+//#endfor
         }
+//#endfor
+//#if PINGPONG
+        // Stage block b+1 into the other buffer: its last readers (round b-1) passed the barrier
+        // that ended round b-1.
+        if (b + 1u < BLOCKS) {
+            let wnext = RT * STRIDE - wbase;
+            let xnext = TT * STRIDE - xbase;
+//#for k in W_ITEMS
+            if (w_live{{k}}) {
+                w_s[wnext + w_dst{{k}}] = decode(w_reg{{k}}, 6u);
+                w_s[wnext + w_dst{{k}} + 2u] = decode(w_reg{{k}}, 4u);
+                w_s[wnext + w_dst{{k}} + 4u] = decode(w_reg{{k}}, 2u);
+                w_s[wnext + w_dst{{k}} + 6u] = decode(w_reg{{k}}, 0u);
+            }
+//#endfor
+//#for k in X_ITEMS
+            if (x_live{{k}}) {
+                x_s[xnext + x_dst{{k}}] = x_reg{{k}};
+            }
+//#endfor
+        }
+//#endif
         workgroupBarrier();
     }
 
-    for (var m = 0u; m < MT; m++) {
-        let t = t0 + ty + TY * m;
+//#for m in MT
+    {
+        let t = t0 + ty + TY * {{m}}u;
         if (t < n_tokens) {
             let xs = xscale[t];
             if (GATED) {
-                for (var i = 0u; i < MR / 2u; i++) {
-                    let lr = tx + TX * i;
-                    let o = rt * OUT_TILE + lr;
+//#for i in MRH
+                {
+                    let o = rt * OUT_TILE + tx + TX * {{i}}u;
                     if (o < OUT_W) {
-                        let gv = wscale[o] * xs * f32(acc[i * MT + m] - xsum[m]);
-                        let uv = wscale[HALF + o] * xs * f32(acc[(i + MR / 2u) * MT + m] - xsum[m]);
+                        let gv = wscale[o] * xs * f32(acc0{{i}}_{{m}});
+                        let uv = wscale[HALF + o] * xs * f32(acc1{{i}}_{{m}});
                         out[t * OUT_W + o] = activate(gv) * uv;
                     }
                 }
+//#endfor
             } else {
-                for (var i = 0u; i < MR; i++) {
-                    let n = rt * RT + tx + TX * i;
+//#for h in 2
+//#for i in MRH
+                {
+                    let n = rt * RT + tx + TX * ({{h}}u * MRH + {{i}}u);
                     if (n < N) {
-                        let y = wscale[n] * xs * f32(acc[i * MT + m] - xsum[m]);
+                        let y = wscale[n] * xs * f32(acc{{h}}{{i}}_{{m}});
                         if (EPILOGUE == 1u) {
                             out[t * OUT_W + n] += y;
                         } else {
@@ -172,7 +250,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                         }
                     }
                 }
+//#endfor
+//#endfor
             }
         }
     }
+//#endfor
 }

@@ -22,10 +22,11 @@
 //
 // Mapping: a workgroup of WG threads computes ROWS accumulators (ROWS output rows, or ROWS/2 gate
 // and the ROWS/2 matching up rows) for token t = workgroup_id.y. Thread lid takes 16-byte chunks
-// lid, lid+WG, ... of each row, loads the 16 matching activation words once and reuses them for
-// all ROWS rows; all weight loads of a chunk are issued before its arithmetic. Integer partials
-// are reduced exactly: subgroupAdd, then one workgroup atomicAdd per subgroup (or per thread
-// without subgroups).
+// lid, lid+WG, ... (ITERS of them) of each row, loads the 16 matching activation words once and
+// reuses them for all ROWS rows; every load is issued before any arithmetic. Per-thread values
+// are unrolled `let`s (//#for, see common.unroll_loops), never loop-indexed arrays. Integer
+// partials are reduced exactly: subgroupAdd, then one workgroup atomicAdd per subgroup (or per
+// thread without subgroups).
 // Dispatch: (ceil(OUT_W / OUTS), n_tokens, 1) with OUTS = ROWS (or ROWS/2 gated).
 
 const K: u32 = ${K};
@@ -34,8 +35,8 @@ const ROWS: u32 = ${ROWS};
 const WG: u32 = ${WG};
 const EPILOGUE: u32 = ${EPILOGUE};
 
+const ITERS: u32 = ${ITERS};  // ceil(CHUNKS / WG)
 const CHUNKS: u32 = K / 64u;
-const ITERS: u32 = (CHUNKS + WG - 1u) / WG;
 const XROW: u32 = K / 16u;
 const GATED: bool = EPILOGUE >= 2u;
 const HALF: u32 = N / 2u;
@@ -107,42 +108,52 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 ) {
     let g = wid.x;
     let t = wid.y;
+    // All loads first (clamped indices, no branch).
+//#for it in ITERS
+    let c{{it}} = lid + {{it}}u * WG;
+    let live{{it}} = c{{it}} < CHUNKS;
+    let cc{{it}} = min(c{{it}}, CHUNKS - 1u);
+//#for r in ROWS
+    let w{{it}}_{{r}} = weights[min(weight_row(g, {{r}}u), N - 1u) * CHUNKS + cc{{it}}];
+//#endfor
+    let xb{{it}} = t * XROW + (cc{{it}} / 2u) * 8u + (cc{{it}} % 2u);
+    let x{{it}}_0 = xq[xb{{it}}];
+    let x{{it}}_1 = xq[xb{{it}} + 2u];
+    let x{{it}}_2 = xq[xb{{it}} + 4u];
+    let x{{it}}_3 = xq[xb{{it}} + 6u];
+//#endfor
     // Explicit zeroing: lavapipe was seen to keep the previous workgroup's values (WGSL promises
     // zero-initialized workgroup memory; not every driver path delivers it for atomics).
     if (lid < ROWS) {  // WG >= ROWS (checked on the host)
         atomicStore(&acc_wg[lid], 0i);
     }
     workgroupBarrier();
-    var acc: array<i32, ROWS>;
     var xsum = 0i;
-    for (var it = 0u; it < ITERS; it++) {
-        let c = lid + it * WG;
-        if (c < CHUNKS) {
-            var w: array<vec4<u32>, ROWS>;
-            for (var r = 0u; r < ROWS; r++) {
-                w[r] = weights[min(weight_row(g, r), N - 1u) * CHUNKS + c];
-            }
-            let xb = t * XROW + (c / 2u) * 8u + (c % 2u);
-            let x0 = xq[xb];
-            let x1 = xq[xb + 2u];
-            let x2 = xq[xb + 4u];
-            let x3 = xq[xb + 6u];
-            xsum += word_sum(x0) + word_sum(x1) + word_sum(x2) + word_sum(x3);
-            for (var r = 0u; r < ROWS; r++) {
-                acc[r] += block_dot(w[r], x0, x1, x2, x3);
-            }
-        }
+//#for r in ROWS
+    var a{{r}} = 0i;
+//#endfor
+//#for it in ITERS
+    if (live{{it}}) {
+        xsum += word_sum(x{{it}}_0) + word_sum(x{{it}}_1) + word_sum(x{{it}}_2) + word_sum(x{{it}}_3);
+//#for r in ROWS
+        a{{r}} += block_dot(w{{it}}_{{r}}, x{{it}}_0, x{{it}}_1, x{{it}}_2, x{{it}}_3);
+//#endfor
     }
-    for (var r = 0u; r < ROWS; r++) {
+//#endfor
 //#if SUBGROUPS
-        let s = subgroupAdd(acc[r] - xsum);
-        if (sg_lane == 0u) {
-            atomicAdd(&acc_wg[r], s);
-        }
-//#else
-        atomicAdd(&acc_wg[r], acc[r] - xsum);
-//#endif
+//#for r in ROWS
+    let s{{r}} = subgroupAdd(a{{r}} - xsum);
+//#endfor
+    if (sg_lane == 0u) {
+//#for r in ROWS
+        atomicAdd(&acc_wg[{{r}}], s{{r}});
+//#endfor
     }
+//#else
+//#for r in ROWS
+    atomicAdd(&acc_wg[{{r}}], a{{r}} - xsum);
+//#endfor
+//#endif
     workgroupBarrier();
     if (lid < OUTS) {
         let o = g * OUTS + lid;

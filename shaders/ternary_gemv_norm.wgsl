@@ -1,13 +1,27 @@
 // RMSNorm + int8 quantization of one token row, folded into the ternary GEMV that consumes it
-// (decode only): saves the separate rmsnorm_quant dispatch and its dependency gap.
+// (decode): no separate rmsnorm_quant dispatch, no x_q round trip through memory.
 //
-//   h = x[t] / sqrt(mean(x[t]^2) + EPS) * norm_w        (NORMALIZE; norm_w only with HAS_WEIGHT)
-//   s = 127 / max(max|h|, 1e-5);  hq = clamp(round(h * s), -128, 127)
+//   h = x[t] * norm_w                                    (norm_w only with HAS_WEIGHT)
+//   r = 1 / sqrt(mean(x[t]^2) + EPS)                     (NORMALIZE; else r = 1)
+//   s = 127 / max(r * max|h|, 1e-5);  hq = clamp(round(h * (r * s)), -128, 127)
 //   y[n] = wscale[n] / s * sum_k (code[n, k] - 1) * hq[k]   then the epilogue of ternary_gemv.wgsl
 //
-// Every workgroup recomputes the norm of the (small, cache-resident) input row into workgroup
-// memory; its weight loads are issued first so their latency overlaps that work. Rounding,
-// weight layout and epilogues are those of rmsnorm_quant.wgsl and ternary_gemv.wgsl.
+// This is rmsnorm_quant.wgsl's function (x * r * w, quantized) with the products associated as
+// (x * w) * (r * s): the same codes except within float32 rounding of a .5 tie.
+//
+// Every workgroup recomputes the norm of the (small, cache-resident) input row, so the row's
+// f32 values and norm weights are read from L2 once per workgroup: the workgroup is GROUPS row
+// groups of GW >= K/64 threads, each group owning ROWS weight rows, and thread (group gi, chunk c)
+// owns 16-byte chunk c of its group's rows. It loads and normalizes 64/GROUPS of the 64 inputs of
+// chunk c (one combined reduction round gives sum of squares and absmax), then:
+//   GROUPS == 1: quantizes all 64 inputs of its chunk in registers (no workgroup memory, no barrier);
+//   GROUPS > 1 (SHARED_ROW): writes its quantized words to workgroup memory, and after one barrier
+//                every thread reads the 16 words of its chunk.
+// Its ROWS weight loads are issued first, so their latency overlaps the norm.
+//
+// Weight layout (x86 I2_S, see ternary_gemv.wgsl): chunk c = half h = c % 2 of block b = c / 2;
+// u32 word j of it, shifted by 6 - 2s and masked, holds the codes of values
+// 128b + 32s + 16h + 4j + (0..3), i.e. input vec4 32b + 8s + 4h + j (word p = 4s + j of the chunk).
 //
 // Bindings:
 //   0 weights  [N, K/64] vec4<u32>   2-bit codes (x86 I2_S rows)
@@ -16,25 +30,28 @@
 //   3 norm_w   [K/4] vec4<f32>       RMSNorm weight (only with HAS_WEIGHT; `out` then moves to 3)
 //   4 out      [T, OUT_W] f32
 //
-// Mapping: WG >= K/64 threads (one 16-byte chunk of each of the ROWS rows per thread) for ROWS
-// accumulators of token t = workgroup_id.y; the norm works on 16-value quads lid, lid+WG, ...
-// Dispatch: (ceil(OUT_W / OUTS), n_tokens, 1) with OUTS = ROWS (or ROWS/2 gated).
+// Per-thread values are unrolled `let`s (//#for, see common.unroll_loops), never loop-indexed arrays.
+// Mapping: accumulators TOTAL = GROUPS * ROWS per workgroup (TOTAL output rows, or TOTAL/2 gate rows
+// and the matching up rows) for token t = workgroup_id.y; group gi owns accumulators gi*ROWS + r.
+// Dispatch: (ceil(OUT_W / OUTS), n_tokens, 1) with OUTS = TOTAL (or TOTAL/2 gated).
 
 const K: u32 = ${K};
 const N: u32 = ${N};
-const ROWS: u32 = ${ROWS};
-const WG: u32 = ${WG};
+const ROWS: u32 = ${ROWS};  // weight rows per row group
+const GROUPS: u32 = ${GROUPS};
+const GW: u32 = ${GW};  // threads per row group, >= K/64
+const SVEC: u32 = ${SVEC};  // runs of 4 input vec4 per thread: 4 / GROUPS
+const WG: u32 = GROUPS * GW;
+const TOTAL: u32 = GROUPS * ROWS;
 const EPILOGUE: u32 = ${EPILOGUE};
 const EPS: f32 = ${EPS};
 const K_F: f32 = ${K_F};
 
 const CHUNKS: u32 = K / 64u;
-const QUADS: u32 = K / 16u;
-const QITEMS: u32 = (QUADS + WG - 1u) / WG;
 const X4: u32 = K / 4u;
 const GATED: bool = EPILOGUE >= 2u;
 const HALF: u32 = N / 2u;
-const OUTS: u32 = select(ROWS, ROWS / 2u, GATED);
+const OUTS: u32 = select(TOTAL, TOTAL / 2u, GATED);
 const OUT_W: u32 = select(N, HALF, GATED);
 const CODE_MASK: u32 = 0x03030303u;
 const ONES: u32 = 0x01010101u;
@@ -49,10 +66,14 @@ const ONES: u32 = 0x01010101u;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 //#endif
 
-var<workgroup> xq_wg: array<vec4<u32>, QUADS>;
-var<workgroup> red: array<f32, WG>;
-var<workgroup> acc_wg: array<atomic<i32>, ROWS>;
+var<workgroup> red_ss: array<f32, WG>;
+var<workgroup> red_mx: array<f32, WG>;
+var<workgroup> acc_wg: array<atomic<i32>, TOTAL>;
 var<workgroup> n_slots_wg: u32;
+var<workgroup> sg_fits_wg: u32;  // 1 when subgroups never straddle two row groups
+//#if SHARED_ROW
+var<workgroup> xq_s: array<vec4<u32>, CHUNKS * 4u>;  // chunk c's quantized inputs: vec4 4c + s
+//#endif
 
 //#if DOT4
 fn dot4(a: u32, b: u32) -> i32 {
@@ -66,74 +87,17 @@ fn dot4(a: u32, b: u32) -> i32 {
 }
 //#endif
 
-//#if SUBGROUPS
-fn reduce_sum(v: f32, lid: u32, sg_size: u32, sg_lane: u32, n_slots: u32) -> f32 {
-    let s = subgroupAdd(v);
-    if (sg_lane == 0u) {
-        red[lid / sg_size] = s;
-    }
-    workgroupBarrier();
-    var total = 0.0;
-    for (var i = 0u; i < n_slots; i++) {
-        total += red[i];
-    }
-    workgroupBarrier();
-    return total;
-}
-
-fn reduce_max(v: f32, lid: u32, sg_size: u32, sg_lane: u32, n_slots: u32) -> f32 {
-    let s = subgroupMax(v);
-    if (sg_lane == 0u) {
-        red[lid / sg_size] = s;
-    }
-    workgroupBarrier();
-    var total = 0.0;
-    for (var i = 0u; i < n_slots; i++) {
-        total = max(total, red[i]);
-    }
-    workgroupBarrier();
-    return total;
-}
-//#else
-fn reduce_sum(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-        if (lid < stride) {
-            red[lid] += red[lid + stride];
-        }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    workgroupBarrier();
-    return total;
-}
-
-fn reduce_max(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-        if (lid < stride) {
-            red[lid] = max(red[lid], red[lid + stride]);
-        }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    workgroupBarrier();
-    return total;
-}
-//#endif
-
+// Weight row of accumulator r (0..TOTAL-1) of workgroup g.
 fn weight_row(g: u32, r: u32) -> u32 {
     if (GATED) {
         let o = g * OUTS + (r % OUTS);
         return select(o, HALF + o, r >= OUTS);
     }
-    return g * ROWS + r;
+    return g * TOTAL + r;
 }
 
-fn pack_i8(v: vec4<f32>, s: f32) -> u32 {
-    let q = vec4<i32>(clamp(round(v * s), vec4<f32>(-128.0), vec4<f32>(127.0)));
+fn pack_i8(v: vec4<f32>, k: f32) -> u32 {
+    let q = vec4<i32>(clamp(round(v * k), vec4<f32>(-128.0), vec4<f32>(127.0)));
     let b = bitcast<vec4<u32>>(q) & vec4<u32>(0xffu);
     return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
 }
@@ -161,6 +125,10 @@ fn activate(g: f32) -> f32 {
     return g / (1.0 + exp(-g));
 }
 
+fn max4(a: vec4<f32>) -> f32 {
+    return max(max(a.x, a.y), max(a.z, a.w));
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(local_invocation_index) lid: u32,
@@ -171,103 +139,125 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 ) {
     let g = wid.x;
     let t = wid.y;
-    let c = lid;  // this thread's 16-byte chunk of every row (WG >= CHUNKS)
+    let gi = lid / GW;
+    let cl = lid % GW;
+    let live = cl < CHUNKS;
+    let c = min(cl, CHUNKS - 1u);  // idle threads load a valid chunk and contribute nothing
 
-    // Weight loads first: nothing below depends on them until the dot products.
-    var w: array<vec4<u32>, ROWS>;
-    if (c < CHUNKS) {
-        for (var r = 0u; r < ROWS; r++) {
-            w[r] = weights[min(weight_row(g, r), N - 1u) * CHUNKS + c];
-        }
-    }
-    if (lid < ROWS) {  // explicit zeroing (see ternary_gemv.wgsl); WG >= ROWS
+    // Weight loads first (clamped indices, no branch): nothing needs them until the dot products.
+//#for r in ROWS
+    let w{{r}} = weights[min(weight_row(g, gi * ROWS + {{r}}u), N - 1u) * CHUNKS + c];
+//#endfor
+    if (lid < TOTAL) {  // explicit zeroing (lavapipe was seen to keep old workgroup values); WG >= TOTAL
         atomicStore(&acc_wg[lid], 0i);
     }
+
+    // This thread's inputs: runs s = gi * SVEC + q (q < SVEC) of chunk c, at vec4 32b + 8s + 4h + j.
+    let at = (c / 2u) * 32u + (c % 2u) * 4u + gi * SVEC * 8u;
+    let xrow = t * X4 + at;
+    var ss = 0.0;
+    var mx = 0.0;
+//#for q in SVEC
+//#for j in 4
+    let v{{q}}_{{j}} = x[xrow + {{q}}u * 8u + {{j}}u];
+//#if HAS_WEIGHT
+    let h{{q}}_{{j}} = v{{q}}_{{j}} * norm_w[at + {{q}}u * 8u + {{j}}u];
+//#else
+    let h{{q}}_{{j}} = v{{q}}_{{j}};
+//#endif
+    ss += dot(v{{q}}_{{j}}, v{{q}}_{{j}});
+    mx = max(mx, max4(abs(h{{q}}_{{j}})));
+//#endfor
+//#endfor
+    if (!live) {
+        ss = 0.0;
+        mx = 0.0;
+    }
+
+    // One reduction round for both: subgroup sums/maxima into one slot per subgroup, or a tree.
 //#if SUBGROUPS
+    let ss_sg = subgroupAdd(ss);
+    let mx_sg = subgroupMax(mx);
+    if (sg_lane == 0u) {
+        red_ss[lid / sg_size] = ss_sg;
+        red_mx[lid / sg_size] = mx_sg;
+    }
     if (lid == 0u) {
         n_slots_wg = (WG + sg_size - 1u) / sg_size;
+        sg_fits_wg = select(0u, 1u, GW % sg_size == 0u);
     }
-    let n_slots = workgroupUniformLoad(&n_slots_wg);
-//#else
-    workgroupBarrier();
-//#endif
-
-    // RMSNorm + quantization of row t into xq_wg (quad = 16 values = one vec4<u32>).
-    var v: array<vec4<f32>, QITEMS * 4u>;
-    var ss = 0.0;
-    for (var i = 0u; i < QITEMS; i++) {
-        let qd = lid + i * WG;
-        for (var e = 0u; e < 4u; e++) {
-            if (qd < QUADS) {
-                v[i * 4u + e] = x[t * X4 + qd * 4u + e];
-            } else {
-                v[i * 4u + e] = vec4<f32>(0.0);
-            }
-            ss += dot(v[i * 4u + e], v[i * 4u + e]);
-        }
-    }
-//#if NORMALIZE
-//#if SUBGROUPS
-    let total = reduce_sum(ss, lid, sg_size, sg_lane, n_slots);
-//#else
-    let total = reduce_sum(ss, lid);
-//#endif
-    let rn = 1.0 / sqrt(total / K_F + EPS);
-    for (var i = 0u; i < QITEMS; i++) {
-        let qd = min(lid + i * WG, QUADS - 1u);
-        for (var e = 0u; e < 4u; e++) {
-//#if HAS_WEIGHT
-            v[i * 4u + e] = v[i * 4u + e] * rn * norm_w[qd * 4u + e];
-//#else
-            v[i * 4u + e] = v[i * 4u + e] * rn;
-//#endif
-        }
-    }
-//#endif
+    let n_slots = workgroupUniformLoad(&n_slots_wg);  // also the barrier for the slots
+    let sg_fits = workgroupUniformLoad(&sg_fits_wg) == 1u;
+    var total = 0.0;
     var amax = 0.0;
-    for (var i = 0u; i < QITEMS * 4u; i++) {
-        let a = abs(v[i]);
-        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+    for (var i = 0u; i < n_slots; i++) {  // same order in every thread: identical results
+        total += red_ss[i];
+        amax = max(amax, red_mx[i]);
     }
-//#if SUBGROUPS
-    amax = reduce_max(amax, lid, sg_size, sg_lane, n_slots);
 //#else
-    amax = reduce_max(amax, lid);
-//#endif
-    let s = 127.0 / max(amax, 1e-5);
-    for (var i = 0u; i < QITEMS; i++) {
-        let qd = lid + i * WG;
-        if (qd < QUADS) {
-            xq_wg[qd] = vec4<u32>(pack_i8(v[i * 4u], s), pack_i8(v[i * 4u + 1u], s), pack_i8(v[i * 4u + 2u], s),
-                                  pack_i8(v[i * 4u + 3u], s));
+    red_ss[lid] = ss;
+    red_mx[lid] = mx;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
+        if (lid < stride) {
+            red_ss[lid] += red_ss[lid + stride];
+            red_mx[lid] = max(red_mx[lid], red_mx[lid + stride]);
         }
+        workgroupBarrier();
+    }
+    let total = red_ss[0];
+    let amax = red_mx[0];
+//#endif
+//#if NORMALIZE
+    let rn = 1.0 / sqrt(total / K_F + EPS);
+//#else
+    let rn = 1.0;
+//#endif
+    let s = 127.0 / max(amax * rn, 1e-5);
+    let k = rn * s;
+//#if SHARED_ROW
+    if (live) {
+//#for q in SVEC
+        xq_s[c * 4u + gi * SVEC + {{q}}u] = vec4<u32>(pack_i8(h{{q}}_0, k), pack_i8(h{{q}}_1, k),
+                                                      pack_i8(h{{q}}_2, k), pack_i8(h{{q}}_3, k));
+//#endfor
     }
     workgroupBarrier();
-
-    // The GEMV of ternary_gemv.wgsl on the workgroup's activations.
-    var acc: array<i32, ROWS>;
-    var xsum = 0i;
-    if (c < CHUNKS) {
-        let xb = (c / 2u) * 8u + (c % 2u);
-        let x0 = xq_wg[xb];
-        let x1 = xq_wg[xb + 2u];
-        let x2 = xq_wg[xb + 4u];
-        let x3 = xq_wg[xb + 6u];
-        xsum = word_sum(x0) + word_sum(x1) + word_sum(x2) + word_sum(x3);
-        for (var r = 0u; r < ROWS; r++) {
-            acc[r] = block_dot(w[r], x0, x1, x2, x3);
-        }
-    }
-    for (var r = 0u; r < ROWS; r++) {
-//#if SUBGROUPS
-        let sum = subgroupAdd(acc[r] - xsum);
-        if (sg_lane == 0u) {
-            atomicAdd(&acc_wg[r], sum);
-        }
+    let x0 = xq_s[c * 4u];
+    let x1 = xq_s[c * 4u + 1u];
+    let x2 = xq_s[c * 4u + 2u];
+    let x3 = xq_s[c * 4u + 3u];
 //#else
-        atomicAdd(&acc_wg[r], acc[r] - xsum);
+//#for q in 4
+    let x{{q}} = vec4<u32>(pack_i8(h{{q}}_0, k), pack_i8(h{{q}}_1, k), pack_i8(h{{q}}_2, k),
+                           pack_i8(h{{q}}_3, k));
+//#endfor
 //#endif
+    let xsum = word_sum(x0) + word_sum(x1) + word_sum(x2) + word_sum(x3);
+
+//#for r in ROWS
+    let a{{r}} = select(0i, block_dot(w{{r}}, x0, x1, x2, x3) - xsum, live);
+//#endfor
+//#if SUBGROUPS
+    if (sg_fits) {
+//#for r in ROWS
+        let sum{{r}} = subgroupAdd(a{{r}});
+//#endfor
+        if (sg_lane == 0u) {
+//#for r in ROWS
+            atomicAdd(&acc_wg[gi * ROWS + {{r}}u], sum{{r}});
+//#endfor
+        }
+    } else {  // a subgroup wider than a row group: one atomic per thread
+//#for r in ROWS
+        atomicAdd(&acc_wg[gi * ROWS + {{r}}u], a{{r}});
+//#endfor
     }
+//#else
+//#for r in ROWS
+    atomicAdd(&acc_wg[gi * ROWS + {{r}}u], a{{r}});
+//#endfor
+//#endif
     workgroupBarrier();
     if (lid < OUTS) {
         let o = g * OUTS + lid;

@@ -31,7 +31,7 @@ from kernel_reference import (  # noqa: E402
 )
 
 from bitnet_web import gpu  # noqa: E402
-from bitnet_web.kernels.common import KernelCache, StepParams  # noqa: E402
+from bitnet_web.kernels.common import KernelCache, StepParams, unroll_loops  # noqa: E402
 from bitnet_web.kernels.embedding import (  # noqa: E402
     Argmax,
     EmbeddingLookup,
@@ -264,6 +264,7 @@ LINEAR_CASES = [
     ([640, 160, 160], 640, 1),  # fused QKV with three scales
     ([640, 160, 160], 640, 17),
     ([96, 40], 384, 17),
+    ([200, 72], 640, 40),  # two token tiles of the GEMM, a partial row tile
 ]
 
 
@@ -277,12 +278,47 @@ def test_ternary_linear_matches_numpy(device, kernels, parts, k, t, epilogue):
 
 
 @pytest.mark.parametrize("epilogue", ["gate_relu2", "gate_silu"])
-@pytest.mark.parametrize("f,k,t", [(100, 256, 1), (100, 256, 3), (64, 384, 17)])
+@pytest.mark.parametrize("f,k,t", [(100, 256, 1), (100, 256, 3), (64, 384, 17), (40, 256, 37)])
 def test_gated_epilogues_match_numpy(device, kernels, epilogue, f, k, t):
     rng = np.random.default_rng(f + k + t)
     op, out_buf, expected = linear_case(device, kernels, rng, [f, f], k, t, epilogue)
     run(device, (op, (t,), {}))
     check_linear(device, op, out_buf, expected)
+
+
+@pytest.mark.parametrize("tile", [{"TX": 16, "TY": 8, "MR": 4, "MT": 4}, {"TX": 8, "TY": 8, "MR": 2, "MT": 8},
+                                  {"TX": 16, "TY": 4, "MR": 6, "MT": 2}])
+@pytest.mark.parametrize("epilogue", ["residual", "gate_relu2"])
+@pytest.mark.parametrize("pingpong", [False, True])
+def test_gemm_tiles_match_numpy(device, kernels, tile, epilogue, pingpong):
+    """Other GEMM tilings (the sweep's variants), with one or two staging buffers, compute the same
+    function, tile edges included."""
+    rng = np.random.default_rng(tile["TX"] + tile["MR"] + len(epilogue))
+    op, out_buf, expected = linear_case(device, kernels, rng, [90, 90], 384, 21, epilogue, gemm_tile=tile,
+                                        gemm_pingpong=pingpong)
+    assert ("PINGPONG" in op.gemm.label) == pingpong
+    run(device, (op, (21,), {}))
+    check_linear(device, op, out_buf, expected)
+
+
+@pytest.mark.parametrize("rows,wg", [(4, 32), (16, 64), (2, 128)])
+def test_gemv_variants_match_numpy(device, kernels, rows, wg):
+    """GEMV rows-per-workgroup x threads variants (K=640: 10 chunks; wg 32 leaves threads idle)."""
+    rng = np.random.default_rng(rows * wg)
+    op, out_buf, expected = linear_case(device, kernels, rng, [70, 70], 640, 1, "gate_silu", gemv_rows=rows,
+                                        gemv_workgroup_size=wg)
+    run(device, (op, (1,), {}))
+    check_linear(device, op, out_buf, expected)
+
+
+def test_unroll_loops_expands_nested_blocks():
+    source = "a\n//#for r in ROWS\nx{{r}}\n//#for m in 2\ny{{r}}{{m}}\n//#endfor\n//#endfor\nb\n"
+    assert unroll_loops(source, {"ROWS": 2}) == "a\nx0\ny00\ny01\nx1\ny10\ny11\nb\n"
+    assert unroll_loops("//#for i in 0\nz\n//#endfor\n", {}) == ""
+    with pytest.raises(ValueError, match="not an integer"):
+        unroll_loops("//#for i in MISSING\n//#endfor\n", {})
+    with pytest.raises(ValueError, match="without //#endfor"):
+        unroll_loops("//#for i in 2\nz\n", {})
 
 
 @pytest.mark.parametrize("t", [1, 5])
@@ -467,6 +503,37 @@ def test_argmax_matches_numpy(device, kernels, v, row, slot):
     assert all(ids[i] == 77 for i in range(4) if i != slot)
 
 
+def test_argmax_ties_and_nans_across_workgroups(device, kernels):
+    """The first pass splits the row over workgroups: a tie between two workgroups goes to the
+    smaller index, and a workgroup whose logits are all NaN takes no part."""
+    v = 128256
+    span = 256 * 4  # ARGMAX_WORKGROUP * ARGMAX_PER_THREAD
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal(v).astype(np.float32)
+    logits[:span] = np.nan  # workgroup 0: nothing but NaN
+    logits[[7 * span + 3, 2 * span + 900, 90 * span]] = 9.0  # the winner is 2 * span + 900
+    logits_buf = upload(device, logits, "logits")
+    ids_buf = upload(device, np.full(4, 77, np.uint32), "ids")
+    run(device, (Argmax(kernels, logits_buf, ids_buf, v), (), {}))
+    assert read(device, ids_buf, np.uint32, 1)[0] == 2 * span + 900 == int(np.nanargmax(logits))
+
+
+@pytest.mark.parametrize("rows,wg", [(2, 320), (8, 64), (16, 160)])
+def test_lm_head_variants_match_numpy(device, kernels, rows, wg):
+    rng = np.random.default_rng(rows + wg)
+    v, d = 333, 2560
+    table = random_table(rng, v, d)
+    matrix = F16Matrix.upload(device, table, "head")
+    x = random_activations(rng, 1, d)
+    logits_buf = device.buffer(4 * v, label="logits")
+    op = LMHead(kernels, matrix, upload(device, x, "x"), logits_buf, step_params(device, 1), rows_per_workgroup=rows,
+                workgroup_size=wg)
+    run(device, (op, (1,), {}))
+    expected = x[0].astype(np.float64) @ table.astype(np.float64).T
+    np.testing.assert_allclose(read(device, logits_buf, np.float32, v), expected, rtol=1e-4,
+                               atol=1e-4 * np.abs(expected).max())
+
+
 def test_greedy_step_stays_on_gpu(device, kernels):
     """Argmax writes the id where EmbeddingLookup reads it: head -> argmax -> embed in one submit."""
     rng = np.random.default_rng(40)
@@ -570,6 +637,7 @@ def k1_shader_variants() -> dict[str, str]:
                     TernaryLinear(kernels, matrix, big, big, big, step, epilogue, use_dot4=dot4)
                     NormTernaryLinear(kernels, big, big, EPS, matrix, big, big, big, step, epilogue, use_dot4=dot4)
             NormTernaryLinear(kernels, big, None, EPS, plain, big, big, big, step, "residual")
+            NormTernaryLinear(kernels, big, big, EPS, paired, big, big, big, step, "gate_relu2", row_groups=2)
         for weight in (big, None):
             RMSNormQuant(kernels, big, weight, big, big, step, 2560, EPS)
         RMSNorm(kernels, big, big, big, step, 2560, EPS)
@@ -760,7 +828,7 @@ def test_kernels_match_numpy_in_chromium():
         elif kind == "norm_linear":
             expected, tie = expected
             values = data.view(np.float32)[:expected.size].reshape(expected.shape)
-            np.testing.assert_allclose(values, expected, atol=tie + 1e-5 * np.abs(expected).max(), err_msg=name)
+            check_norm_linear(values, expected, tie, name)
         elif kind == "close":
             values = data.view(np.float32)[:expected.size].reshape(expected.shape)
             np.testing.assert_allclose(values, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max(), err_msg=name)
@@ -838,7 +906,7 @@ def norm_linear_case(device, kernels, rng, parts, k, t, epilogue, with_weight=Tr
     op = NormTernaryLinear(kernels, x_buf, w_buf, EPS, weights, xq_buf, xs_buf, out_buf, step_params(device, t),
                            epilogue, **kwargs)
     h = ref_rmsnorm(x, w, EPS) if with_weight else x.astype(np.float64)
-    q, inv_s, _ = ref_quantize_rows(h)
+    q, inv_s, scaled = ref_quantize_rows(h)
     y = ref_ternary_linear(np.concatenate(values), np.repeat(np.float32(scales), parts), q, inv_s)
     expected = prior.astype(np.float64)
     if epilogue == "store":
@@ -848,9 +916,21 @@ def norm_linear_case(device, kernels, rng, parts, k, t, epilogue, with_weight=Tr
     else:
         act = ref_relu2 if epilogue == "gate_relu2" else ref_silu
         expected = act(y[:, :out_w]) * y[:, out_w:]
-    # one int8 step at a rounding tie moves y[n] by scale[n] * inv_s (times |u| or 2|g| for gates)
-    tie = max(scales) * inv_s.max() * (1 + (np.abs(y).max() * 2 if epilogue.startswith("gate") else 0))
+    # One int8 step at a rounding tie moves y[n] by scale[n] * inv_s (times |u| or 2|g| for gates):
+    # allowed only in token rows whose reference has a value within float32 noise of a .5 tie.
+    step = max(scales) * inv_s.max() * (1 + (np.abs(y).max() * 2 if epilogue.startswith("gate") else 0))
+    frac = np.abs(np.abs(scaled) % 1.0 - 0.5)
+    near_tie = (frac < 1e-4 * np.maximum(1.0, np.abs(scaled))).any(axis=1, keepdims=True)
+    tie = np.where(near_tie, step, 0.0)
     return op, out_buf, expected, tie
+
+
+def check_norm_linear(got: np.ndarray, expected: np.ndarray, tie: np.ndarray, name: str = "") -> None:
+    """Within float32 rounding (rtol 1e-5) everywhere, plus one int8 step in rows with a near-tie."""
+    bound = tie + 1e-5 * np.abs(expected).max() + 1e-5 * np.abs(expected)
+    bad = np.abs(got - expected) > bound
+    assert not bad.any(), (f"{name}: {np.count_nonzero(bad)} of {bad.size} values off, e.g. got "
+                           f"{got[bad][:4]} expected {expected[bad][:4]}")
 
 
 @pytest.mark.parametrize("parts,k,epilogue,with_weight", [
@@ -861,16 +941,16 @@ def norm_linear_case(device, kernels, rng, parts, k, t, epilogue, with_weight=Tr
     ([64, 64], 6912, "gate_silu", True),
     ([72], 384, "residual", False),
 ])
-def test_norm_linear_decode_matches_numpy(device, kernels, parts, k, epilogue, with_weight):
-    rng = np.random.default_rng(k + sum(parts))
-    op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, parts, k, 3, epilogue, with_weight)
+@pytest.mark.parametrize("rows,row_groups", [(16, 1), (8, 1), (32, 1), (16, 2), (8, 4)])
+def test_norm_linear_decode_matches_numpy(device, kernels, parts, k, epilogue, with_weight, rows, row_groups):
+    rng = np.random.default_rng(k + sum(parts) + rows)
+    op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, parts, k, 3, epilogue, with_weight, rows=rows,
+                                                  row_groups=row_groups)
     recorder = device.begin()
     op.record_fused(recorder, 3)
     recorder.submit()
     got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
-    close = np.isclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
-    assert close.mean() > 0.99, f"{np.count_nonzero(~close)} of {close.size} differ"
-    np.testing.assert_allclose(got, expected, atol=tie + 1e-5 * np.abs(expected).max())
+    check_norm_linear(got, expected, tie)
 
 
 @pytest.mark.parametrize("t", [1, 5])
@@ -880,7 +960,7 @@ def test_norm_linear_record_matches_numpy(device, kernels, t):
     op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, [80, 80], 384, t, "gate_silu")
     run(device, (op, (t,), {}))
     got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
-    np.testing.assert_allclose(got, expected, atol=tie + 1e-5 * np.abs(expected).max())
+    check_norm_linear(got, expected, tie)
 
 
 @pytest.mark.parametrize("variant", ["no-subgroups", "no-dot4"])
@@ -892,11 +972,11 @@ def test_norm_linear_fallbacks(device, variant):
             device.features = features - {"subgroups"}
         rng = np.random.default_rng(80)
         op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, [40, 40], 2560, 2, "gate_relu2",
-                                                      use_dot4=variant != "no-dot4")
+                                                      use_dot4=variant != "no-dot4", row_groups=2)
     finally:
         device.features = features
     recorder = device.begin()
     op.record_fused(recorder, 2)
     recorder.submit()
     got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
-    np.testing.assert_allclose(got, expected, atol=tie + 1e-5 * np.abs(expected).max())
+    check_norm_linear(got, expected, tie)

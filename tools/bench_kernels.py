@@ -81,6 +81,53 @@ class Bench:
         print(f"{name:<44} {median * 1e6:10.2f} us {gb} GB/s  {note}", flush=True)
 
 
+def bench_attention_ops(bench: Bench, want, t_max: int, positions=(64, 1024, 4000)) -> None:
+    """K2's ops at 2B-4T shapes (20 q heads, 5 KV heads, head_dim 128, context 4096): RoPE + KV append,
+    attention decode (split + combine), decode with RoPE fused, and a T=t_max prefill chunk.
+    GB/s counts the K/V rows read. (tools/bench_attention.py times the same ops as 30-layer chains.)"""
+    from bitnet_web.kernels.attention import Attention, AttentionScratch  # noqa: PLC0415
+    from bitnet_web.kernels.kv_cache import KVCache  # noqa: PLC0415
+    from bitnet_web.kernels.rope import RopeKV, RopeTable  # noqa: PLC0415
+
+    labels = [f"{op} pos={pos}" for pos in positions for op in
+              ("rope_kv T=1", "attention decode", "attention decode fused rope", f"attention prefill T={t_max}")]
+    if not any(want(label) for label in labels):
+        return
+    device, k = bench.device, bench.kernels
+    n_heads, n_kv, hd, context = 20, 5, 128, 4096
+    rng = np.random.default_rng(1)
+    step = StepParams(device)
+    cache = KVCache(device, 1, n_kv, hd, context, initial_capacity=context)
+    rows = rng.standard_normal((context, n_kv * hd)).astype(np.float32)
+    device.upload(cache.k[0], 0, rows)
+    device.upload(cache.v[0], 0, rows)
+    qkv = device.buffer(4 * t_max * (n_heads + 2 * n_kv) * hd, label="qkv")
+    device.upload(qkv, 0, rng.standard_normal(t_max * (n_heads + 2 * n_kv) * hd).astype(np.float32))
+    q = device.buffer(4 * t_max * n_heads * hd, label="q")
+    out = device.buffer(4 * t_max * n_heads * hd, label="attn out")
+    table = RopeTable(device, hd, 500000.0, context)
+    scratch = AttentionScratch(device, n_heads, hd, context)
+    rope = RopeKV(k, step, cache, 0, table, qkv, q, n_heads=n_heads, style="neox", max_tokens=t_max)
+    plain = Attention(k, step, cache, 0, q, out, n_heads=n_heads, max_tokens=t_max, scratch=scratch)
+    fused = Attention(k, step, cache, 0, q, out, n_heads=n_heads, max_tokens=t_max, scratch=scratch, rope=rope)
+    kv_row = 2 * 4 * n_kv * hd
+    for pos in positions:
+        step.write(1, pos, cache.capacity)
+        if want(f"rope_kv T=1 pos={pos}"):
+            bench.time_op(f"rope_kv T=1 pos={pos}", lambda r: rope.record(r, 1), None)
+        if want(f"attention decode pos={pos}"):
+            bench.time_op(f"attention decode pos={pos}", lambda r, p=pos: plain.record(r, 1, p), (pos + 1) * kv_row,
+                          "split + combine")
+        if want(f"attention decode fused rope pos={pos}"):
+            bench.time_op(f"attention decode fused rope pos={pos}", lambda r, p=pos: fused.record(r, 1, p),
+                          (pos + 1) * kv_row, "rope fused in")
+        if want(f"attention prefill T={t_max} pos={pos}") and t_max > 1 and pos + t_max <= context:
+            step.write(t_max, pos, cache.capacity)
+            bench.time_op(f"attention prefill T={t_max} pos={pos}", lambda r: plain.record(r, t_max), None)
+    step.write(1, 0, 0)
+    cache.release()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4, help="submits queued back to back per round")
@@ -197,6 +244,9 @@ def main() -> None:
         logits = buf(4 * VOCAB, "logits")
         op = Argmax(k, logits, buf(16, "ids"), VOCAB)
         bench.time_op(f"argmax {VOCAB}", lambda r, op=op: op.record(r), 4 * VOCAB)
+
+    # Attention (K2) ---------------------------------------------------------------------------------
+    bench_attention_ops(bench, want, t_max)
 
     print("\n| op | us / dispatch | GB/s | note |\n| --- | ---: | ---: | --- |")
     for name, us, gbps, note in bench.rows:

@@ -16,10 +16,12 @@ from .. import gpu
 from .common import STEP_PARAMS_WGSL, KernelCache, StepParams, ceil_div, subgroups_available, wgsl_enables
 
 EMBED_WORKGROUP = 64
-LM_HEAD_ROWS = 4  # rows per workgroup: 128256 rows -> 32064 workgroups (limit 65535 per dimension)
-LM_HEAD_WORKGROUP = 64  # threads: a 2560-wide row is 320 16-byte chunks, 5 per thread
+LM_HEAD_ROWS = 8  # rows per workgroup: 128256 rows -> 16032 workgroups (limit 65535 per dimension)
+LM_HEAD_WORKGROUP = 160  # threads: a 2560-wide row is 320 16-byte chunks, 2 per thread (16 loads in flight)
+MIN_SUBGROUP_SIZE = 4  # WebGPU's smallest subgroup size: bounds the reduction slots per workgroup
 LM_HEAD_TOKENS = 4  # token rows per workgroup when logits of several tokens are wanted
 ARGMAX_WORKGROUP = 256
+ARGMAX_PER_THREAD = 4  # logits per thread in the first pass: 128256 -> 126 workgroups
 
 
 class EmbeddingShapeError(ValueError):
@@ -106,8 +108,13 @@ class LMHead:
         subgroups = subgroups_available(device)
         enables = wgsl_enables(device, subgroups=subgroups)
         sg = ("SUBGROUPS",) if subgroups else ()
-        workgroup_bytes = 4 * rows_per_workgroup * LM_HEAD_TOKENS * workgroup_size + 4
-        if workgroup_bytes > device.limits.max_compute_workgroup_storage_size:
+        slots = ceil_div(workgroup_size, MIN_SUBGROUP_SIZE) if subgroups else workgroup_size
+        # Token rows per workgroup of the all-logits variant: as many as fit WebGPU's default 16 KB of
+        # workgroup memory (browsers grant more only when asked; the speed difference is small).
+        room = min(device.limits.max_compute_workgroup_storage_size, 16384)
+        self.multi_tokens = next((t for t in (LM_HEAD_TOKENS, 2) if 4 * rows_per_workgroup * t * slots + 4 <= room), 1)
+        workgroup_bytes = 4 * rows_per_workgroup * self.multi_tokens * slots + 4
+        if workgroup_bytes > room:
             raise EmbeddingShapeError(f"{label}: {rows_per_workgroup} rows x {workgroup_size} threads need "
                                       f"{workgroup_bytes} bytes of workgroup memory, over the device's "
                                       f"{device.limits.max_compute_workgroup_storage_size}")
@@ -121,9 +128,9 @@ class LMHead:
                 raise EmbeddingShapeError(f"{label}: shard of {stop - start} rows needs {groups} workgroups, "
                                           f"over the device limit of {limit}; raise rows_per_workgroup")
             common = dict(D8=d // 8, SHARD_ROWS=stop - start, START=start, V=v, ROWS=rows_per_workgroup,
-                          WG=workgroup_size)
+                          WG=workgroup_size, SLOTS=slots, ITERS=ceil_div(d // 8, workgroup_size))
             one = kernels.pipeline("lm_head", enables=enables, defines=sg, TOK=1, **common)
-            many = kernels.pipeline("lm_head", enables=enables, defines=sg + ("MULTI",), TOK=LM_HEAD_TOKENS,
+            many = kernels.pipeline("lm_head", enables=enables, defines=sg + ("MULTI",), TOK=self.multi_tokens,
                                     STEP_PARAMS=STEP_PARAMS_WGSL, **common)
             self.single.append((one, device.bind_group(one, [buffer, x, logits], f"{label} shard {i}"), groups))
             self.multi.append((many, device.bind_group(many, [buffer, x, logits, step.buffer],
@@ -134,25 +141,39 @@ class LMHead:
             for pipeline, bind, groups in self.single:
                 recorder.dispatch(pipeline, bind, groups)
         else:
-            token_groups = ceil_div(n_tokens, LM_HEAD_TOKENS)
+            token_groups = ceil_div(n_tokens, self.multi_tokens)
             for pipeline, bind, groups in self.multi:
                 recorder.dispatch(pipeline, bind, groups, token_groups)
 
 
 class Argmax:
-    """out_ids[slot] = argmax(logits[row]) on the GPU (greedy decoding without a read-back)."""
+    """out_ids[slot] = argmax(logits[row]) on the GPU (greedy decoding without a read-back).
+
+    Two dispatches (argmax.wgsl): many workgroups each find the best of a span of logits, then
+    one workgroup combines their partial results (kept in a small buffer owned by the op).
+    """
 
     def __init__(self, kernels: KernelCache, logits: gpu.Buffer, out_ids: gpu.Buffer, vocab_size: int,
-                 slot: int = 0, row: int = 0, label: str = "argmax"):
+                 slot: int = 0, row: int = 0, label: str = "argmax", per_thread: int = ARGMAX_PER_THREAD):
         if logits.nbytes < 4 * vocab_size * (row + 1) or out_ids.nbytes < 4 * (slot + 1):
             raise EmbeddingShapeError(f"{label}: logits ({logits.nbytes} bytes) must hold row {row} of "
                                       f"{vocab_size} f32 and out_ids ({out_ids.nbytes} bytes) slot {slot}")
         device = kernels.device
         subgroups = subgroups_available(device)
-        self.pipeline = kernels.pipeline("argmax", enables=wgsl_enables(device, subgroups=subgroups),
-                                         defines=("SUBGROUPS",) if subgroups else (), V=vocab_size, ROW=row,
-                                         SLOT=slot, WG=ARGMAX_WORKGROUP)
-        self.bind_group = device.bind_group(self.pipeline, [logits, out_ids], label)
+        self.groups = ceil_div(vocab_size, ARGMAX_WORKGROUP * per_thread)
+        self.partials = device.buffer(8 * self.groups, label=f"{label} partials")  # (groups,) vec2<u32>
+        enables = wgsl_enables(device, subgroups=subgroups)
+        sg = ("SUBGROUPS",) if subgroups else ()
+        constants = dict(V=vocab_size, ROW=row, SLOT=slot, WG=ARGMAX_WORKGROUP, PER=per_thread)
+        self.partial = kernels.pipeline("argmax", enables=enables, defines=sg, **constants)
+        self.combine = kernels.pipeline("argmax", enables=enables, defines=sg + ("COMBINE",), **constants)
+        self.partial_bind = device.bind_group(self.partial, [logits, self.partials], f"{label} partial")
+        self.combine_bind = device.bind_group(self.combine, [self.partials, out_ids], f"{label} combine")
+        self.pipeline = self.partial  # the first dispatch (tests inspect its variant)
 
     def record(self, recorder: gpu.Recorder, n_tokens: int = 1) -> None:
-        recorder.dispatch(self.pipeline, self.bind_group, 1)
+        recorder.dispatch(self.partial, self.partial_bind, self.groups)
+        recorder.dispatch(self.combine, self.combine_bind, 1)
+
+    def release(self, device: gpu.Device) -> None:
+        device.release(self.partials)

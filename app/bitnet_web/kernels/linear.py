@@ -8,8 +8,10 @@ read gate row i and up row N/2 + i, so `pair_rows` only checks that the halves m
     y[t, n] = scale[n] * x_scale[t] * sum_k value[n, k] * x_q[t, k]     (see norm.py for x_q, x_scale)
 
 Decode (one token) runs `ternary_gemv.wgsl`: ROWS rows per workgroup, 16-byte weight loads,
-dot4I8Packed, subgroupAdd when present. Prefill (T > 1) runs `ternary_gemm.wgsl`, which stages a
-tile of weight rows and token rows in workgroup memory and reuses each weight word TT times.
+dot4I8Packed, subgroupAdd when present; `NormTernaryLinear` folds the input RMSNorm + quantization
+into it (`ternary_gemv_norm.wgsl`, what the model uses). Prefill (T > 1) runs `ternary_gemm.wgsl`,
+which stages a tile of weight rows (decoded once to signed int8) and token rows in workgroup memory
+and reuses each weight word TT times. Measurements: docs/performance-notes.md.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ def gemv_workgroup(k: int) -> int:
     return 32 if chunks <= 32 else 64 if chunks <= 64 else 128
 
 
-# Prefill GEMM tile: TX*TY threads, each MR rows x MT tokens -> 64 rows x 16 tokens per workgroup.
-GEMM_TILE = {"TX": 16, "TY": 4, "MR": 4, "MT": 4}
+# Prefill GEMM tile: TX*TY threads, each MR rows x MT tokens -> 64 rows x 32 tokens per workgroup
+# (13.8 KB of workgroup memory: under WebGPU's 16 KB default).
+GEMM_TILE = {"TX": 16, "TY": 8, "MR": 4, "MT": 4}
 
 
 class TernaryShapeError(ValueError):
@@ -164,7 +167,7 @@ class TernaryLinear:
     def __init__(self, kernels: KernelCache, weights: TernaryMatrix, x_q: gpu.Buffer, x_scale: gpu.Buffer,
                  out: gpu.Buffer, step: StepParams, epilogue: str = "store", label: str | None = None,
                  use_dot4: bool | None = None, gemv_rows: int = GEMV_ROWS, gemv_workgroup_size: int | None = None,
-                 gemm_tile: dict[str, int] | None = None):
+                 gemm_tile: dict[str, int] | None = None, gemm_pingpong: bool = False):
         label = label or f"{weights.label} {epilogue}"
         op = f"TernaryLinear {label!r}"
         if epilogue not in EPILOGUES:
@@ -200,7 +203,8 @@ class TernaryLinear:
         self.gemv_groups = ceil_div(out_w, outs)
         self.gemv = kernels.pipeline("ternary_gemv", enables=enables,
                                      defines=dot + (("SUBGROUPS",) if subgroups else ()),
-                                     K=k, N=n, ROWS=gemv_rows, WG=wg, EPILOGUE=EPILOGUES[epilogue])
+                                     K=k, N=n, ROWS=gemv_rows, WG=wg, ITERS=ceil_div(k // 64, wg),
+                                     EPILOGUE=EPILOGUES[epilogue])
         self.gemv_bind = device.bind_group(self.gemv, [weights.codes, weights.scales, x_q, x_scale, out],
                                            f"{label} gemv")
 
@@ -208,10 +212,22 @@ class TernaryLinear:
         rt, tt = tile["TX"] * tile["MR"], tile["TY"] * tile["MT"]
         if tile["MR"] % 2:
             raise TernaryShapeError(f"{op}: GEMM tile MR must be even (gate/up pairs), got {tile['MR']}")
+        gemm_bytes = (rt + tt) * 9 * 16  # staged rows and tokens, 9 vec4 each
+        room = device.limits.max_compute_workgroup_storage_size
+        # Two staging buffers (one barrier per K block) measured no faster on the H100 (run 25): off by default.
+        pingpong = bool(gemm_pingpong)
+        gemm_bytes *= 2 if pingpong else 1
+        if gemm_bytes > room or \
+                tile["TX"] * tile["TY"] > device.limits.max_compute_invocations_per_workgroup:
+            raise TernaryShapeError(f"{op}: GEMM tile {tile} needs {gemm_bytes} bytes of workgroup memory and "
+                                    f"{tile['TX'] * tile['TY']} threads, over this device's limits")
         self.gemm_groups = ceil_div(out_w, rt // 2 if gated else rt)
         self.gemm_token_tile = tt
-        self.gemm = kernels.pipeline("ternary_gemm", defines=dot, STEP_PARAMS=STEP_PARAMS_WGSL,
-                                     K=k, N=n, EPILOGUE=EPILOGUES[epilogue], **tile)
+        threads = tile["TX"] * tile["TY"]
+        self.gemm = kernels.pipeline("ternary_gemm", defines=dot + (("PINGPONG",) if pingpong else ()),
+                                     STEP_PARAMS=STEP_PARAMS_WGSL, BUFS=2 if pingpong else 1,
+                                     K=k, N=n, EPILOGUE=EPILOGUES[epilogue], MRH=tile["MR"] // 2,
+                                     W_ITEMS=ceil_div(rt * 2, threads), X_ITEMS=ceil_div(tt * 8, threads), **tile)
         self.gemm_bind = device.bind_group(self.gemm, [step.buffer, weights.codes, weights.scales, x_q, x_scale,
                                                        out], f"{label} gemm")
         if max(self.gemv_groups, self.gemm_groups) > limit:
@@ -229,8 +245,16 @@ class TernaryLinear:
         recorder.dispatch(self.gemv, self.gemv_bind, self.gemv_groups, n_tokens)
 
 
-# Fused decode GEMV with its input norm: accumulators (rows) per workgroup.
-NORM_GEMV_ROWS = 8
+# Fused decode GEMV with its input norm: weight rows per row group, row groups per workgroup. Every
+# workgroup redoes the norm of the input row (reading it from L2), so more rows per workgroup amortize
+# it; row groups share one quantized row through workgroup memory (docs/performance-notes.md).
+NORM_GEMV_ROWS = 16
+
+
+def norm_gemv_row_groups(n_rows: int) -> int:
+    """Row groups per fused workgroup (H100, run 23: 2 for qkv / wo / down, 4 for the 13824-row gate_up;
+    one group was 13-40% slower)."""
+    return 4 if n_rows >= 8192 else 2
 
 
 class NormTernaryLinear:
@@ -239,29 +263,36 @@ class NormTernaryLinear:
     Decode (n_tokens == 1): one dispatch of `ternary_gemv_norm.wgsl`, in which every workgroup
     normalizes and quantizes the input row itself (no rmsnorm_quant dispatch, no x_q round trip).
     Prefill: `RMSNormQuant` into x_q / x_scale, then the tiled GEMM, exactly as the two ops would.
-    Constructor arguments are those of RMSNormQuant and TernaryLinear together.
+    Constructor arguments are those of RMSNormQuant and TernaryLinear together; `rows` weight rows
+    per row group, `row_groups` (1, 2 or 4; default by size) groups per workgroup, `workgroup_size`
+    threads per group.
     """
 
     def __init__(self, kernels: KernelCache, x: gpu.Buffer, norm_weight: gpu.Buffer | None, eps: float,
                  weights: TernaryMatrix, x_q: gpu.Buffer, x_scale: gpu.Buffer, out: gpu.Buffer, step: StepParams,
                  epilogue: str = "store", label: str | None = None, use_dot4: bool | None = None,
-                 rows: int = NORM_GEMV_ROWS, workgroup_size: int | None = None):
+                 rows: int = NORM_GEMV_ROWS, workgroup_size: int | None = None,
+                 row_groups: int | None = None):
         label = label or f"{weights.label} {epilogue} (normed input)"
         op = f"NormTernaryLinear {label!r}"
         k = weights.n_cols
+        row_groups = row_groups or norm_gemv_row_groups(weights.n_rows)
         self.norm = RMSNormQuant(kernels, x, norm_weight, x_q, x_scale, step, k, eps, f"{label} norm")
         self.linear = TernaryLinear(kernels, weights, x_q, x_scale, out, step, epilogue, label, use_dot4=use_dot4)
         if x.nbytes < 4 * k:
             raise TernaryShapeError(f"{op}: x ({x.nbytes} bytes) holds less than one row of {k} f32")
         chunks = k // 64
-        wg = workgroup_size or max(64, ceil_div(chunks, 32) * 32)
-        if wg < chunks or wg < rows or rows % 2 or rows <= 0:
-            raise TernaryShapeError(f"{op}: needs an even rows ({rows}) <= workgroup size ({wg}) and a workgroup "
-                                    f"of at least K/64 = {chunks} threads")
-        if wg & (wg - 1) and not subgroups_available(kernels.device):
-            wg = 1 << (wg - 1).bit_length()  # the tree reduction without subgroups needs a power of two
+        gw = workgroup_size or max(64, ceil_div(chunks, 32) * 32)
+        if gw < chunks or gw < rows or rows % 2 or rows <= 0 or row_groups not in (1, 2, 4):
+            raise TernaryShapeError(f"{op}: needs an even rows ({rows}) <= threads per row group ({gw}), at least "
+                                    f"K/64 = {chunks} threads per row group and row_groups in 1, 2, 4 (got "
+                                    f"{row_groups})")
+        if gw & (gw - 1) and not subgroups_available(kernels.device):
+            gw = 1 << (gw - 1).bit_length()  # the tree reduction without subgroups needs a power of two
+        wg = gw * row_groups
         limits = kernels.device.limits
-        workgroup_bytes = k + 4 * wg + 4 * rows + 4  # int8 row, reduction slots, accumulators, slot count
+        # two reduction slots per thread, accumulators, two flags, the shared quantized row
+        workgroup_bytes = 8 * wg + 4 * rows * row_groups + 8 + (k if row_groups > 1 else 0)
         too_big = workgroup_bytes > limits.max_compute_workgroup_storage_size
         if wg > limits.max_compute_invocations_per_workgroup or too_big:
             raise TernaryShapeError(f"{op}: K={k} needs {wg} threads and {workgroup_bytes} bytes of workgroup "
@@ -274,12 +305,15 @@ class NormTernaryLinear:
         if use_dot4 is None:
             use_dot4 = packed_dot_available(device)
         defines = (("DOT4",) if use_dot4 else ()) + (("SUBGROUPS",) if subgroups else ()) + \
-            (("NORMALIZE", "HAS_WEIGHT") if norm_weight is not None else ())
+            (("NORMALIZE", "HAS_WEIGHT") if norm_weight is not None else ()) + \
+            (("SHARED_ROW",) if row_groups > 1 else ())
         gated = EPILOGUES[epilogue] >= 2
-        self.groups = ceil_div(self.linear.out_width, rows // 2 if gated else rows)
+        total = rows * row_groups
+        self.groups = ceil_div(self.linear.out_width, total // 2 if gated else total)
         self.fused = kernels.pipeline("ternary_gemv_norm", enables=wgsl_enables(device, subgroups=subgroups),
-                                      defines=defines, K=k, N=weights.n_rows, ROWS=rows, WG=wg,
-                                      EPILOGUE=EPILOGUES[epilogue], EPS=float(eps), K_F=float(k))
+                                      defines=defines, K=k, N=weights.n_rows, ROWS=rows, GROUPS=row_groups, GW=gw,
+                                      SVEC=4 // row_groups, EPILOGUE=EPILOGUES[epilogue], EPS=float(eps),
+                                      K_F=float(k))
         buffers = [weights.codes, weights.scales, x] + ([norm_weight] if norm_weight is not None else []) + [out]
         self.fused_bind = device.bind_group(self.fused, buffers, f"{label} fused")
 
