@@ -106,7 +106,8 @@ def fit_chat_to_context(messages: Sequence[dict], count_tokens: Callable[[list[d
             return kept
     raise EngineError(
         f"the system prompt and the latest message need {n} tokens, more than the "
-        f"{budget if limit is None else limit} the context leaves for them: shorten the message or start a new chat")
+        f"{budget if limit is None else limit} the context leaves for them: shorten the message or start "
+        "a new chat")
 
 
 class Engine:
@@ -279,7 +280,8 @@ class Engine:
             key = (self.template.kind, *((m["role"], m["content"]) for m in msgs))
             n = cache.get(key)
             if n is None:
-                n = cache[key] = len(render_tokens(self.tokenizer, self.template, msgs, add_generation_prompt=True))
+                n = cache[key] = len(render_tokens(self.tokenizer, self.template, msgs,
+                                                   add_generation_prompt=True))
             return n
 
         kept = fit_chat_to_context(messages, count, budget, limit=context - 1)
@@ -399,7 +401,8 @@ class Engine:
     async def chat_async(self, messages: Sequence[dict], settings: SamplerSettings, max_tokens: int = 256,
                          stop_strings: Sequence[str] = ()) -> AsyncIterator[str]:
         ids = self.encode_chat(messages, max_tokens)
-        async for piece in self._chat_stream(ids, self.chat_dropped_messages, settings, max_tokens, stop_strings):
+        dropped = self.chat_dropped_messages
+        async for piece in self._chat_stream(ids, dropped, settings, max_tokens, stop_strings):
             yield piece
 
     async def _chat_stream(self, ids: list[int], n_dropped: int, settings: SamplerSettings, max_tokens: int,

@@ -605,9 +605,11 @@ def _parse_cursor(cur: _Cursor, source: str) -> GGUFFile:
                 f"tensor {name!r}: n_dims {n_dims} at byte offset {n_dims_at} not in 1..{GGML_MAX_DIMS}")
         ne = [int(x) for x in cur.view(np.dtype("<u8"), n_dims, f"tensor {name!r} dims")]
         n_elements = 1
+        extent = 1      # product of the non-zero dims: numpy refuses such shapes even for empty arrays
         for d in ne:
             n_elements *= d
-        if n_elements >= 1 << 62:
+            extent *= max(d, 1)
+        if extent >= 1 << 56:
             raise GGUFFormatError(f"tensor {name!r}: dims {ne} at byte offset {n_dims_at + 4} are absurd")
         type_at = cur.pos
         type_id = cur.u32(f"tensor {name!r} type")
@@ -721,10 +723,10 @@ def describe(gguf: GGUFFile) -> str:
     if tok_model is not None or tokens is not None:
         parts = [f"tokenizer: {tok_model}"]
         if tokens is not None:
-            parts.append(f"vocab {len(tokens)}")
+            parts.append(f"vocab {_count(tokens)}")
         merges = md.get(Keys.MERGES)
         if merges is not None:
-            parts.append(f"merges {len(merges)}")
+            parts.append(f"merges {_count(merges)}")
         for label, key in (("bos", Keys.BOS_ID), ("eos", Keys.EOS_ID), ("eot", Keys.EOT_ID),
                            ("pad", Keys.PAD_ID)):
             tid = md.get(key)
@@ -739,6 +741,11 @@ def describe(gguf: GGUFFile) -> str:
         head = template[:160].replace("\n", "\\n")
         lines.append(f"chat template ({len(template)} chars): {head}{'...' if len(template) > 160 else ''}")
     return "\n".join(lines)
+
+
+def _count(v: object) -> str:
+    """Element count of an array value; any other value (a wrongly typed key) as itself."""
+    return str(len(v)) if isinstance(v, list | np.ndarray) else _short(v)
 
 
 def _short(v: object) -> str:

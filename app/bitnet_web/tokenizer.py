@@ -22,6 +22,7 @@ from __future__ import annotations
 import codecs
 import heapq
 import json
+import numbers
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
@@ -73,6 +74,18 @@ _LLAMA3_PRE_NAMES = frozenset(
 )
 
 SPM_SPACE = "\u2581"  # "▁", SentencePiece's visible space
+
+# Words longer than this many bytes take the O(n log n) BPE path (see Tokenizer._bpe_merge_heap).
+_LONG_WORD = 64
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,14 +186,54 @@ def llama3_pretokenize(text: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
+# Metadata comes from untrusted files: every key is checked for the type the tokenizer needs, so a
+# wrongly typed value is a TokenizerError naming the key, never a TypeError from deep inside.
+
+
 def _metadata_int(metadata: Mapping[str, object], key: str) -> int | None:
     value = metadata.get(key)
     if value is None:
         return None
-    try:
-        return int(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise TokenizerError(f"metadata {key!r}: expected an integer token id, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TokenizerError(f"metadata {key!r}: expected an integer token id, got {_describe(value)}")
+    return int(value)
+
+
+def _metadata_bool(metadata: Mapping[str, object], key: str, default: bool) -> bool:
+    value = metadata.get(key)
+    if value is None:
+        return default
+    dtype_kind = getattr(getattr(value, "dtype", None), "kind", None)
+    numpy_bool = dtype_kind == "b" and getattr(value, "ndim", 1) == 0
+    if not (isinstance(value, bool | numbers.Integral) or numpy_bool):
+        raise TokenizerError(f"metadata {key!r}: expected a bool, got {_describe(value)}")
+    return bool(value)
+
+
+def _metadata_list(metadata: Mapping[str, object], key: str, kinds: str) -> list | None:
+    """An array value as a list: `kinds` is 's' for strings, or numpy dtype kinds ('iu', 'iuf') for
+    numbers (the GGUF reader returns numeric arrays as numpy arrays, string arrays as list[str])."""
+    value = metadata.get(key)
+    if value is None:
+        return None
+    dtype_kind = getattr(getattr(value, "dtype", None), "kind", None)
+    if kinds != "s" and dtype_kind is not None and dtype_kind in kinds and getattr(value, "ndim", 0) == 1:
+        return value.tolist()  # type: ignore[union-attr]
+    if isinstance(value, list | tuple):
+        if kinds == "s":
+            ok = all(isinstance(v, str) for v in value)
+        else:
+            allowed = (numbers.Integral,) if "f" not in kinds else (numbers.Integral, numbers.Real)
+            ok = all(isinstance(v, allowed) and not isinstance(v, bool) for v in value)
+        if ok:
+            return list(value)
+    what = "strings" if kinds == "s" else "integers" if "f" not in kinds else "numbers"
+    raise TokenizerError(f"metadata {key!r}: expected an array of {what}, got {_describe(value)}")
+
+
+def _describe(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
 class Tokenizer:
@@ -281,7 +334,10 @@ class Tokenizer:
         model = metadata.get("tokenizer.ggml.model")
         if model is None:
             raise TokenizerError("metadata has no 'tokenizer.ggml.model' (this GGUF carries no vocabulary)")
-        tokens = metadata.get("tokenizer.ggml.tokens")
+        if not isinstance(model, str):
+            raise TokenizerError(
+                f"metadata 'tokenizer.ggml.model': expected a string, got {_describe(model)}")
+        tokens = _metadata_list(metadata, "tokenizer.ggml.tokens", "s")
         if tokens is None:
             raise TokenizerError("metadata has no 'tokenizer.ggml.tokens'")
         pre = metadata.get("tokenizer.ggml.pre")
@@ -290,22 +346,19 @@ class Tokenizer:
                 f"tokenizer.ggml.pre {pre!r} is not supported: only the Llama 3 pre-tokenizer is implemented "
                 f"({', '.join(sorted(_LLAMA3_PRE_NAMES))}, or no tokenizer.ggml.pre as in BitNet b1.58 2B-4T)"
             )
-        token_types = metadata.get("tokenizer.ggml.token_type")
-        add_bos = metadata.get("tokenizer.ggml.add_bos_token")
-        add_prefix = metadata.get("tokenizer.ggml.add_space_prefix")
         return cls(
-            model=str(model),
-            tokens=list(tokens),  # type: ignore[arg-type]
-            token_types=None if token_types is None else [int(t) for t in token_types],  # type: ignore[union-attr]
-            merges=metadata.get("tokenizer.ggml.merges"),  # type: ignore[arg-type]
-            scores=metadata.get("tokenizer.ggml.scores"),  # type: ignore[arg-type]
+            model=model,
+            tokens=tokens,
+            token_types=_metadata_list(metadata, "tokenizer.ggml.token_type", "iu"),
+            merges=_metadata_list(metadata, "tokenizer.ggml.merges", "s"),
+            scores=_metadata_list(metadata, "tokenizer.ggml.scores", "iuf"),
             bos_id=_metadata_int(metadata, "tokenizer.ggml.bos_token_id"),
             eos_id=_metadata_int(metadata, "tokenizer.ggml.eos_token_id"),
             eot_id=_metadata_int(metadata, "tokenizer.ggml.eot_token_id"),
             unk_id=_metadata_int(metadata, "tokenizer.ggml.unknown_token_id"),
             pad_id=_metadata_int(metadata, "tokenizer.ggml.padding_token_id"),
-            add_bos=True if add_bos is None else bool(add_bos),
-            add_space_prefix=True if add_prefix is None else bool(add_prefix),
+            add_bos=_metadata_bool(metadata, "tokenizer.ggml.add_bos_token", True),
+            add_space_prefix=_metadata_bool(metadata, "tokenizer.ggml.add_space_prefix", True),
         )
 
     @classmethod
@@ -415,6 +468,8 @@ class Tokenizer:
         return token_id in self._special_ids
 
     def _check_id(self, token_id: int) -> None:
+        if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
+            raise TokenizerError(f"token id {token_id!r} is not an integer ({type(token_id).__name__})")
         if not 0 <= token_id < len(self._tokens):
             raise TokenizerError(f"token id {token_id} is outside the vocabulary (0..{len(self._tokens) - 1})")
 
@@ -468,6 +523,10 @@ class Tokenizer:
         return ids
 
     def _encode_text(self, text: str, out: list[int], at_start: bool) -> None:
+        if _has_lone_surrogate(text):
+            # Not Unicode (a broken paste, bytes decoded with surrogateescape): like the browser's
+            # TextEncoder, each lone surrogate becomes U+FFFD instead of failing the whole prompt.
+            text = _LONE_SURROGATE.sub("\ufffd", text)
         if self.model == "gpt2":
             self._encode_bpe(text, out)
         else:
@@ -488,6 +547,8 @@ class Tokenizer:
 
     def _bpe_word(self, word: str) -> tuple[int, ...]:
         symbols = list(_bytes_to_alphabet(word.encode("utf-8")))
+        if len(symbols) > _LONG_WORD:
+            return self._symbol_ids(self._bpe_merge_heap(symbols))
         ranks = self._ranks
         # Repeatedly merge the adjacent pair with the lowest merge rank, all its occurrences left to
         # right (the GPT-2 formulation; identical to HF's one-at-a-time heap because a merge that
@@ -514,6 +575,41 @@ class Tokenizer:
                     merged.append(symbols[i])
                     i += 1
             symbols = merged
+        return self._symbol_ids(symbols)
+
+    def _bpe_merge_heap(self, symbols: list[str]) -> list[str]:
+        """BPE for long words (a run of letters or CJK can be thousands of bytes): O(n log n) instead
+        of the quadratic pass-per-merge above. Merges the lowest-rank adjacent pair, leftmost among
+        equals, one at a time, keeping neighbours in linked lists (HF tokenizers' algorithm; the same
+        result as the loop above because a merge using a merged symbol ranks after the one making it).
+        """
+        ranks = self._ranks
+        n = len(symbols)
+        sym: list[str | None] = list(symbols)
+        nxt = list(range(1, n + 1))
+        prev = list(range(-1, n - 1))
+        heap = [(r, i) for i in range(n - 1) if (r := ranks.get((symbols[i], symbols[i + 1]))) is not None]
+        heapq.heapify(heap)
+        while heap:
+            rank, i = heapq.heappop(heap)
+            j = nxt[i]
+            # Stale entries: i was merged into its left neighbour, or the pair at i has changed.
+            if sym[i] is None or j >= n or ranks.get((sym[i], sym[j])) != rank:  # type: ignore[arg-type]
+                continue
+            sym[i] = sym[i] + sym[j]  # type: ignore[operator]
+            sym[j] = None
+            nxt[i] = nxt[j]
+            if nxt[j] < n:
+                prev[nxt[j]] = i
+            for left in (prev[i], i):
+                right = nxt[left] if left >= 0 else n
+                if right < n:
+                    r = ranks.get((sym[left], sym[right]))  # type: ignore[arg-type]
+                    if r is not None:
+                        heapq.heappush(heap, (r, left))
+        return [s for s in sym if s is not None]
+
+    def _symbol_ids(self, symbols: list[str]) -> tuple[int, ...]:
         token_to_id = self._token_to_id
         ids: list[int] = []
         for sym in symbols:
@@ -594,10 +690,11 @@ class Tokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes this token stands for in text (special tokens: their text)."""
-        cached = self._bytes_cache.get(token_id)
+        cached = self._bytes_cache.get(token_id) if type(token_id) is int else None
         if cached is not None:
             return cached
         self._check_id(token_id)
+        token_id = int(token_id)
         text = self._tokens[token_id]
         ttype = self._types[token_id]
         if ttype in _SPECIAL_TYPES:

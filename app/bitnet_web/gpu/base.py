@@ -141,6 +141,7 @@ class Device:
     live_buffers: int
     bytes_allocated: int
     lost_reason: str | None  # None while usable; why it stopped being usable otherwise
+    is_cpu: bool  # a software adapter (lavapipe, SwiftShader): kernels pick CPU-friendly variants
 
     def buffer(self, nbytes: int, usage: int = STORAGE_USAGE, label: str = "") -> Buffer:
         raise NotImplementedError

@@ -114,6 +114,8 @@ class BrowserDevice(Device):
         vendor = getattr(info, "vendor", "") if info is not None else ""
         architecture = getattr(info, "architecture", "") if info is not None else ""
         self.adapter_name = f"{vendor} / {architecture} (WebGPU)".strip()
+        self.is_cpu = bool(getattr(adapter, "isFallbackAdapter", False)) or "swiftshader" in (
+            f"{vendor} {architecture}".lower())
         limits = device.limits
         binding = int(limits.maxStorageBufferBindingSize)
         if max_binding_size is not None:

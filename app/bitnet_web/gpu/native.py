@@ -147,6 +147,7 @@ class NativeDevice(Device):
             )
         info = adapter.info
         self.adapter_name = f"{info.get('device', '?')} ({info.get('backend_type', '?')})"
+        self.is_cpu = info.get("adapter_type") == "CPU"
         features = [f for f in _WANTED_FEATURES if f in adapter.features]
         self.profiling = profile and {"timestamp-query", "timestamp-query-inside-passes"} <= set(adapter.features)
         if self.profiling:
