@@ -140,8 +140,8 @@ class Device:
     features: frozenset[str]  # normalized names: 'shader-f16', 'subgroups', 'timestamp-query', ...
     live_buffers: int
     bytes_allocated: int
-    lost_reason: str | None  # None while usable; why it stopped being usable otherwise
-    is_cpu: bool  # a software adapter (lavapipe, SwiftShader): kernels pick CPU-friendly variants
+    lost_reason: str | None = None  # None while usable; why it stopped being usable otherwise
+    is_cpu: bool = False  # a software adapter (lavapipe, SwiftShader): kernels pick CPU-friendly variants
 
     def buffer(self, nbytes: int, usage: int = STORAGE_USAGE, label: str = "") -> Buffer:
         raise NotImplementedError
