@@ -27,6 +27,7 @@ from .dom import Listeners, append_text, by_id, clear, el, render_failure, set_t
 from .failures import describe
 from .modelinfo import info_rows
 from .progress import RateMeter, fraction, progress_text, stats_line
+from .prompts import turn_request
 from .settings import DEFAULT_SYSTEM_PROMPT, FIELDS, SettingsError, parse_form
 
 LAST_MODEL_KEY = "bitnet-web:last-model"
@@ -49,7 +50,7 @@ class ChatApp:
         self.meter = RateMeter()
         self.n = {name: by_id(name) for name in (
             "app", "status", "offline-status", "failure", "notice", "messages", "stats", "composer",
-            "prompt", "send", "stop", "new-chat", "model-select", "custom-url-row", "custom-url", "load",
+            "prompt", "send", "stop", "new-chat", "model-select", "model-desc", "custom-url-row", "custom-url", "load",
             "cancel-load", "progress", "progress-text", "model-info", "system-prompt", "settings-fields",
             "settings-error", "storage-summary", "persist", "cache-list")}
 
@@ -156,7 +157,11 @@ class ChatApp:
         self._on_model_change()
 
     def _on_model_change(self) -> None:
-        show(self.n["custom-url-row"], self.n["model-select"].value == page.CUSTOM)
+        value = str(self.n["model-select"].value)
+        show(self.n["custom-url-row"], value == page.CUSTOM)
+        entry = next((m for m in self.manifest.get("models", [])
+                      if page.model_descriptor(m, self.root_url)["key"] == value), None)
+        set_text(self.n["model-desc"], (entry or {}).get("description") or "")
 
     def _pick_start_model(self) -> None:
         last = js.localStorage.getItem(LAST_MODEL_KEY)
@@ -227,6 +232,7 @@ class ChatApp:
             self.info = result.get("info") or {}
             self.stats = None
             self._render_info()
+            self._mode_hint()
             self._state(model="loaded")
             js.localStorage.setItem(LAST_MODEL_KEY, model["key"])
             where = "browser storage" if result.get("source") == "cache" else "the network"
@@ -282,6 +288,16 @@ class ChatApp:
         js.console.info(f"bitnet-web: {text}")
         set_text(self.n["progress-text"], text)
 
+    def _mode_hint(self) -> None:
+        """A model without a chat format continues text: say so where the person types."""
+        completion = (self.info or {}).get("template_kind") == "completion"
+        self.n["prompt"].placeholder = (
+            "This model continues text (it is not chat-tuned): type the start, e.g. def fibonacci(n):"
+            if completion else "Message (Enter sends, Shift+Enter adds a line)")
+        self._state(mode="completion" if completion else "chat")
+        self.n["system-prompt"].disabled = completion  # a text-continuation model has no system role
+        self.n["system-prompt"].title = "Not used: this model has no chat format" if completion else ""
+
     def _render_info(self) -> None:
         box = self.n["model-info"]
         clear(box)
@@ -320,8 +336,8 @@ class ChatApp:
             return
         self.n["prompt"].value = ""
         system = str(self.n["system-prompt"].value).strip()
+        kind, request = turn_request((self.info or {}).get("template_kind"), system, self.messages, text)
         self.messages.append({"role": "user", "content": text})
-        conversation = ([{"role": "system", "content": system}] if system else []) + list(self.messages)
         self._bubble("user", text)
         reply = self._bubble("assistant", "")
         reply.setAttribute("data-state", "streaming")
@@ -339,7 +355,10 @@ class ChatApp:
         self._set_busy_controls()
         set_text(self.n["stats"], "Generating…")
         try:
-            result = await self.client.chat(conversation, settings, on_piece)
+            if kind == "complete":
+                result = await self.client.complete(request, settings, on_piece)
+            else:
+                result = await self.client.chat(request, settings, on_piece)
         finally:
             self.generating = False
             self._state(busy="0")

@@ -119,7 +119,25 @@ class ModelDownloader:
             _cancel_quietly(self._reader)
 
     async def ensure_cached(self, model: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        """(complete meta, "cache" | "network") for `model` = {key, url, name, size, sha256}."""
+        """(complete meta, "cache" | "network") for `model` = {key, url, name, size, sha256}.
+
+        Holds a Web Lock on the model's key: a second tab loading the same model waits for the
+        first to finish and then finds it cached, instead of writing the same entry at once."""
+        from .jsutil import WebLock
+
+        def waiting() -> None:
+            self.emit({"event": "log", "message": "another tab is downloading this model: waiting for it"})
+
+        async with WebLock("bitnet-web-model:" + model["key"], on_wait=waiting):
+            try:
+                return await self._ensure_cached(model)
+            except BaseException:
+                meta = await self.store.get(model["key"])
+                if meta is not None and not meta.get("complete") and not meta.get("stored"):
+                    await self.store.delete(model["key"])  # nothing arrived: leave no empty entry
+                raise
+
+    async def _ensure_cached(self, model: dict[str, Any]) -> tuple[dict[str, Any], str]:
         key = model["key"]
         meta = await self.store.get(key)
         if meta is not None and meta.get("complete"):

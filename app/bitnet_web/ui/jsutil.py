@@ -60,3 +60,52 @@ def error_message(err: Any) -> str:
     js_error = getattr(err, "js_error", err)
     message = getattr(js_error, "message", None)
     return str(message) if message else str(err)
+
+
+class WebLock:
+    """`async with WebLock(name):` holds a Web Lock (navigator.locks) for the block, so two tabs
+    never write the same cache entry at once; a no-op where the API is missing.
+
+    The lock is held by a JS Promise that the block's exit resolves; the grant callback is a
+    once-callable (called exactly once, by the browser, when the lock is granted).
+    """
+
+    def __init__(self, name: str, on_wait=None) -> None:
+        self.name = name
+        self.on_wait = on_wait
+        self._release = None
+        self._done = None
+
+    async def __aenter__(self) -> WebLock:
+        import asyncio
+
+        locks = getattr(js.navigator, "locks", None)
+        if locks is None:
+            return self
+        granted = asyncio.get_event_loop().create_future()
+        holder: list = []
+
+        def hold(resolve, reject):
+            holder.append(resolve)
+
+        release_promise = js.Promise.new(create_once_callable(hold))
+        self._release = holder[0]
+
+        def on_grant(lock):
+            if not granted.done():
+                granted.set_result(True)
+            return release_promise
+
+        if self.on_wait is not None:
+            state = await locks.query()
+            if any(str(h.name) == self.name for h in state.held):
+                self.on_wait()
+        self._done = locks.request(self.name, create_once_callable(on_grant))
+        await granted
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._release is not None:
+            self._release()
+            self._release = None
+            await self._done

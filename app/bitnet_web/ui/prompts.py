@@ -1,4 +1,4 @@
-"""Prompts the app writes itself (the TL;DR widget). Pure Python."""
+"""What the app sends the engine for a chat turn or a TL;DR. Pure Python."""
 
 from __future__ import annotations
 
@@ -26,3 +26,15 @@ def summary_messages(text: str) -> list[dict[str, str]]:
 def summary_prompt(text: str) -> str:
     """For models without a chat template (template_kind 'completion')."""
     return f"{text}\n\nTL;DR:"
+
+
+def turn_request(template_kind: str | None, system: str, history: list[dict[str, str]],
+                 text: str) -> tuple[str, object]:
+    """The engine request for the next chat turn: ("chat", messages) for a chat model, or
+    ("complete", prompt) for a model without a chat format (template kind "completion"), where the
+    conversation is one running document that the model continues (the system prompt is not used).
+    `history` holds the earlier turns as {"role", "content"} dicts, without the system prompt."""
+    if template_kind == "completion":
+        return "complete", "".join(m["content"] for m in history) + text
+    system_part = [{"role": "system", "content": system}] if system.strip() else []
+    return "chat", system_part + list(history) + [{"role": "user", "content": text}]

@@ -29,7 +29,7 @@ from .progress import progress_text, stats_line
 from .prompts import clip_to_context, summary_messages, summary_prompt
 from .settings import greedy
 
-MAX_TOKEN_CHOICES = (32, 64, 128, 256)
+MAX_TOKEN_CHOICES = (16, 32, 64, 128, 256)
 
 
 class TldrWidget:
@@ -48,7 +48,7 @@ class TldrWidget:
         self.max_tokens = el("select", attrs={"id": uid + "-max"},
                              children=[el("option", str(n), attrs={"value": str(n)}) for n in choices])
         self.max_tokens.value = str(max_tokens)
-        self.button = el("button", "Summarize", attrs={"type": "button", "disabled": ""})
+        self.button = el("button", "Summarize", cls="primary", attrs={"type": "button", "disabled": ""})
         self.stop_button = el("button", "Stop", attrs={"type": "button", "disabled": ""})
         self.summary = el("div", cls="summary", attrs={"aria-live": "polite", "data-role": "summary"})
         self.stats = el("div", cls="stats muted", attrs={"data-role": "stats"})

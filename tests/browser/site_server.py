@@ -1,0 +1,131 @@
+"""Test servers: the site (dist/ + /_test/, request log, fault injection) and the egress recorder."""
+
+from __future__ import annotations
+
+import functools
+import socket
+import socketserver
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+import build  # noqa: E402  (the repo's build.py: its server is part of what is tested)
+
+__all__ = ["EgressRecorder", "SiteServer", "build"]
+
+
+# ------------------------------------------------------------------------------------------------
+# The egress recorder
+# ------------------------------------------------------------------------------------------------
+
+class EgressRecorder(socketserver.ThreadingTCPServer):
+    """A proxy that serves nothing: records each request line (e.g. `CONNECT host:443`) and refuses."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _EgressHandler)
+
+
+class _EgressHandler(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        line = self.rfile.readline(4096).decode("latin-1").strip()
+        with self.server.lock:
+            self.server.seen.append(line)
+        self.wfile.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+
+# ------------------------------------------------------------------------------------------------
+# The site server
+# ------------------------------------------------------------------------------------------------
+
+class SiteHandler(build.DistRequestHandler):
+    """dist/ at /, the tests' files at /_test/; records requests; injects faults per path:
+    status (answer that HTTP status), delay_s (wait before answering), ignore_range (answer 200
+    with the whole file), drop_after (cut the connection after that many body bytes, pause_s
+    after sending them)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def translate_path(self, path: str) -> str:
+        clean = path.split("?", 1)[0].split("#", 1)[0]
+        if clean.startswith("/_test/"):
+            name = clean[len("/_test/"):]
+            if "/" in name or name.startswith("."):
+                return str(self.server.test_files / ".invalid")
+            return str(self.server.test_files / name)
+        return super().translate_path(path)
+
+    def send_head(self):
+        clean = self.path.split("?", 1)[0]
+        fault = self.server.take_fault(clean)
+        self.server.record({"method": self.command, "path": clean, "range": self.headers.get("Range"),
+                            "if_range": self.headers.get("If-Range")})
+        self._drop_after = None
+        if fault:
+            time.sleep(fault.get("delay_s", 0))  # a slow server: keeps a download in progress
+            if fault.get("status"):
+                self.send_error(fault["status"])
+                return None
+            if fault.get("ignore_range") and "Range" in self.headers:
+                del self.headers["Range"]
+            self._drop_after = fault.get("drop_after")
+            self._drop_pause_s = fault.get("pause_s", 1.0)
+        return super().send_head()
+
+    def copyfile(self, source, outputfile) -> None:
+        if self._drop_after is None:
+            return super().copyfile(source, outputfile)
+        # send the first bytes, let the browser hand them to the page, then cut the connection
+        # mid-body (a dropped network); without the pause Chromium may report the error first
+        outputfile.write(source.read(self._drop_after))
+        outputfile.flush()
+        time.sleep(self._drop_pause_s)
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class SiteServer(build.DistServer):
+    def __init__(self, dist: Path, test_files: Path, port: int = 0) -> None:
+        self.test_files = test_files
+        self.requests: list[dict[str, Any]] = []
+        self.faults: dict[str, list[dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+        super().__init__(("127.0.0.1", port), functools.partial(SiteHandler, directory=str(dist)))
+        self.url = f"http://127.0.0.1:{self.server_port}/"
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self._thread.start()
+
+    def record(self, entry: dict[str, Any]) -> None:
+        with self._lock:
+            self.requests.append(entry)
+
+    def add_fault(self, path: str, **fault: Any) -> None:
+        """Apply `fault` to the next request for `path` (once per call)."""
+        with self._lock:
+            self.faults.setdefault(path, []).append(fault)
+
+    def take_fault(self, path: str) -> dict[str, Any] | None:
+        with self._lock:
+            queue = self.faults.get(path)
+            return queue.pop(0) if queue else None
+
+    def requests_for(self, path: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [r for r in self.requests if r["path"] == path]
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
