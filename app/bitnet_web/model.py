@@ -138,10 +138,9 @@ class BitNetModel:
         self.layers: list[LayerWeights] = []
         self._buffers: list[gpu.Buffer] = []
         self.n_params = sum(info.n_elements for info in gguf.tensors.values())
-        self._staging: list[gpu.Buffer] | None = None  # two 16-byte host-readable slots for greedy ids
+        self._staging: list[gpu.Buffer] | None = None  # ring of 16-byte host-readable slots for greedy ids
         self.last_dispatches = self.last_passes = 0
         self.encode_seconds = 0.0  # time spent recording greedy steps (Python's share of a token)
-        self._ready = False
 
     @property
     def n_cached(self) -> int:
@@ -199,7 +198,6 @@ class BitNetModel:
         await device.checkpoint("building kernels")
         if progress:
             progress("upload", total, total)
-        self._ready = True
 
     def _allocate_run_state(self) -> None:
         cfg, device, rows = self.config, self.device, self.max_tokens
