@@ -67,7 +67,8 @@ def egress():
 
 @pytest.fixture(scope="session")
 def dist_dir() -> Path:
-    dist = build.DIST
+    # BITNET_WEB_DIST: a dist folder of one's own, for several test runs side by side
+    dist = Path(os.environ.get("BITNET_WEB_DIST") or build.DIST)
     if not (os.environ.get("BITNET_WEB_DIST_BUILT") == "1" and (dist / "sw.js").exists()):
         build.build(dist)
     return dist
