@@ -85,10 +85,16 @@ def generate(engine: Engine, settings: SamplerSettings = GREEDY, **kwargs) -> tu
     return text, list(engine.generated_tokens)
 
 
-@pytest.mark.parametrize("settings", [GREEDY, TOP1], ids=["gpu_argmax", "cpu_top1"])
-def test_greedy_generation_equals_reference_greedy(loaded, ref, settings):
-    text, tokens = generate(loaded, settings, tokens=PROMPT, max_tokens=16)
+@pytest.mark.parametrize("settings,on_gpu,choice", [(GREEDY, True, "gpu_argmax"), (TOP1, True, "gpu_sample"),
+                                                    (TOP1, False, "cpu_sample")])
+def test_greedy_generation_equals_reference_greedy(loaded, ref, settings, on_gpu, choice):
+    loaded.gpu_sampling = on_gpu
+    try:
+        text, tokens = generate(loaded, settings, tokens=PROMPT, max_tokens=16)
+    finally:
+        loaded.gpu_sampling = True
     stats = loaded.last_stats
+    assert stats.token_choice == choice
     assert stats.stop_reason == "max_tokens" and stats.n_generated == 16 == len(tokens)
     assert stats.n_prompt_tokens == len(PROMPT)
     assert_greedy(ref, PROMPT, tokens)
@@ -115,6 +121,26 @@ def test_seeded_sampling_is_reproducible(loaded, ref):
     kth = np.sort(logits * settings.temperature, axis=1)[:, -settings.top_k]
     chosen = (logits * settings.temperature)[np.arange(16), first[1]]
     assert (chosen >= kth - MAX_TOL * np.ptp(logits * settings.temperature)).all()
+
+
+@pytest.mark.parametrize("settings", [SamplerSettings(temperature=5.0, top_k=40, top_p=0.95, seed=1234),
+                                      SamplerSettings(temperature=0.8, top_k=64, top_p=0.9, min_p=0.01, seed=7),
+                                      SamplerSettings(temperature=2.0, top_k=3, top_p=1.0, seed=2**50 + 3)])
+def test_gpu_sampling_draws_the_cpu_samplers_tokens(loaded, settings):
+    """Both paths use the stream sampler.uniform(seed, n) and the same cuts: the GPU (queued steps,
+    nothing read back but ids) must give the CPU sampler's tokens for the same seed."""
+    runs = {}
+    for on_gpu in (True, False):
+        loaded.gpu_sampling = on_gpu
+        loaded.reset()
+        try:
+            runs[on_gpu] = generate(loaded, settings, tokens=PROMPT, max_tokens=24)
+        finally:
+            loaded.gpu_sampling = True
+        assert loaded.last_stats.token_choice == ("gpu_sample" if on_gpu else "cpu_sample")
+        assert loaded.last_stats.n_generated == 24
+    assert runs[True] == runs[False]
+    assert len(set(runs[True][1])) > 3  # a sampler stuck on one token would also "agree"
 
 
 def test_abort_inside_the_iteration_stops_within_one_token(loaded):

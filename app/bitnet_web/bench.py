@@ -132,14 +132,23 @@ async def measure_async(engine, quick: bool = False) -> dict:
 
     # End to end through Engine.generate: tokenizer streaming, stop checks and sampling included.
     ids = prompt(16)
-    for label, settings in (("greedy", SamplerSettings(temperature=0.0)),
-                            ("sampled", SamplerSettings(temperature=0.8, top_k=40, top_p=0.95, seed=1))):
+    sampled = SamplerSettings(temperature=0.8, top_k=40, top_p=0.95, seed=1)
+    for label, settings, on_gpu in (("greedy", SamplerSettings(temperature=0.0), True),
+                                    ("sampled", sampled, True),  # drawn on the GPU
+                                    ("sampled_cpu", sampled, False)):  # logits read back each token
         model.truncate(0)
-        async for _ in engine.generate_tokens_async(ids, settings, max_tokens=n_decode):
-            pass
+        engine.gpu_sampling = on_gpu
+        try:
+            async for _ in engine.generate_tokens_async(ids, settings, max_tokens=n_decode):
+                pass
+        finally:
+            engine.gpu_sampling = True
         stats = engine.last_stats
         report[f"engine_{label}_decode_tok_per_s"] = stats.decode_tok_per_s
         report[f"engine_{label}_tokens"] = stats.n_generated
+        report[f"engine_{label}_token_choice"] = stats.token_choice
+    if getattr(device, "profiling", False):
+        report["gpu_profile_sampler"] = profile_summary(model.profile_decode_step(sampled=True))
     report["bytes_read_per_token"] = model.bytes_read_per_token
     return report
 

@@ -51,6 +51,7 @@ class GenerationStats:
     context_used: int = 0
     stop_reason: str = ""  # 'eos', 'stop_string', 'max_tokens', 'context_full', 'aborted'
     n_dropped_messages: int = 0  # chat: oldest messages left out to fit the context (fit_chat_to_context)
+    token_choice: str = ""  # after the first token: 'gpu_argmax', 'gpu_sample' or 'cpu_sample' (logits read back)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -111,9 +112,12 @@ def fit_chat_to_context(messages: Sequence[dict], count_tokens: Callable[[list[d
 
 
 class Engine:
-    def __init__(self, max_binding_size: int | None = None, prefill_chunk: int = 64):
+    def __init__(self, max_binding_size: int | None = None, prefill_chunk: int = 64, gpu_sampling: bool = True):
         self.max_binding_size = max_binding_size  # lower the binding limit (tests shard with it)
         self.prefill_chunk = prefill_chunk
+        # Draw sampled tokens on the GPU when the settings allow (sampler.Sampler.gpu_supported);
+        # False reads logits back and samples on the CPU (same seeded stream, same tokens).
+        self.gpu_sampling = gpu_sampling
         self.device: gpu.Device | None = None
         self.gguf: GGUFFile | None = None
         self.config: ModelConfig | None = None
@@ -371,21 +375,29 @@ class Engine:
         stats.context_used = model.n_cached
         self._abort = False
 
-    @staticmethod
-    async def _token_source(model: BitNetModel, new_ids: list[int], sampler: Sampler, settings: SamplerSettings,
-                            history: list[int]) -> AsyncIterator[int]:
-        """Tokens of the reply, one per step: sampled on the CPU from read-back logits, or, for
-        plain greedy decoding, chosen by the GPU's argmax so only 4 bytes come back per token."""
+    async def _token_source(self, model: BitNetModel, new_ids: list[int], sampler: Sampler,
+                            settings: SamplerSettings, history: list[int]) -> AsyncIterator[int]:
+        """Tokens of the reply, one per step. After the prompt's logits (read back anyway), the GPU
+        chooses each token (argmax, or a seeded draw for top_k <= GPU_TOP_K_MAX without repetition
+        penalty) so only 4 bytes come back per token; other settings read logits back and sample
+        on the CPU."""
         logits = await model.prefill(new_ids)
         first = sampler.sample(logits, history)
         yield first
+        on_gpu = None
         if settings.temperature == 0 and settings.repetition_penalty == 1.0:
-            greedy = model.decode_greedy(first)
+            on_gpu, self.last_stats.token_choice = model.decode_greedy(first), "gpu_argmax"
+        elif self.gpu_sampling and sampler.gpu_supported():
+            on_gpu = model.decode_sampled(first, settings, sampler.seed, sampler.draws)
+            self.last_stats.token_choice = "gpu_sample"
+        else:
+            self.last_stats.token_choice = "cpu_sample"
+        if on_gpu is not None:
             try:
-                async for token in greedy:
+                async for token in on_gpu:
                     yield token
             finally:
-                await greedy.aclose()
+                await on_gpu.aclose()
             return
         token = first
         while model.n_cached < model.config.context_length:  # else this token cannot be fed back

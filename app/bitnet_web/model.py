@@ -39,7 +39,9 @@ from .kernels.kv_cache import KVCache
 from .kernels.linear import NormTernaryLinear, TernaryMatrix
 from .kernels.norm import RMSNorm
 from .kernels.rope import RopeKV, RopeTable
+from .kernels.sampling import GPUSampler
 from .quants import i2s_encode, ternarize
+from .sampler import SamplerSettings
 
 ProgressCallback = Callable[[str, int, int], None]
 
@@ -250,6 +252,9 @@ class BitNetModel:
         # Greedy decoding on the GPU: the argmax goes straight into token_ids[0], the next step's input.
         self.argmax = Argmax(k, self.logits, self.token_ids, cfg.vocab_size)
         self._buffers.append(self.argmax.partials)
+        # Sampled decoding on the GPU likewise (top-k <= GPU_TOP_K_MAX), seeded from the host once.
+        self.gpu_sampler = GPUSampler(k, self.logits, self.token_ids, cfg.vocab_size)
+        self._buffers += self.gpu_sampler.buffers
 
     # Context bookkeeping -----------------------------------------------------------------------
 
@@ -312,37 +317,60 @@ class BitNetModel:
         return logits if all_logits else logits[0]
 
     async def prefill(self, token_ids: list[int], chunk: int | None = None, all_logits: bool = False) -> np.ndarray:
-        chunk = min(chunk or self.max_tokens, self.max_tokens)
-        outputs = []
-        last = None
-        for start in range(0, len(token_ids), chunk):
-            part = token_ids[start:start + chunk]
-            last = await self.forward(part, all_logits=all_logits)
-            if all_logits:
-                outputs.append(last)
-        if last is None:
+        """Run a prompt in chunks of at most `chunk` (default: max_tokens) rows; return the logits of
+        its last token (vocab,), or of every token (n, vocab) with `all_logits`.
+
+        Without `all_logits` only the last chunk's logits are read back: every earlier chunk is
+        submitted without waiting for it (queue order runs the chunks in sequence, and each chunk's
+        token-id and StepParams uploads land after the previous chunk's submit), so Python records
+        chunk i+1 while the GPU runs chunk i.
+        """
+        if not token_ids:
             raise ValueError("prefill needs at least one token")
-        return np.concatenate(outputs) if all_logits else last
+        chunk = min(chunk or self.max_tokens, self.max_tokens)
+        if all_logits:
+            return np.concatenate([await self.forward(token_ids[start:start + chunk], all_logits=True)
+                                   for start in range(0, len(token_ids), chunk)])
+        if self.n_cached + len(token_ids) > self.config.context_length:
+            raise ValueError(f"context full: {self.n_cached} + {len(token_ids)} tokens > "
+                             f"{self.config.context_length}")
+        last = (len(token_ids) - 1) // chunk * chunk
+        for start in range(0, last, chunk):
+            part = token_ids[start:start + chunk]
+            self.device.upload(self.token_ids, 0, np.asarray(part, dtype=np.uint32))
+            self._record_step(len(part), all_logits=False).submit()
+            self.cached_tokens.extend(part)
+        return await self.forward(token_ids[last:])
 
     async def decode(self, token: int) -> np.ndarray:
         return await self.forward([token])
 
-    # Greedy decoding with the token kept on the GPU ----------------------------------------------
+    # Decoding with the token kept on the GPU (greedy argmax or seeded sampling) ------------------
 
-    def _record_greedy_step(self, staging: gpu.Buffer) -> gpu.Recorder:
-        """A decode step that reads its input id from token_ids[0], writes the argmax of its logits
-        back there (the next step's input) and copies it to `staging` for the host."""
+    def _record_gpu_step(self, staging: gpu.Buffer, chooser: Argmax | GPUSampler) -> gpu.Recorder:
+        """A decode step that reads its input id from token_ids[0], writes the next id chosen on
+        the GPU back there (the next step's input) and copies it to `staging` for the host."""
         rec = self._record_step(1, all_logits=False)
-        self.argmax.record(rec)
+        chooser.record(rec)
         rec.copy(self.token_ids, 0, staging, 0, 4)
         return rec
 
     GREEDY_DEPTH = 2  # decode steps queued on the GPU at once
 
-    async def decode_greedy(self, first_token: int) -> AsyncIterator[int]:
-        """Feed `first_token`, then yield greedy tokens one by one, forever (the caller stops).
+    def decode_greedy(self, first_token: int) -> AsyncIterator[int]:
+        """Feed `first_token`, then yield greedy (argmax) tokens one by one, forever (the caller stops)."""
+        return self._decode_on_gpu(first_token, self.argmax)
 
-        The next token id never leaves the GPU: each step's argmax is the next step's input, so
+    def decode_sampled(self, first_token: int, settings: SamplerSettings, seed: int,
+                       first_draw: int) -> AsyncIterator[int]:
+        """Like decode_greedy, but each token is drawn on the GPU under `settings` (top_k at most
+        GPU_TOP_K_MAX) with draws first_draw, first_draw + 1, ... of the stream `seed`
+        (sampler.uniform): the same tokens the CPU Sampler would draw from the same logits."""
+        self.gpu_sampler.configure(settings, seed, first_draw)
+        return self._decode_on_gpu(first_token, self.gpu_sampler)
+
+    async def _decode_on_gpu(self, first_token: int, chooser: Argmax | GPUSampler) -> AsyncIterator[int]:
+        """The next token id never leaves the GPU: each step's choice is the next step's input, so
         GREEDY_DEPTH steps are queued at once and the GPU never waits for Python; only 4 bytes per
         token come back, read from a ring of staging buffers. Invariant: `cached_tokens` holds the
         input of every step submitted so far except the newest one, whose input is the token this
@@ -352,7 +380,7 @@ class BitNetModel:
         """
         depth = self.GREEDY_DEPTH
         if self._staging is None:
-            self._staging = [self.device.staging(16, f"greedy token {i}") for i in range(depth + 1)]
+            self._staging = [self.device.staging(16, f"next token {i}") for i in range(depth + 1)]
             self._buffers.extend(self._staging)
         ring = len(self._staging)
         context = self.config.context_length
@@ -362,7 +390,7 @@ class BitNetModel:
         def launch() -> None:
             nonlocal submitted
             encode_start = time.perf_counter()
-            rec = self._record_greedy_step(self._staging[submitted % ring])
+            rec = self._record_gpu_step(self._staging[submitted % ring], chooser)
             rec.finish()
             self.encode_seconds += time.perf_counter() - encode_start
             rec.submit()
@@ -403,11 +431,12 @@ class BitNetModel:
                 "dispatches_per_token": self.last_dispatches,
                 "passes_per_token": self.last_passes}
 
-    def profile_decode_step(self) -> list[tuple[str, float]]:
-        """GPU microseconds per dispatch of one greedy decode step (NativeDevice(profile=True) only).
-        The step is not kept: the cache is left as it was."""
+    def profile_decode_step(self, sampled: bool = False) -> list[tuple[str, float]]:
+        """GPU microseconds per dispatch of one decode step, greedy or (after decode_sampled set the
+        sampler up) sampled (NativeDevice(profile=True) only). The step is not kept: the cache is
+        left as it was."""
         rec = self._record_step(1, all_logits=False, rec=self.device.begin_profiled())
-        self.argmax.record(rec)
+        (self.gpu_sampler if sampled else self.argmax).record(rec)
         rec.submit()
         return self.device.read_profile(rec)
 

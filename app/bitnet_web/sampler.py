@@ -5,19 +5,30 @@ min-p -> temperature -> draw. Top-p and min-p therefore look at the temperature-
 and temperature only reshapes what survives them. Temperature 0 is greedy (argmax after the
 penalty), never a division by zero.
 
+Random numbers come from a counter-based stream, `uniform(seed, n)`: draw n of a seeded sampler is
+a pure function of (seed, n). The GPU sampler (shaders/sample_topk.wgsl) computes the same hash, so
+a seeded generation gives the same tokens whether its draws ran on the CPU or on the GPU (up to
+float rounding when a draw lands within ~1e-6 of a boundary between two tokens). Equal logits are
+ordered by token id (the smaller first), on both sides.
+
 Imports only numpy and the standard library.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Sampler", "SamplerSettings", "StopMatcher", "StopResult"]
+__all__ = ["GPU_TOP_K_MAX", "Sampler", "SamplerSettings", "StopMatcher", "StopResult", "choose", "uniform"]
+
+# Largest top_k the GPU sampler handles (its per-workgroup candidate lists); larger, or top_k = 0,
+# samples on the CPU from read-back logits.
+GPU_TOP_K_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -67,62 +78,43 @@ class SamplerSettings:
 
 
 class Sampler:
-    """Draws tokens from logits with its own seeded random generator (reproducible per seed)."""
+    """Draws tokens from logits with its own seeded random stream (reproducible per seed)."""
 
     def __init__(self, settings: SamplerSettings | None = None) -> None:
         self.settings = settings if settings is not None else SamplerSettings()
-        self._rng = np.random.default_rng(self.settings.seed)
+        self.reseed(self.settings.seed)
 
     def reseed(self, seed: int | None) -> None:
-        self._rng = np.random.default_rng(seed)
+        """Restart the stream at draw 0; None picks a fresh random seed."""
+        self.seed = secrets.randbits(64) if seed is None else int(seed) % (1 << 64)
+        self.draws = 0  # uniforms used so far; the next one is uniform(seed, draws)
+
+    def next_uniform(self) -> float:
+        value = uniform(self.seed, self.draws)
+        self.draws += 1
+        return value
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """The next token id. `logits`: float [V]; `history`: token ids so far (for the penalty)."""
-        s = self.settings
         logits = np.asarray(logits)
         if logits.ndim != 1 or logits.shape[0] == 0:
             raise ValueError(f"logits must be a non-empty 1-D array [vocab], got shape {logits.shape}")
         if np.isnan(logits).any():
             raise ValueError("logits contain NaN (the forward pass produced invalid values)")
         logits = self._penalize(logits.astype(np.float32, copy=False), history)
-
         top = float(np.max(logits))
         if top == -np.inf:
             raise ValueError("all logits are -inf: no token can be sampled")
-        if s.temperature == 0.0 or top == np.inf:
+        if self.settings.temperature == 0.0 or top == np.inf:
             # Greedy; also the only sensible answer when a logit is +inf (the softmax is one-hot).
             return int(np.argmax(logits))
-        vocab = logits.shape[0]
+        return choose(logits, self.settings, self.next_uniform())
 
-        # top-k: O(V) selection, then sort only the k survivors (descending).
-        if 0 < s.top_k < vocab:
-            cand = np.argpartition(-logits, s.top_k - 1)[: s.top_k]
-        else:
-            cand = np.arange(vocab)
-        cand_logits = logits[cand].astype(np.float64)
-        order = np.argsort(-cand_logits, kind="stable")
-        cand = cand[order]
-        cand_logits = cand_logits[order]
-
-        # Probabilities at temperature 1, for top-p and min-p (llama.cpp applies temperature last).
-        if s.top_p < 1.0 or s.min_p > 0.0:
-            probs = _softmax(cand_logits)
-            keep = len(cand)
-            if s.top_p < 1.0:
-                # Smallest prefix whose mass reaches top_p (the token that crosses it is kept).
-                cum = np.cumsum(probs)
-                keep = min(keep, int(np.searchsorted(cum, s.top_p, side="left")) + 1)
-            if s.min_p > 0.0:
-                keep = min(keep, int(np.count_nonzero(probs >= s.min_p * probs[0])))
-            keep = max(keep, 1)
-            cand = cand[:keep]
-            cand_logits = cand_logits[:keep]
-
-        probs = _softmax(cand_logits / s.temperature)
-        # Inverse-CDF draw: robust to the rounding that makes probs.sum() differ from 1 by an ulp.
-        cum = np.cumsum(probs)
-        index = int(np.searchsorted(cum, self._rng.random() * cum[-1], side="right"))
-        return int(cand[min(index, len(cand) - 1)])
+    def gpu_supported(self) -> bool:
+        """Can the GPU sampler take these settings (so logits need not come back to the host)?"""
+        s = self.settings
+        return (s.temperature > 0.0 and 0 < s.top_k <= GPU_TOP_K_MAX
+                and (s.repetition_penalty == 1.0 or s.repeat_last_n == 0))
 
     def _penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         """llama.cpp's repetition penalty: each distinct token among the last N has its logit divided
@@ -140,6 +132,63 @@ class Sampler:
             selected > 0, selected / s.repetition_penalty, selected * s.repetition_penalty
         ).astype(np.float32)
         return logits
+
+
+def choose(logits: np.ndarray, settings: SamplerSettings, u: float) -> int:
+    """The token that the draw `u` in [0, 1) picks from `logits` (float [V], no NaN, penalty
+    already applied) under top-k -> top-p -> min-p -> temperature, by inverse CDF."""
+    s = settings
+    vocab = logits.shape[0]
+    # top-k: O(V) selection; at the boundary, equal logits go to the smaller token ids
+    if 0 < s.top_k < vocab:
+        kth = -np.partition(-logits, s.top_k - 1)[s.top_k - 1]
+        above = np.flatnonzero(logits > kth)
+        cand = np.concatenate([above, np.flatnonzero(logits == kth)[: s.top_k - above.size]])
+    else:
+        cand = np.arange(vocab)
+    order = np.lexsort((cand, -logits[cand].astype(np.float64)))  # value descending, then id
+    cand = cand[order]
+    cand_logits = logits[cand].astype(np.float64)
+
+    # Probabilities at temperature 1, for top-p and min-p (llama.cpp applies temperature last).
+    if s.top_p < 1.0 or s.min_p > 0.0:
+        probs = _softmax(cand_logits)
+        keep = len(cand)
+        if s.top_p < 1.0:
+            # Smallest prefix whose mass reaches top_p (the token that crosses it is kept).
+            cum = np.cumsum(probs)
+            keep = min(keep, int(np.searchsorted(cum, s.top_p, side="left")) + 1)
+        if s.min_p > 0.0:
+            keep = min(keep, int(np.count_nonzero(probs >= s.min_p * probs[0])))
+        keep = max(keep, 1)
+        cand = cand[:keep]
+        cand_logits = cand_logits[:keep]
+
+    probs = _softmax(cand_logits / s.temperature)
+    # Inverse-CDF draw: robust to the rounding that makes probs.sum() differ from 1 by an ulp.
+    cum = np.cumsum(probs)
+    index = int(np.searchsorted(cum, u * cum[-1], side="right"))
+    return int(cand[min(index, len(cand) - 1)])
+
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(x: int) -> int:
+    """A 32-bit integer hash (Wellons' "lowbias32"); the WGSL twin is `mix32` in sample_topk.wgsl."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _MASK32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _MASK32
+    x ^= x >> 16
+    return x
+
+
+def uniform(seed: int, n: int) -> float:
+    """Draw `n` of the stream `seed` (64-bit): a float in [0, 1) with 24 random bits."""
+    seed_lo, seed_hi = seed & _MASK32, (seed >> 32) & _MASK32
+    key = _mix32(seed_lo ^ _mix32((seed_hi + 0x9E3779B9) & _MASK32))
+    return (_mix32((n & _MASK32) ^ key) >> 8) * (1.0 / (1 << 24))
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

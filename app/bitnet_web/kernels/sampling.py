@@ -1,0 +1,82 @@
+"""Seeded top-k sampling on the GPU (shaders/sample_topk.wgsl): the next token id is written where
+the next decode step reads it, so sampled decoding queues steps like greedy decoding does.
+
+Levels: the logits are cut into N-wide spans whose best K pairs are kept; while more than N pairs
+remain, N-wide groups of them are merged the same way; the last level sorts at most N pairs and
+draws. For the Llama 3 vocabulary (128256): 126 spans -> 8064 pairs -> 8 groups -> 512 -> draw.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import gpu
+from ..sampler import GPU_TOP_K_MAX, SamplerSettings
+from .common import KernelCache, ceil_div
+
+SORT_WIDTH = 1024  # pairs sorted per workgroup (8 KB of workgroup memory)
+SAMPLE_WORKGROUP = 256
+
+
+class GPUSampler:
+    """out_ids[slot] = a token drawn from logits[row] under `settings` (set with `configure`)."""
+
+    PARAMS_NBYTES = 32
+    STATE_NBYTES = 16
+
+    def __init__(self, kernels: KernelCache, logits: gpu.Buffer, out_ids: gpu.Buffer, vocab_size: int,
+                 slot: int = 0, row: int = 0, label: str = "sampler"):
+        if logits.nbytes < 4 * vocab_size * (row + 1) or out_ids.nbytes < 4 * (slot + 1):
+            raise ValueError(f"{label}: logits ({logits.nbytes} bytes) must hold row {row} of {vocab_size} f32 "
+                             f"and out_ids ({out_ids.nbytes} bytes) slot {slot}")
+        device = kernels.device
+        self.device = device
+        shape = dict(WG=SAMPLE_WORKGROUP, N=SORT_WIDTH, K=GPU_TOP_K_MAX, PER=SORT_WIDTH // SAMPLE_WORKGROUP)
+        self.buffers: list[gpu.Buffer] = []
+        self.dispatches: list[tuple[gpu.Pipeline, object, int]] = []
+
+        def lists(n_pairs: int, level: int) -> gpu.Buffer:
+            buffer = device.buffer(8 * n_pairs, label=f"{label} candidates {level}")  # (n,) vec2<u32>
+            self.buffers.append(buffer)
+            return buffer
+
+        groups = ceil_div(vocab_size, SORT_WIDTH)
+        first = kernels.pipeline("sample_topk", V=vocab_size, ROW=row, **shape)
+        pairs = groups * GPU_TOP_K_MAX
+        current = lists(pairs, 0)
+        self.dispatches.append((first, device.bind_group(first, [logits, current], f"{label} spans"), groups))
+        while pairs > SORT_WIDTH:
+            groups = ceil_div(pairs, SORT_WIDTH)
+            merge = kernels.pipeline("sample_topk", defines=("MERGE",), N_IN=pairs, **shape)
+            merged = lists(groups * GPU_TOP_K_MAX, len(self.buffers))
+            self.dispatches.append((merge, device.bind_group(merge, [current, merged], f"{label} merge"), groups))
+            current, pairs = merged, groups * GPU_TOP_K_MAX
+        self.params = device.buffer(self.PARAMS_NBYTES, gpu.UNIFORM_USAGE, f"{label} params")
+        self.state = device.buffer(self.STATE_NBYTES, label=f"{label} state")  # (counter, status, -, -) u32
+        self.buffers += [self.params, self.state]
+        final = kernels.pipeline("sample_topk", defines=("FINAL",), N_IN=pairs, SLOT=slot, **shape)
+        bind = device.bind_group(final, [current, self.params, self.state, out_ids], f"{label} draw")
+        self.dispatches.append((final, bind, 1))
+
+    def configure(self, settings: SamplerSettings, seed: int, first_draw: int) -> None:
+        """Settings for the next steps, and the stream position: the next step uses draw `first_draw`
+        of stream `seed` (sampler.uniform), then the count goes up by one per step on the GPU."""
+        if not (settings.temperature > 0 and 0 < settings.top_k <= GPU_TOP_K_MAX):
+            raise ValueError(f"the GPU sampler needs temperature > 0 and 1 <= top_k <= {GPU_TOP_K_MAX}, got "
+                             f"temperature={settings.temperature}, top_k={settings.top_k}")
+        params = np.zeros(8, dtype=np.uint32)
+        params[0] = settings.top_k
+        params[1:4] = np.array([settings.top_p, settings.min_p, 1.0 / settings.temperature],
+                               dtype=np.float32).view(np.uint32)
+        params[4], params[5] = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+        self.device.upload(self.params, 0, params)
+        self.device.upload(self.state, 0, np.array([first_draw, 0, 0, 0], dtype=np.uint32))
+
+    def record(self, recorder: gpu.Recorder, n_tokens: int = 1) -> None:
+        for pipeline, bind, groups in self.dispatches:
+            recorder.dispatch(pipeline, bind, groups)
+
+    def release(self, device: gpu.Device) -> None:
+        for buffer in self.buffers:
+            device.release(buffer)
+        self.buffers.clear()

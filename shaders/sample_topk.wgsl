@@ -1,0 +1,229 @@
+// Seeded top-k / top-p / min-p / temperature sampling on the GPU, so the next token id never has to
+// leave the GPU (like argmax.wgsl for greedy decoding) and step n+1 can be queued behind step n.
+//
+// The distribution is exactly the CPU sampler's (sampler.py `choose`): candidates are the top_k
+// logits (ties: the smaller id first); top-p and min-p cut that list at temperature 1; the draw is
+// an inverse CDF over exp((l - l_max) / T) with u = uniform(seed, counter), the hash below being a
+// bit-exact twin of sampler.py `uniform`. Only float rounding differs (f32 here, f64 there).
+//
+// Three variants of this file, one workgroup-wide bitonic sort of N (value, id) pairs each:
+//   default:   workgroup g sorts logits g*N .. g*N+N-1 and writes its best K pairs to lists[g*K ..]
+//   MERGE:     workgroup g sorts pairs g*N .. of a previous level's lists, writes its best K
+//              (N / K lists per workgroup: 126 workgroups' lists -> 8 -> one)
+//   FINAL:     one workgroup sorts the last <= N pairs, then thread 0 cuts and draws (<= K exps)
+// Why sorts: top-k needs the exact k-th value; a 1024-wide bitonic sort in workgroup memory is
+// 55 barrier steps, a few microseconds, against ~1.5 ms per decode step.
+//
+// Pairs order: valid before invalid (id NO_INDEX: past the end or NaN), larger value first, then the
+// smaller id, so ties resolve like the CPU sampler and NaN never wins.
+//
+// Bindings:  default: 0 logits    [rows, V] f32 (row ROW is sampled)
+//                     1 lists_out [GROUPS * K] vec2<u32>   (bitcast value, id)
+//            MERGE:   0 lists_in  [N_IN] vec2<u32>
+//                     1 lists_out [GROUPS * K] vec2<u32>
+//            FINAL:   0 lists_in  [N_IN] vec2<u32>          (N_IN <= N)
+//                     1 params    uniform SampleParams       (written once per generation)
+//                     2 state     [4] u32: counter (the draw number, +1 per token), status (1 = no
+//                                 valid logit: token 0 was written)
+//                     3 out_ids   [>= SLOT + 1] u32          (the next step's input token)
+//
+// Dispatch: default (ceil(V / N)), MERGE (ceil(N_IN / N)), FINAL (1); workgroup WG threads, each
+// holding PER = N / WG pairs.
+
+const WG: u32 = ${WG};
+const N: u32 = ${N};
+const K: u32 = ${K};
+const NO_INDEX: u32 = 0xffffffffu;
+const LOWEST: f32 = -3.402823e38;
+
+//#if FINAL
+struct SampleParams {
+    top_k: u32,
+    top_p: f32,           // 1 = off
+    min_p: f32,           // 0 = off
+    inv_temperature: f32,
+    seed_lo: u32,
+    seed_hi: u32,
+    _pad0: u32,
+    _pad1: u32,
+};
+const N_IN: u32 = ${N_IN};
+const SLOT: u32 = ${SLOT};
+@group(0) @binding(0) var<storage, read> lists_in: array<vec2<u32>>;
+@group(0) @binding(1) var<uniform> params: SampleParams;
+@group(0) @binding(2) var<storage, read_write> state: array<u32>;
+@group(0) @binding(3) var<storage, read_write> out_ids: array<u32>;
+//#else
+//#if MERGE
+const N_IN: u32 = ${N_IN};
+@group(0) @binding(0) var<storage, read> lists_in: array<vec2<u32>>;
+//#else
+const V: u32 = ${V};
+const ROW: u32 = ${ROW};
+@group(0) @binding(0) var<storage, read> logits: array<f32>;
+//#endif
+@group(0) @binding(1) var<storage, read_write> lists_out: array<vec2<u32>>;
+//#endif
+
+var<workgroup> sort_v: array<f32, N>;
+var<workgroup> sort_i: array<u32, N>;
+
+fn before(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
+    return ia != NO_INDEX && (ib == NO_INDEX || va > vb || (va == vb && ia < ib));
+}
+
+// Sorts sort_v / sort_i so that `before` holds between neighbours. Called by all WG threads.
+fn bitonic_sort(lid: u32) {
+    for (var k = 2u; k <= N; k = k << 1u) {
+        for (var j = k >> 1u; j > 0u; j = j >> 1u) {
+//#for t in PER
+            {
+                let i = lid + {{t}}u * WG;
+                let l = i ^ j;
+                if (l > i) {
+                    let va = sort_v[i];
+                    let ia = sort_i[i];
+                    let vb = sort_v[l];
+                    let ib = sort_i[l];
+                    // (i & k) == 0: this block ends up in `before` order, else reversed (bitonic merge)
+                    if (select(before(va, ia, vb, ib), before(vb, ib, va, ia), (i & k) == 0u)) {
+                        sort_v[i] = vb;
+                        sort_i[i] = ib;
+                        sort_v[l] = va;
+                        sort_i[l] = ia;
+                    }
+                }
+            }
+//#endfor
+            workgroupBarrier();
+        }
+    }
+}
+
+//#if FINAL
+// Wellons' lowbias32; sampler.py `_mix32` is the same function.
+fn mix32(x_in: u32) -> u32 {
+    var x = x_in;
+    x ^= x >> 16u;
+    x *= 0x7feb352du;
+    x ^= x >> 15u;
+    x *= 0x846ca68bu;
+    x ^= x >> 16u;
+    return x;
+}
+
+// sampler.py `uniform(seed, n)`: 24 random bits, exactly representable in f32.
+fn uniform_draw(seed_lo: u32, seed_hi: u32, n: u32) -> f32 {
+    let key = mix32(seed_lo ^ mix32(seed_hi + 0x9e3779b9u));
+    return f32(mix32(n ^ key) >> 8u) * (1.0 / 16777216.0);
+}
+//#endif
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+//#for t in PER
+    {
+        let i = lid + {{t}}u * WG;
+//#if FINAL
+        let at = i;
+//#else
+        let at = wid.x * N + i;
+//#endif
+//#if MERGE
+        var pair = vec2<u32>(bitcast<u32>(LOWEST), NO_INDEX);
+        if (at < N_IN) {
+            pair = lists_in[at];
+        }
+        sort_v[i] = bitcast<f32>(pair.x);
+        sort_i[i] = pair.y;
+//#else
+//#if FINAL
+        var pair = vec2<u32>(bitcast<u32>(LOWEST), NO_INDEX);
+        if (at < N_IN) {
+            pair = lists_in[at];
+        }
+        sort_v[i] = bitcast<f32>(pair.x);
+        sort_i[i] = pair.y;
+//#else
+        let value = logits[ROW * V + min(at, V - 1u)];
+        let valid = at < V && value == value;  // NaN never becomes a candidate
+        sort_v[i] = select(LOWEST, value, valid);
+        sort_i[i] = select(NO_INDEX, at, valid);
+//#endif
+//#endif
+    }
+//#endfor
+    workgroupBarrier();
+    bitonic_sort(lid);
+
+//#if !FINAL
+    if (lid < K) {
+        lists_out[wid.x * K + lid] = vec2<u32>(bitcast<u32>(sort_v[lid]), sort_i[lid]);
+    }
+//#else
+    if (lid != 0u) {
+        return;
+    }
+    let draw = state[0];
+    state[0] = draw + 1u;
+    var n_cand = 0u;
+    for (var i = 0u; i < min(params.top_k, K); i++) {
+        if (sort_i[i] != NO_INDEX) {
+            n_cand = i + 1u;
+        }
+    }
+    if (n_cand == 0u) {
+        state[1] = 1u;
+        out_ids[SLOT] = 0u;
+        return;
+    }
+    state[1] = 0u;
+    let top = sort_v[0];
+    if (top > 3.402823e38) {  // +inf: the softmax is one-hot on the first +inf (CPU: argmax)
+        out_ids[SLOT] = sort_i[0];
+        return;
+    }
+    // top-p and min-p on the temperature-1 weights exp(l - top) (the largest is exactly 1)
+    var total = 0.0;
+    for (var i = 0u; i < n_cand; i++) {
+        total += exp(sort_v[i] - top);
+    }
+    var keep = n_cand;
+    if (params.top_p < 1.0) {
+        var cum = 0.0;
+        for (var i = 0u; i < n_cand; i++) {
+            cum += exp(sort_v[i] - top);
+            if (cum >= params.top_p * total) {  // the token that crosses top_p is kept
+                keep = i + 1u;
+                break;
+            }
+        }
+    }
+    if (params.min_p > 0.0) {
+        var n_above = 0u;
+        for (var i = 0u; i < n_cand; i++) {
+            if (exp(sort_v[i] - top) >= params.min_p) {
+                n_above += 1u;
+            }
+        }
+        keep = min(keep, n_above);
+    }
+    keep = max(keep, 1u);
+    // temperature, then the inverse-CDF draw: the first token whose cumulative weight exceeds u * sum
+    var weight_sum = 0.0;
+    for (var i = 0u; i < keep; i++) {
+        weight_sum += exp((sort_v[i] - top) * params.inv_temperature);
+    }
+    let target_weight = uniform_draw(params.seed_lo, params.seed_hi, draw) * weight_sum;
+    var chosen = keep - 1u;
+    var cum = 0.0;
+    for (var i = 0u; i < keep; i++) {
+        cum += exp((sort_v[i] - top) * params.inv_temperature);
+        if (cum > target_weight) {
+            chosen = i;
+            break;
+        }
+    }
+    out_ids[SLOT] = sort_i[chosen];
+//#endif
+}

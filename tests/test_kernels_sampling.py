@@ -1,0 +1,147 @@
+"""The GPU sampler (shaders/sample_topk.wgsl) against the CPU sampler's `choose` with the same draw.
+
+Both sides use the counter-based stream sampler.uniform(seed, n), so for every draw the GPU must pick
+exactly the token `choose(logits, settings, uniform(seed, n))` picks, except where float rounding
+can matter: a draw or a top-p / min-p cut within 1e-5 of a boundary (the reference is then computed
+with the draw and the cuts nudged both ways, and any of those answers is accepted).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
+
+from bitnet_web import gpu  # noqa: E402
+from bitnet_web.kernels.common import KernelCache  # noqa: E402
+from bitnet_web.kernels.sampling import GPUSampler  # noqa: E402
+from bitnet_web.sampler import GPU_TOP_K_MAX, SamplerSettings, choose, uniform  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def device():
+    try:
+        dev = gpu.open_device()
+    except gpu.GPUUnavailableError as exc:  # pragma: no cover - depends on the machine
+        pytest.skip(f"no WebGPU adapter: {exc}")
+    yield dev
+    dev.destroy()
+
+
+@pytest.fixture(scope="module")
+def kernels(device):
+    return KernelCache(device)
+
+
+def upload(device, array: np.ndarray, label: str) -> gpu.Buffer:
+    array = np.ascontiguousarray(array)
+    buffer = device.buffer(array.nbytes, label=label)
+    device.upload(buffer, 0, array)
+    return buffer
+
+
+def draw_on_gpu(device, sampler: GPUSampler, ids_buf: gpu.Buffer, slot: int = 0) -> int:
+    recorder = device.begin()
+    sampler.record(recorder)
+    recorder.submit()
+    return int(device.read_sync(ids_buf, 0, 16).view(np.uint32)[slot])
+
+
+def acceptable(logits: np.ndarray, settings: SamplerSettings, u: float) -> set[int]:
+    """Tokens the draw `u` may give, allowing for rounding at boundaries (see the module doc)."""
+    clean = np.where(np.isnan(logits), -np.inf, logits).astype(np.float32)
+    answers = {choose(clean, settings, u)}
+    for du in (-1e-5, 1e-5):
+        answers.add(choose(clean, settings, min(max(u + du, 0.0), 1 - 2**-24)))
+    for dp in (-1e-5, 1e-5):
+        nudged = dict(top_p=min(max(settings.top_p + dp, 1e-6), 1.0), min_p=min(max(settings.min_p + dp, 0.0), 1.0))
+        answers.add(choose(clean, SamplerSettings(**{**settings.__dict__, **nudged}), u))
+    return answers
+
+
+SETTINGS = [
+    SamplerSettings(temperature=0.8, top_k=40, top_p=0.95),  # llama.cpp's defaults
+    SamplerSettings(temperature=1.0, top_k=64, top_p=1.0),
+    SamplerSettings(temperature=1.5, top_k=7, top_p=0.5, min_p=0.05),
+    SamplerSettings(temperature=0.3, top_k=1),
+    SamplerSettings(temperature=2.0, top_k=64, top_p=0.9, min_p=0.2),
+]
+
+
+@pytest.mark.parametrize("vocab", [300, 5000, 70_000, 128_256])
+def test_gpu_draws_equal_the_cpu_choice(device, kernels, vocab):
+    """Levels: 300 -> one span; 5000 -> 5 spans -> draw; 70000 and 128256 -> spans -> merge -> draw."""
+    rng = np.random.default_rng(vocab)
+    sampler_out = upload(device, np.full(4, 77, np.uint32), "ids")
+    logits_buf = device.buffer(4 * vocab, label="logits")
+    op = GPUSampler(kernels, logits_buf, sampler_out, vocab)
+    assert len(op.dispatches) == {300: 2, 5000: 2, 70_000: 3, 128_256: 3}[vocab]  # spans, merges, draw
+    seed = int(rng.integers(0, 2**63))
+    checked = 0
+    for case in range(12):
+        settings = SETTINGS[case % len(SETTINGS)]
+        logits = (rng.standard_normal(vocab) * rng.uniform(0.5, 4.0)).astype(np.float32)
+        if case % 3 == 1:  # a peaked row, as a trained model gives
+            logits[rng.integers(0, vocab, 5)] += 12.0
+        if case % 4 == 2:  # ties at the top-k boundary and NaNs that must never be drawn
+            logits[rng.integers(0, vocab, 30)] = np.sort(logits)[-settings.top_k]
+            logits[rng.integers(0, vocab, 3)] = np.nan
+        device.upload(logits_buf, 0, logits)
+        op.configure(settings, seed, first_draw=case * 3)
+        for draw in range(case * 3, case * 3 + 3):
+            token = draw_on_gpu(device, op, sampler_out)
+            assert token in acceptable(logits, settings, uniform(seed, draw)), (case, draw, settings)
+            checked += 1
+    counter = device.read_sync(op.state, 0, 8).view(np.uint32)
+    assert counter[0] == 11 * 3 + 3 and counter[1] == 0  # the GPU counts its draws
+    assert checked == 36
+    op.release(device)
+
+
+@pytest.mark.parametrize("seed", [0, 12345, 2**40 + 7, 2**64 - 1])
+def test_gpu_stream_is_the_cpu_stream(device, kernels, seed):
+    """64 equal logits and temperature 1: the draw picks floor(u * 64), so the GPU's hash is seen
+    bit for bit in its top 6 bits, for seeds on both sides of 2^32."""
+    vocab = 64
+    ids = upload(device, np.zeros(4, np.uint32), "ids")
+    op = GPUSampler(kernels, upload(device, np.zeros(vocab, np.float32), "logits"), ids, vocab)
+    op.configure(SamplerSettings(temperature=1.0, top_k=64, top_p=1.0), seed, first_draw=1000)
+    got = [draw_on_gpu(device, op, ids) for _ in range(40)]
+    assert got == [int(uniform(seed, n) * 64) for n in range(1000, 1040)]
+    assert len(set(got)) > 20  # a constant stream would also fail this
+
+
+def test_gpu_sampler_writes_its_slot_and_row(device, kernels):
+    vocab, row, slot = 3000, 2, 3
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((row + 1, vocab)).astype(np.float32)
+    logits[row, 1234] = 40.0  # all the mass: any draw gives it
+    logits[0, 99] = 80.0  # another row's winner must not be seen
+    ids = upload(device, np.full(4, 77, np.uint32), "ids")
+    op = GPUSampler(kernels, upload(device, logits, "logits"), ids, vocab, slot=slot, row=row)
+    op.configure(SamplerSettings(temperature=1.0, top_k=10, top_p=0.9), 5, first_draw=0)
+    assert draw_on_gpu(device, op, ids, slot) == 1234
+    assert device.read_sync(ids, 0, 16).view(np.uint32).tolist() == [77, 77, 77, 1234]
+
+
+def test_all_nan_logits_write_token_zero_and_flag_it(device, kernels):
+    vocab = 2000
+    ids = upload(device, np.full(4, 77, np.uint32), "ids")
+    op = GPUSampler(kernels, upload(device, np.full(vocab, np.nan, np.float32), "logits"), ids, vocab)
+    op.configure(SamplerSettings(temperature=1.0, top_k=40), 1, first_draw=0)
+    assert draw_on_gpu(device, op, ids) == 0
+    assert device.read_sync(op.state, 0, 8).view(np.uint32).tolist() == [1, 1]
+
+
+def test_settings_the_gpu_cannot_take_are_refused(device, kernels):
+    ids = upload(device, np.zeros(4, np.uint32), "ids")
+    op = GPUSampler(kernels, upload(device, np.zeros(100, np.float32), "logits"), ids, 100)
+    for bad in (SamplerSettings(temperature=0.0), SamplerSettings(top_k=0), SamplerSettings(top_k=GPU_TOP_K_MAX + 1)):
+        with pytest.raises(ValueError, match="GPU sampler"):
+            op.configure(bad, 1, 0)
