@@ -28,13 +28,18 @@
 //                     3 out_ids   [>= SLOT + 1] u32          (the next step's input token)
 //
 // Dispatch: default (ceil(V / N)), MERGE (ceil(N_IN / N)), FINAL (1); workgroup WG threads, each
-// holding PER = N / WG pairs.
+// loading PER = N / WG pairs and doing PAIRS = N / (2 WG) compare-exchanges per sorting stage.
 
 const WG: u32 = ${WG};
 const N: u32 = ${N};
 const K: u32 = ${K};
 const NO_INDEX: u32 = 0xffffffffu;
 const LOWEST: f32 = -3.402823e38;
+//#if LISTS
+const FIRST_K: u32 = 2u * K;  // the input is already sorted in runs of K
+//#else
+const FIRST_K: u32 = 2u;
+//#endif
 
 //#if FINAL
 struct SampleParams {
@@ -65,33 +70,33 @@ const ROW: u32 = ${ROW};
 @group(0) @binding(1) var<storage, read_write> lists_out: array<vec2<u32>>;
 //#endif
 
-var<workgroup> sort_v: array<f32, N>;
-var<workgroup> sort_i: array<u32, N>;
+var<workgroup> sort_pairs: array<vec2<u32>, N>;  // (bitcast value, id)
 
-fn before(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
-    return ia != NO_INDEX && (ib == NO_INDEX || va > vb || (va == vb && ia < ib));
+fn before(a: vec2<u32>, b: vec2<u32>) -> bool {
+    let va = bitcast<f32>(a.x);
+    let vb = bitcast<f32>(b.x);
+    return a.y != NO_INDEX && (b.y == NO_INDEX || va > vb || (va == vb && a.y < b.y));
 }
 
-// Sorts sort_v / sort_i so that `before` holds between neighbours. Called by all WG threads.
+// Sorts sort_pairs so that `before` holds between neighbours. Called by all WG threads; each
+// stage is N / 2 compare-exchanges, PAIRS per thread, so no thread idles (i < l = i + j always).
 fn bitonic_sort(lid: u32) {
-    for (var k = 2u; k <= N; k = k << 1u) {
-        for (var j = k >> 1u; j > 0u; j = j >> 1u) {
-//#for t in PER
+    var log_j = countTrailingZeros(FIRST_K) - 1u;
+    for (var k = FIRST_K; k <= N; k = k << 1u) {
+        log_j = log_j + 1u;  // log2(k); j runs k/2 .. 1
+        for (var lj = log_j; lj > 0u; lj = lj - 1u) {
+            let j = 1u << (lj - 1u);
+//#for t in PAIRS
             {
-                let i = lid + {{t}}u * WG;
-                let l = i ^ j;
-                if (l > i) {
-                    let va = sort_v[i];
-                    let ia = sort_i[i];
-                    let vb = sort_v[l];
-                    let ib = sort_i[l];
-                    // (i & k) == 0: this block ends up in `before` order, else reversed (bitonic merge)
-                    if (select(before(va, ia, vb, ib), before(vb, ib, va, ia), (i & k) == 0u)) {
-                        sort_v[i] = vb;
-                        sort_i[i] = ib;
-                        sort_v[l] = va;
-                        sort_i[l] = ia;
-                    }
+                let p = lid + {{t}}u * WG;  // pair number: insert a 0 bit at j's position
+                let i = ((p >> (lj - 1u)) << lj) | (p & (j - 1u));
+                let l = i | j;
+                let a = sort_pairs[i];
+                let b = sort_pairs[l];
+                // (i & k) == 0: this block ends up in `before` order, else reversed (bitonic merge)
+                if (select(before(a, b), before(b, a), (i & k) == 0u)) {
+                    sort_pairs[i] = b;
+                    sort_pairs[l] = a;
                 }
             }
 //#endfor
@@ -101,6 +106,9 @@ fn bitonic_sort(lid: u32) {
 }
 
 //#if FINAL
+var<workgroup> weight_t1: array<f32, K>;
+var<workgroup> weight_t: array<f32, K>;
+
 // Wellons' lowbias32; sampler.py `_mix32` is the same function.
 fn mix32(x_in: u32) -> u32 {
     var x = x_in;
@@ -129,27 +137,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //#else
         let at = wid.x * N + i;
 //#endif
-//#if MERGE
+//#if LISTS
+        // sorted lists of K: odd ones reversed, so the sort starts at blocks of 2K (bitonic halves)
+        let run_at = select(at, at ^ (K - 1u), ((at / K) & 1u) == 1u);
         var pair = vec2<u32>(bitcast<u32>(LOWEST), NO_INDEX);
-        if (at < N_IN) {
-            pair = lists_in[at];
+        if (run_at < N_IN) {
+            pair = lists_in[run_at];
         }
-        sort_v[i] = bitcast<f32>(pair.x);
-        sort_i[i] = pair.y;
-//#else
-//#if FINAL
-        var pair = vec2<u32>(bitcast<u32>(LOWEST), NO_INDEX);
-        if (at < N_IN) {
-            pair = lists_in[at];
-        }
-        sort_v[i] = bitcast<f32>(pair.x);
-        sort_i[i] = pair.y;
+        sort_pairs[i] = pair;
 //#else
         let value = logits[ROW * V + min(at, V - 1u)];
         let valid = at < V && value == value;  // NaN never becomes a candidate
-        sort_v[i] = select(LOWEST, value, valid);
-        sort_i[i] = select(NO_INDEX, at, valid);
-//#endif
+        sort_pairs[i] = select(vec2<u32>(bitcast<u32>(LOWEST), NO_INDEX), vec2<u32>(bitcast<u32>(value), at), valid);
 //#endif
     }
 //#endfor
@@ -158,9 +157,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
 //#if !FINAL
     if (lid < K) {
-        lists_out[wid.x * K + lid] = vec2<u32>(bitcast<u32>(sort_v[lid]), sort_i[lid]);
+        lists_out[wid.x * K + lid] = sort_pairs[lid];
     }
 //#else
+    // Candidate weights in parallel (thread c: candidate c), then thread 0 walks the <= K prefix sums.
+    let top = bitcast<f32>(sort_pairs[0].x);
+    if (lid < K) {
+        let pair = sort_pairs[lid];
+        let candidate = lid < params.top_k && pair.y != NO_INDEX;
+        let logit = bitcast<f32>(pair.x);
+        weight_t1[lid] = select(0.0, exp(logit - top), candidate);  // temperature 1: top-p, min-p
+        weight_t[lid] = select(0.0, exp((logit - top) * params.inv_temperature), candidate);
+    }
+    workgroupBarrier();
     if (lid != 0u) {
         return;
     }
@@ -168,7 +177,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     state[0] = draw + 1u;
     var n_cand = 0u;
     for (var i = 0u; i < min(params.top_k, K); i++) {
-        if (sort_i[i] != NO_INDEX) {
+        if (sort_pairs[i].y != NO_INDEX) {
             n_cand = i + 1u;
         }
     }
@@ -178,21 +187,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
     state[1] = 0u;
-    let top = sort_v[0];
     if (top > 3.402823e38) {  // +inf: the softmax is one-hot on the first +inf (CPU: argmax)
-        out_ids[SLOT] = sort_i[0];
+        out_ids[SLOT] = sort_pairs[0].y;
         return;
     }
-    // top-p and min-p on the temperature-1 weights exp(l - top) (the largest is exactly 1)
+    // top-p and min-p on the temperature-1 weights (the largest is exactly 1)
     var total = 0.0;
     for (var i = 0u; i < n_cand; i++) {
-        total += exp(sort_v[i] - top);
+        total += weight_t1[i];
     }
     var keep = n_cand;
     if (params.top_p < 1.0) {
         var cum = 0.0;
         for (var i = 0u; i < n_cand; i++) {
-            cum += exp(sort_v[i] - top);
+            cum += weight_t1[i];
             if (cum >= params.top_p * total) {  // the token that crosses top_p is kept
                 keep = i + 1u;
                 break;
@@ -202,7 +210,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (params.min_p > 0.0) {
         var n_above = 0u;
         for (var i = 0u; i < n_cand; i++) {
-            if (exp(sort_v[i] - top) >= params.min_p) {
+            if (weight_t1[i] >= params.min_p) {
                 n_above += 1u;
             }
         }
@@ -212,18 +220,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // temperature, then the inverse-CDF draw: the first token whose cumulative weight exceeds u * sum
     var weight_sum = 0.0;
     for (var i = 0u; i < keep; i++) {
-        weight_sum += exp((sort_v[i] - top) * params.inv_temperature);
+        weight_sum += weight_t[i];
     }
     let target_weight = uniform_draw(params.seed_lo, params.seed_hi, draw) * weight_sum;
     var chosen = keep - 1u;
     var cum = 0.0;
     for (var i = 0u; i < keep; i++) {
-        cum += exp((sort_v[i] - top) * params.inv_temperature);
+        cum += weight_t[i];
         if (cum > target_weight) {
             chosen = i;
             break;
         }
     }
-    out_ids[SLOT] = sort_i[chosen];
+    out_ids[SLOT] = sort_pairs[chosen].y;
 //#endif
 }

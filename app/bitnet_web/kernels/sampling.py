@@ -15,7 +15,7 @@ from ..sampler import GPU_TOP_K_MAX, SamplerSettings
 from .common import KernelCache, ceil_div
 
 SORT_WIDTH = 1024  # pairs sorted per workgroup (8 KB of workgroup memory)
-SAMPLE_WORKGROUP = 256
+SAMPLE_WORKGROUP = 256  # >= GPU_TOP_K_MAX: the draw gives each candidate one thread
 
 
 class GPUSampler:
@@ -31,7 +31,8 @@ class GPUSampler:
                              f"and out_ids ({out_ids.nbytes} bytes) slot {slot}")
         device = kernels.device
         self.device = device
-        shape = dict(WG=SAMPLE_WORKGROUP, N=SORT_WIDTH, K=GPU_TOP_K_MAX, PER=SORT_WIDTH // SAMPLE_WORKGROUP)
+        shape = dict(WG=SAMPLE_WORKGROUP, N=SORT_WIDTH, K=GPU_TOP_K_MAX, PER=SORT_WIDTH // SAMPLE_WORKGROUP,
+                     PAIRS=SORT_WIDTH // (2 * SAMPLE_WORKGROUP))
         self.buffers: list[gpu.Buffer] = []
         self.dispatches: list[tuple[gpu.Pipeline, object, int]] = []
 
@@ -47,14 +48,14 @@ class GPUSampler:
         self.dispatches.append((first, device.bind_group(first, [logits, current], f"{label} spans"), groups))
         while pairs > SORT_WIDTH:
             groups = ceil_div(pairs, SORT_WIDTH)
-            merge = kernels.pipeline("sample_topk", defines=("MERGE",), N_IN=pairs, **shape)
+            merge = kernels.pipeline("sample_topk", defines=("MERGE", "LISTS"), N_IN=pairs, **shape)
             merged = lists(groups * GPU_TOP_K_MAX, len(self.buffers))
             self.dispatches.append((merge, device.bind_group(merge, [current, merged], f"{label} merge"), groups))
             current, pairs = merged, groups * GPU_TOP_K_MAX
         self.params = device.buffer(self.PARAMS_NBYTES, gpu.UNIFORM_USAGE, f"{label} params")
         self.state = device.buffer(self.STATE_NBYTES, label=f"{label} state")  # (counter, status, -, -) u32
         self.buffers += [self.params, self.state]
-        final = kernels.pipeline("sample_topk", defines=("FINAL",), N_IN=pairs, SLOT=slot, **shape)
+        final = kernels.pipeline("sample_topk", defines=("FINAL", "LISTS"), N_IN=pairs, SLOT=slot, **shape)
         bind = device.bind_group(final, [current, self.params, self.state, out_ids], f"{label} draw")
         self.dispatches.append((final, bind, 1))
 
