@@ -9,6 +9,7 @@ logit range; below that an int8 rounding flip may legitimately pick the other to
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import numpy as np
@@ -141,6 +142,20 @@ def test_gpu_sampling_draws_the_cpu_samplers_tokens(loaded, settings):
         assert loaded.last_stats.n_generated == 24
     assert runs[True] == runs[False]
     assert len(set(runs[True][1])) > 3  # a sampler stuck on one token would also "agree"
+
+
+def test_sync_api_works_inside_a_running_event_loop(loaded):
+    """Jupyter and async apps call the sync API from code a running loop drives, where
+    run_until_complete refuses to start: the same tokens must come back there."""
+    expected = generate(loaded, GREEDY, tokens=PROMPT, max_tokens=6)
+
+    async def from_a_coroutine():
+        loaded.reset()
+        return generate(loaded, GREEDY, tokens=PROMPT, max_tokens=6), loaded.logits(PROMPT[:3]).shape
+
+    got, logits_shape = asyncio.run(from_a_coroutine())
+    assert got == expected and len(got[1]) == 6
+    assert logits_shape == (3, VOCAB)
 
 
 def test_abort_inside_the_iteration_stops_within_one_token(loaded):

@@ -12,6 +12,7 @@ the synchronous methods drive it with a private event loop in CPython.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -131,7 +132,8 @@ class Engine:
         self.last_stats = GenerationStats()
         self._abort = False
         self._device_was_lost = False  # set when a GPU call reported the device gone (for the message)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # runs the sync wrappers (generate, load, logits)
+        self._runner: concurrent.futures.ThreadPoolExecutor | None = None  # see _run
 
     # Loading ---------------------------------------------------------------------------------
 
@@ -448,7 +450,16 @@ class Engine:
     def _run(self, coroutine):
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(coroutine)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._loop.run_until_complete(coroutine)
+        # Called from code that a running event loop drives (Jupyter, an async web app): that loop
+        # cannot be re-entered, so the engine's own loop runs the coroutine on a helper thread
+        # while this thread waits (the calling loop is blocked meanwhile, as any sync call blocks it).
+        if self._runner is None:
+            self._runner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bitnet-engine")
+        return self._runner.submit(self._loop.run_until_complete, coroutine).result()
 
     def _iterate(self, agen: AsyncIterator[str]) -> Iterator[str]:
         try:
@@ -482,6 +493,9 @@ class Engine:
 
     def close(self) -> None:
         self.unload()
+        if self._runner is not None:
+            self._runner.shutdown()
+            self._runner = None
         if self._loop is not None:
             self._loop.close()
             self._loop = None
