@@ -1,12 +1,15 @@
-// LM head over one row shard of an F16 matrix (the tied token embedding, or an output matrix).
+// LM head over one row shard of an F16 matrix (the tied token embedding, or an output matrix),
+// or (INT8) of its optional int8 copy with one f32 scale per row (an approximation, half the bytes).
 //
-//   logits[t, START + r] = sum_d f32(table[r, d]) * x[t, d]      r < SHARD_ROWS
+//   logits[t, START + r] = sum_d f32(table[r, d]) * x[t, d]                    r < SHARD_ROWS
+//   INT8:                = scales[START + r] * sum_d f32(table_i8[r, d]) * x[t, d]
 //
 // Bindings:
-//   0 table   [SHARD_ROWS, D/8] vec4<u32>   F16 rows, 8 halves per vec4<u32> (16-byte loads)
+//   0 table   [SHARD_ROWS, D8] vec4<u32>    16-byte chunks: 8 F16 halves, or (INT8) 16 int8 values
 //   1 x       [T, D/4] vec4<f32>            normed hidden states
 //   2 logits  [T, V] f32                    this shard writes columns START .. START + SHARD_ROWS
-//   3 params  uniform StepParams            only with MULTI: n_tokens bounds the token rows
+//   3 scales  [V] f32                       only with INT8: per-row dequantization scales
+//   3|4 params uniform StepParams           only with MULTI: n_tokens bounds the token rows
 //
 // Mapping: a workgroup of WG threads computes ROWS rows for TOK tokens; thread lid takes 16-byte
 // chunks lid, lid+WG, ... of each row. All ITERS * ROWS weight loads are issued before any
@@ -15,7 +18,7 @@
 // thread without subgroups), summed in a fixed order: results are deterministic run to run.
 // Dispatch: (ceil(SHARD_ROWS / ROWS), ceil(T / TOK), 1); without MULTI, TOK = 1 and T = 1.
 
-const D8: u32 = ${D8};
+const D8: u32 = ${D8};  // 16-byte chunks per row
 const SHARD_ROWS: u32 = ${SHARD_ROWS};
 const START: u32 = ${START};
 const V: u32 = ${V};
@@ -25,7 +28,11 @@ const WG: u32 = ${WG};
 const SLOTS: u32 = ${SLOTS};  // reduction slots per output: WG / (smallest subgroup size), or WG
 
 const ITERS: u32 = ${ITERS};  // ceil(D8 / WG)
+//#if INT8
+const D4: u32 = D8 * 4u;
+//#else
 const D4: u32 = D8 * 2u;
+//#endif
 const OUTS: u32 = ROWS * TOK;
 
 //#if MULTI
@@ -35,9 +42,22 @@ ${STEP_PARAMS}
 @group(0) @binding(0) var<storage, read> table: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> logits: array<f32>;
+//#if INT8
+@group(0) @binding(3) var<storage, read> scales: array<f32>;
+//#if MULTI
+@group(0) @binding(4) var<uniform> params: StepParams;
+//#endif
+//#else
 //#if MULTI
 @group(0) @binding(3) var<uniform> params: StepParams;
 //#endif
+//#endif
+
+// Four int8 values of a little-endian word, sign-extended (byte 0 is the first column).
+fn int8x4(word: u32) -> vec4<f32> {
+    let w = bitcast<i32>(word);
+    return vec4<f32>(f32((w << 24u) >> 24u), f32((w << 16u) >> 24u), f32((w << 8u) >> 24u), f32(w >> 24u));
+}
 
 var<workgroup> red: array<f32, OUTS * SLOTS>;
 var<workgroup> n_slots_wg: u32;
@@ -70,6 +90,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#endfor
 //#endfor
 //#for it in ITERS
+//#if INT8
+//#for r in ROWS
+    let wa{{it}}_{{r}} = int8x4(w{{it}}_{{r}}.x);
+    let wb{{it}}_{{r}} = int8x4(w{{it}}_{{r}}.y);
+    let wc{{it}}_{{r}} = int8x4(w{{it}}_{{r}}.z);
+    let wd{{it}}_{{r}} = int8x4(w{{it}}_{{r}}.w);
+//#endfor
+//#for m in TOK
+    {
+        let t = min(t0 + {{m}}u, n_tokens - 1u);
+        let inside = c{{it}} < D8;
+        let xa = select(vec4<f32>(0.0), x[t * D4 + 4u * cc{{it}}], inside);
+        let xb = select(vec4<f32>(0.0), x[t * D4 + 4u * cc{{it}} + 1u], inside);
+        let xc = select(vec4<f32>(0.0), x[t * D4 + 4u * cc{{it}} + 2u], inside);
+        let xd = select(vec4<f32>(0.0), x[t * D4 + 4u * cc{{it}} + 3u], inside);
+//#for r in ROWS
+        acc{{r}}_{{m}} += dot(wa{{it}}_{{r}}, xa) + dot(wb{{it}}_{{r}}, xb) + dot(wc{{it}}_{{r}}, xc) + dot(wd{{it}}_{{r}}, xd);
+//#endfor
+    }
+//#endfor
+//#else
 //#for r in ROWS
     let wa{{it}}_{{r}} = vec4<f32>(unpack2x16float(w{{it}}_{{r}}.x), unpack2x16float(w{{it}}_{{r}}.y));
     let wb{{it}}_{{r}} = vec4<f32>(unpack2x16float(w{{it}}_{{r}}.z), unpack2x16float(w{{it}}_{{r}}.w));
@@ -84,6 +125,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#endfor
     }
 //#endfor
+//#endif
 //#endfor
 //#if SUBGROUPS
     if (lid == 0u) {
@@ -121,6 +163,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             for (var i = 0u; i < n_slots; i++) {
                 total += red[o * SLOTS + i];
             }
+//#if INT8
+            total *= scales[START + row];
+//#endif
             logits[t * V + START + row] = total;
         }
     }

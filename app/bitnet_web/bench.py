@@ -153,16 +153,16 @@ async def measure_async(engine, quick: bool = False) -> dict:
     return report
 
 
-def run_bench(model_path: Path, quick: bool) -> dict:
+def run_bench(model_path: Path, quick: bool, int8_head: bool = False) -> dict:
     from . import gpu
     from .engine import Engine
 
-    engine = Engine(prefill_chunk=128)
+    engine = Engine(prefill_chunk=128, int8_head=int8_head)
     engine.device = gpu.open_device(profile=True)
     baseline_mb = peak_host_mb()
     t0 = time.perf_counter()
     engine.load(model_path)
-    report: dict = {"model": str(model_path), "file_size": model_path.stat().st_size,
+    report: dict = {"model": str(model_path), "int8_head": int8_head, "file_size": model_path.stat().st_size,
                     "load_s": time.perf_counter() - t0, "peak_host_mb_after_load": peak_host_mb()}
     report.update(engine._run(measure_async(engine, quick)))
     report["peak_host_mb"] = peak_host_mb()
@@ -179,7 +179,7 @@ def run_bench(model_path: Path, quick: bool) -> dict:
 
 def main(args: argparse.Namespace) -> int:
     path = Path(args.model) if args.model else synthetic_model(args.synthetic)
-    report = run_bench(path, args.quick)
+    report = run_bench(path, args.quick, getattr(args, "int8_head", False))
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -82,7 +82,8 @@ def bundled_model_path():
 def _load_engine(args: argparse.Namespace):
     from .engine import Engine
 
-    engine = Engine(max_binding_size=getattr(args, "max_binding_size", None))
+    engine = Engine(max_binding_size=getattr(args, "max_binding_size", None),
+                    int8_head=getattr(args, "int8_head", False))
     if args.model is None:
         args.model = str(bundled_model_path())
     engine.load(args.model, progress=None if args.quiet else _progress,
@@ -176,12 +177,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--special", action="store_true", help="parse special-token text such as <|eot_id|>")
     p.set_defaults(func=cmd_tokenize)
 
+    def int8_head_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--int8-head", action="store_true",
+                       help="APPROXIMATE: read an int8 per-row-scaled copy of the LM head (half the bytes of "
+                            "F16, faster decoding; logits differ slightly, so greedy text may too)")
+
     def model_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--model", default=None, help="GGUF path or URL, or a Hugging Face safetensors "
                        "checkpoint folder or folder URL (.../ORG/REPO, .../resolve/main/); downloads are cached. "
                        "Default: the bundled model (a 27M-parameter Python-code completion model)")
         lossy_arg(p)
         p.add_argument("--max-binding-size", type=int, default=None, help=argparse.SUPPRESS)
+        int8_head_arg(p)
         p.add_argument("--quiet", "-q", action="store_true", help="no progress or statistics on stderr")
 
     p = sub.add_parser("generate", help="generate text (streams to stdout)")
@@ -218,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--synthetic", default="2b4t", help="synthetic shape when no --model is given")
     p.add_argument("--out", default=None, help="also write the JSON report here")
     p.add_argument("--quick", action="store_true", help="fewer tokens (smoke test)")
+    int8_head_arg(p)
     p.set_defaults(func=cmd_bench)
     return parser
 

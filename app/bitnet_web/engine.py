@@ -113,12 +113,15 @@ def fit_chat_to_context(messages: Sequence[dict], count_tokens: Callable[[list[d
 
 
 class Engine:
-    def __init__(self, max_binding_size: int | None = None, prefill_chunk: int = 64, gpu_sampling: bool = True):
+    def __init__(self, max_binding_size: int | None = None, prefill_chunk: int = 64, gpu_sampling: bool = True,
+                 int8_head: bool = False):
         self.max_binding_size = max_binding_size  # lower the binding limit (tests shard with it)
         self.prefill_chunk = prefill_chunk
         # Draw sampled tokens on the GPU when the settings allow (sampler.Sampler.gpu_supported);
         # False reads logits back and samples on the CPU (same seeded stream, same tokens).
         self.gpu_sampling = gpu_sampling
+        # An approximation for speed: the LM head reads an int8 per-row-scaled copy (kernels Int8Matrix).
+        self.int8_head = int8_head
         self.device: gpu.Device | None = None
         self.gguf: GGUFFile | None = None
         self.config: ModelConfig | None = None
@@ -199,7 +202,7 @@ class Engine:
 
     async def _upload(self, gguf: GGUFFile, config: ModelConfig,
                       progress: ProgressCallback | None) -> BitNetModel:
-        model = BitNetModel(self.device, gguf, config, max_tokens=self.prefill_chunk)
+        model = BitNetModel(self.device, gguf, config, max_tokens=self.prefill_chunk, int8_head=self.int8_head)
         try:
             await model.upload(progress)
         except BaseException:
@@ -241,6 +244,7 @@ class Engine:
             "description": str(metadata.get("general.description", metadata.get("general.name", ""))),
             "device": self.device.adapter_name if self.device else "",
             "context_used": self.model.n_cached if self.model else 0,
+            "int8_head": bool(self.model and self.model.int8_head),  # approximate head (see Engine)
         }
 
     # Generation ------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from .config import ModelConfig
 from .gguf import GGMLType, GGUFFile
 from .kernels.attention import Attention, AttentionScratch
 from .kernels.common import KernelCache, StepParams
-from .kernels.embedding import Argmax, EmbeddingLookup, F16Matrix, LMHead
+from .kernels.embedding import Argmax, EmbeddingLookup, F16Matrix, Int8Matrix, LMHead
 from .kernels.kv_cache import KVCache
 from .kernels.linear import NormTernaryLinear, TernaryMatrix
 from .kernels.norm import RMSNorm
@@ -130,8 +130,10 @@ class LayerOps:
 
 
 class BitNetModel:
-    def __init__(self, device: gpu.Device, gguf: GGUFFile, config: ModelConfig, max_tokens: int = 64):
+    def __init__(self, device: gpu.Device, gguf: GGUFFile, config: ModelConfig, max_tokens: int = 64,
+                 int8_head: bool = False):
         self.device = device
+        self.int8_head = int8_head  # the head reads an int8 per-row-scaled copy (approximate, faster)
         self.gguf = gguf
         self.config = config
         self.max_tokens = max_tokens  # rows per forward call (prefill chunk)
@@ -189,8 +191,13 @@ class BitNetModel:
             await asyncio.sleep(0)  # let the page repaint its progress bar
         self.output_norm = self._f32_buffer("output_norm.weight", "output_norm")
         self.token_embd = F16Matrix.upload(device, self.gguf.tensor("token_embd.weight"), "token_embd")
-        self.output = (self.token_embd if cfg.tied_embeddings
-                       else F16Matrix.upload(device, self.gguf.tensor("output.weight"), "output"))
+        head_name = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
+        if self.int8_head:
+            self.output = Int8Matrix.upload(device, self.gguf.tensor(head_name), "output")
+            self._buffers.append(self.output.scales)
+        else:
+            self.output = (self.token_embd if cfg.tied_embeddings
+                           else F16Matrix.upload(device, self.gguf.tensor(head_name), "output"))
         self._buffers += [b for _, _, b in self.token_embd.shards]
         if self.output is not self.token_embd:
             self._buffers += [b for _, _, b in self.output.shards]
@@ -442,8 +449,13 @@ class BitNetModel:
 
     @property
     def bytes_read_per_token(self) -> int:
-        """Weight bytes a decode step must read: every tensor once (the tied embedding as the head)."""
-        return sum(info.n_bytes for info in self.gguf.tensors.values())
+        """Weight bytes a decode step must read: every tensor once (the tied embedding as the head;
+        with int8_head, the int8 copy and its scales instead of the F16 head)."""
+        total = sum(info.n_bytes for info in self.gguf.tensors.values())
+        if self.int8_head:
+            head = self.gguf.tensors["token_embd.weight" if self.config.tied_embeddings else "output.weight"]
+            total += self.output.n_rows * (self.output.n_cols + 4) - head.n_bytes
+        return total
 
     def release(self) -> None:
         """Free every GPU buffer of this model: weights, run state and the KV cache (whose buffers

@@ -65,6 +65,57 @@ class F16Matrix:
             device.release(buffer)
 
 
+@dataclass
+class Int8Matrix:
+    """An int8 copy of a (n_rows, n_cols) matrix with one f32 scale per row (row = scale * q), for
+    an LM head that reads half the bytes of F16. Lossy: each row is rounded to 255 levels of its
+    largest magnitude. Sharded by rows like F16Matrix; `scales` is one (n_rows,) f32 buffer.
+    """
+
+    shards: list[tuple[int, int, gpu.Buffer]]
+    scales: gpu.Buffer
+    n_rows: int
+    n_cols: int
+    label: str
+
+    QUANTIZE_ROWS = 8192  # rows converted at a time: bounds the float32 temporaries on the host
+
+    @staticmethod
+    def quantize(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(int8 values, f32 scales) with matrix ~= values * scales[:, None]."""
+        rows = np.asarray(matrix, dtype=np.float32)
+        scales = np.abs(rows).max(axis=1) / 127.0
+        safe = np.where(scales > 0, scales, 1.0)
+        values = np.clip(np.rint(rows / safe[:, None]), -127, 127).astype(np.int8)
+        return values, scales.astype(np.float32)
+
+    @classmethod
+    def upload(cls, device: gpu.Device, matrix: np.ndarray, label: str) -> Int8Matrix:
+        matrix = np.asarray(matrix)
+        if matrix.ndim != 2:
+            raise EmbeddingShapeError(f"{label}: expected a 2-D matrix, got shape {matrix.shape}")
+        n_rows, n_cols = matrix.shape
+        if n_cols % 16 or n_cols <= 0 or n_rows <= 0:
+            raise EmbeddingShapeError(f"{label}: {n_cols} columns; the int8 head needs a positive multiple of 16")
+        scales = np.empty(n_rows, dtype=np.float32)
+        shards = []
+        for start, stop in gpu.shard_rows(n_rows, n_cols, device.limits.max_binding):
+            buffer = device.buffer(n_cols * (stop - start), label=f"{label} int8 rows {start}:{stop}")
+            for first in range(start, stop, cls.QUANTIZE_ROWS):
+                last = min(first + cls.QUANTIZE_ROWS, stop)
+                values, scales[first:last] = cls.quantize(matrix[first:last])
+                device.upload(buffer, n_cols * (first - start), values)
+            shards.append((start, stop, buffer))
+        scale_buffer = device.buffer(4 * n_rows, label=f"{label} int8 row scales")
+        device.upload(scale_buffer, 0, scales)
+        return cls(shards, scale_buffer, n_rows, n_cols, label)
+
+    def release(self, device: gpu.Device) -> None:
+        for _, _, buffer in self.shards:
+            device.release(buffer)
+        device.release(self.scales)
+
+
 class EmbeddingLookup:
     """token_ids (T,) u32 -> x (T, n_cols) f32: rows of an F16 matrix, one dispatch per shard."""
 
@@ -95,10 +146,11 @@ class LMHead:
     StepParams.n_tokens, which must then equal n (all-logits prefill).
     """
 
-    def __init__(self, kernels: KernelCache, matrix: F16Matrix, x: gpu.Buffer, logits: gpu.Buffer,
+    def __init__(self, kernels: KernelCache, matrix: F16Matrix | Int8Matrix, x: gpu.Buffer, logits: gpu.Buffer,
                  step: StepParams, label: str = "lm_head", rows_per_workgroup: int = LM_HEAD_ROWS,
                  workgroup_size: int = LM_HEAD_WORKGROUP):
         d, v = matrix.n_cols, matrix.n_rows
+        int8 = isinstance(matrix, Int8Matrix)
         if x.nbytes < 4 * d or logits.nbytes < 4 * v:
             raise EmbeddingShapeError(f"{label}: x ({x.nbytes} bytes) must hold a row of {d} f32 and logits "
                                       f"({logits.nbytes} bytes) a row of {v} f32")
@@ -127,13 +179,17 @@ class LMHead:
             if groups > limit:
                 raise EmbeddingShapeError(f"{label}: shard of {stop - start} rows needs {groups} workgroups, "
                                           f"over the device limit of {limit}; raise rows_per_workgroup")
-            common = dict(D8=d // 8, SHARD_ROWS=stop - start, START=start, V=v, ROWS=rows_per_workgroup,
-                          WG=workgroup_size, SLOTS=slots, ITERS=ceil_div(d // 8, workgroup_size))
-            one = kernels.pipeline("lm_head", enables=enables, defines=sg, TOK=1, **common)
-            many = kernels.pipeline("lm_head", enables=enables, defines=sg + ("MULTI",), TOK=self.multi_tokens,
-                                    STEP_PARAMS=STEP_PARAMS_WGSL, **common)
-            self.single.append((one, device.bind_group(one, [buffer, x, logits], f"{label} shard {i}"), groups))
-            self.multi.append((many, device.bind_group(many, [buffer, x, logits, step.buffer],
+            chunks = d // (16 if int8 else 8)  # 16-byte loads per row
+            common = dict(D8=chunks, SHARD_ROWS=stop - start, START=start, V=v, ROWS=rows_per_workgroup,
+                          WG=workgroup_size, SLOTS=slots, ITERS=ceil_div(chunks, workgroup_size))
+            variant = sg + (("INT8",) if int8 else ())
+            extra = [matrix.scales] if int8 else []
+            one = kernels.pipeline("lm_head", enables=enables, defines=variant, TOK=1, **common)
+            many = kernels.pipeline("lm_head", enables=enables, defines=variant + ("MULTI",),
+                                    TOK=self.multi_tokens, STEP_PARAMS=STEP_PARAMS_WGSL, **common)
+            self.single.append((one, device.bind_group(one, [buffer, x, logits, *extra], f"{label} shard {i}"),
+                                groups))
+            self.multi.append((many, device.bind_group(many, [buffer, x, logits, *extra, step.buffer],
                                                        f"{label} shard {i} (all tokens)"), groups))
 
     def record(self, recorder: gpu.Recorder, n_tokens: int = 1) -> None:
