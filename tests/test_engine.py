@@ -144,6 +144,35 @@ def test_gpu_sampling_draws_the_cpu_samplers_tokens(loaded, settings):
     assert len(set(runs[True][1])) > 3  # a sampler stuck on one token would also "agree"
 
 
+@pytest.mark.parametrize("depth", [1, 3])
+def test_queue_depth_does_not_change_tokens_or_bookkeeping(loaded, depth):
+    """Steps queued ahead of the host (BitNetModel.GREEDY_DEPTH) run at positions the host has not
+    recorded yet: any depth must give the same tokens, up to the context end, and leave the cache
+    holding exactly prompt + reply (what a following turn reuses)."""
+    context = loaded.config.context_length
+    sampled = SamplerSettings(temperature=1.0, top_k=20, seed=3)
+    expected_full = generate(loaded, GREEDY, tokens=PROMPT, max_tokens=context)
+    assert loaded.last_stats.stop_reason == "context_full"
+    loaded.reset()
+    expected_sampled = generate(loaded, sampled, tokens=PROMPT, max_tokens=10)
+    loaded.model.GREEDY_DEPTH = depth
+    try:
+        loaded.reset()
+        assert generate(loaded, GREEDY, tokens=PROMPT, max_tokens=context) == expected_full
+        assert loaded.last_stats.stop_reason == "context_full" and loaded.model.n_cached == context
+        for settings, expected in ((GREEDY, expected_full[1][:10]), (sampled, expected_sampled[1])):
+            loaded.reset()
+            part = generate(loaded, settings, tokens=PROMPT, max_tokens=10)
+            assert part[1] == expected
+            assert loaded.model.cached_tokens[:len(PROMPT) + 9] == PROMPT + part[1][:9]
+            follow = generate(loaded, settings, tokens=PROMPT + part[1] + [7], max_tokens=3)
+            assert loaded.last_stats.n_reused_tokens >= len(PROMPT) + 9
+            loaded.reset()
+            assert generate(loaded, settings, tokens=PROMPT + part[1] + [7], max_tokens=3) == follow
+    finally:
+        del loaded.model.GREEDY_DEPTH
+
+
 def test_sync_api_works_inside_a_running_event_loop(loaded):
     """Jupyter and async apps call the sync API from code a running loop drives, where
     run_until_complete refuses to start: the same tokens must come back there."""

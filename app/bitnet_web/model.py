@@ -283,9 +283,11 @@ class BitNetModel:
 
     # Forward -----------------------------------------------------------------------------------
 
-    def _record_step(self, n_tokens: int, all_logits: bool, rec: gpu.Recorder | None = None) -> gpu.Recorder:
-        """Record one forward step over `n_tokens` rows at the next positions (allocates nothing)."""
-        pos = self.n_cached
+    def _record_step(self, n_tokens: int, all_logits: bool, rec: gpu.Recorder | None = None,
+                     pos: int | None = None) -> gpu.Recorder:
+        """Record one forward step over `n_tokens` rows at positions pos.. (default: the next ones,
+        n_cached; queued decode steps run ahead of the host's bookkeeping). Allocates nothing."""
+        pos = self.n_cached if pos is None else pos
         self.kv_cache.ensure_capacity(pos + n_tokens)
         self.step.write(n_tokens, pos, self.kv_cache.capacity)
         rec = rec or self.device.begin()
@@ -354,10 +356,10 @@ class BitNetModel:
 
     # Decoding with the token kept on the GPU (greedy argmax or seeded sampling) ------------------
 
-    def _record_gpu_step(self, staging: gpu.Buffer, chooser: Argmax | GPUSampler) -> gpu.Recorder:
-        """A decode step that reads its input id from token_ids[0], writes the next id chosen on
-        the GPU back there (the next step's input) and copies it to `staging` for the host."""
-        rec = self._record_step(1, all_logits=False)
+    def _record_gpu_step(self, staging: gpu.Buffer, chooser: Argmax | GPUSampler, pos: int) -> gpu.Recorder:
+        """A decode step at `pos` that reads its input id from token_ids[0], writes the next id
+        chosen on the GPU back there (the next step's input) and copies it to `staging` for the host."""
+        rec = self._record_step(1, all_logits=False, pos=pos)
         chooser.record(rec)
         rec.copy(self.token_ids, 0, staging, 0, 4)
         return rec
@@ -380,24 +382,28 @@ class BitNetModel:
         """The next token id never leaves the GPU: each step's choice is the next step's input, so
         GREEDY_DEPTH steps are queued at once and the GPU never waits for Python; only 4 bytes per
         token come back, read from a ring of staging buffers. Invariant: `cached_tokens` holds the
-        input of every step submitted so far except the newest one, whose input is the token this
-        generator is about to read; so stopping at any yield leaves the cache consistent (a step
-        already queued past a stop token just computes one extra KV row, which the bookkeeping
-        records and the next turn reuses or truncates).
+        inputs of the submitted steps that the host knows (step 0's is `first_token`, step j's is
+        step j-1's output once read); so stopping at any yield leaves the cache consistent (steps
+        already queued past a stop token just compute KV rows past `n_cached`, which later steps
+        overwrite).
         """
         depth = self.GREEDY_DEPTH
-        if self._staging is None:
+        if self._staging is None or len(self._staging) != depth + 1:
+            for buffer in self._staging or ():
+                self._buffers.remove(buffer)
+                self.device.release(buffer)
             self._staging = [self.device.staging(16, f"next token {i}") for i in range(depth + 1)]
             self._buffers.extend(self._staging)
         ring = len(self._staging)
         context = self.config.context_length
+        start = self.n_cached  # step j runs at position start + j
         self.device.upload(self.token_ids, 0, np.asarray([first_token], dtype=np.uint32))
         submitted = 0  # steps submitted; step j writes its output token to staging[j % ring]
 
         def launch() -> None:
             nonlocal submitted
             encode_start = time.perf_counter()
-            rec = self._record_gpu_step(self._staging[submitted % ring], chooser)
+            rec = self._record_gpu_step(self._staging[submitted % ring], chooser, start + submitted)
             rec.finish()
             self.encode_seconds += time.perf_counter() - encode_start
             rec.submit()
@@ -406,8 +412,8 @@ class BitNetModel:
 
         launch()
         self.cached_tokens.append(first_token)
-        if self.n_cached < context:
-            launch()  # its input is step 0's output, still on the GPU
+        while submitted < depth and start + submitted < context:
+            launch()  # its input is the previous step's output, still on the GPU
         read = 0
         while True:
             raw = await self.device.read_staging(self._staging[read % ring], 4)
@@ -416,9 +422,13 @@ class BitNetModel:
             if submitted > read:
                 self.cached_tokens.append(token)  # it is already the input of a queued step
             yield token
-            if submitted == read:  # the context is full: nothing queued consumes `token`
-                return
-            if self.n_cached < context:
+            if start + submitted >= context:
+                if submitted == read:  # the context is full: nothing queued consumes `token`
+                    return
+            elif submitted == read:  # nothing queued (GREEDY_DEPTH 1): `token` is the next step's input
+                self.cached_tokens.append(token)
+                launch()
+            else:
                 launch()
 
     async def decode_greedy_benchmark(self, n_tokens: int) -> dict:
