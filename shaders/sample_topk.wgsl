@@ -6,7 +6,9 @@
 // an inverse CDF over exp((l - l_max) / T) with u = uniform(seed, counter), the hash below being a
 // bit-exact twin of sampler.py `uniform`. Only float rounding differs (f32 here, f64 there).
 //
-// Three variants of this file, one workgroup-wide bitonic sort of N (value, id) pairs each:
+// PENALTY (optional, first): the repetition penalty on the logits of the tokens in a ring of the
+// last `window` tokens (kept in `state`, appended to by FINAL), in place.
+// Three more variants, one workgroup-wide bitonic sort of N (value, id) pairs each:
 //   default:   workgroup g sorts logits g*N .. g*N+N-1 and writes its best K pairs to lists[g*K ..]
 //   MERGE:     workgroup g sorts pairs g*N .. of a previous level's lists, writes its best K
 //              (N / K lists per workgroup: 126 workgroups' lists -> 8 -> one)
@@ -23,11 +25,12 @@
 //                     1 lists_out [GROUPS * K] vec2<u32>
 //            FINAL:   0 lists_in  [N_IN] vec2<u32>          (N_IN <= N)
 //                     1 params    uniform SampleParams       (written once per generation)
-//                     2 state     [4] u32: counter (the draw number, +1 per token), status (1 = no
-//                                 valid logit: token 0 was written)
+//                     2 state     [4 + RING_MAX] u32: draw counter (+1 per token), status (1 = no
+//                                 valid logit: token 0 was written), ring length, ring head, ring
 //                     3 out_ids   [>= SLOT + 1] u32          (the next step's input token)
+//            PENALTY: 0 logits (read_write), 1 params, 2 state (read)
 //
-// Dispatch: default (ceil(V / N)), MERGE (ceil(N_IN / N)), FINAL (1); workgroup WG threads, each
+// Dispatch: PENALTY (1), default (ceil(V / N)), MERGE (ceil(N_IN / N)), FINAL (1); workgroup WG threads, each
 // loading PER = N / WG pairs and doing PAIRS = N / (2 WG) compare-exchanges per sorting stage.
 
 const WG: u32 = ${WG};
@@ -41,7 +44,6 @@ const FIRST_K: u32 = 2u * K;  // the input is already sorted in runs of K
 const FIRST_K: u32 = 2u;
 //#endif
 
-//#if FINAL
 struct SampleParams {
     top_k: u32,
     top_p: f32,           // 1 = off
@@ -49,9 +51,19 @@ struct SampleParams {
     inv_temperature: f32,
     seed_lo: u32,
     seed_hi: u32,
-    _pad0: u32,
-    _pad1: u32,
+    penalty: f32,         // repetition penalty, 1 = off
+    window: u32,          // how many recent tokens it looks at (ring capacity, <= RING_MAX); 0 = none
 };
+// state: [0] draw counter, [1] status, [2] ring length, [3] ring head (next write), [4 ..] the ring
+const RING_AT: u32 = 4u;
+//#if PENALTY
+const V: u32 = ${V};
+const ROW: u32 = ${ROW};
+@group(0) @binding(0) var<storage, read_write> logits: array<f32>;
+@group(0) @binding(1) var<uniform> params: SampleParams;
+@group(0) @binding(2) var<storage, read> state: array<u32>;
+//#else
+//#if FINAL
 const N_IN: u32 = ${N_IN};
 const SLOT: u32 = ${SLOT};
 @group(0) @binding(0) var<storage, read> lists_in: array<vec2<u32>>;
@@ -68,6 +80,7 @@ const ROW: u32 = ${ROW};
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 //#endif
 @group(0) @binding(1) var<storage, read_write> lists_out: array<vec2<u32>>;
+//#endif
 //#endif
 
 var<workgroup> sort_pairs: array<vec2<u32>, N>;  // (bitcast value, id)
@@ -125,8 +138,89 @@ fn uniform_draw(seed_lo: u32, seed_hi: u32, n: u32) -> f32 {
     let key = mix32(seed_lo ^ mix32(seed_hi + 0x9e3779b9u));
     return f32(mix32(n ^ key) >> 8u) * (1.0 / 16777216.0);
 }
+
+// Thread 0, after the sort and the weights: (token id, status 1 = no valid logit -> token 0).
+fn draw_token(draw: u32, top: f32) -> vec2<u32> {
+    var n_cand = 0u;
+    for (var i = 0u; i < min(params.top_k, K); i++) {
+        if (sort_pairs[i].y != NO_INDEX) {
+            n_cand = i + 1u;
+        }
+    }
+    if (n_cand == 0u) {
+        return vec2<u32>(0u, 1u);
+    }
+    if (top > 3.402823e38) {  // +inf: the softmax is one-hot on the first +inf (CPU: argmax)
+        return vec2<u32>(sort_pairs[0].y, 0u);
+    }
+    // top-p and min-p on the temperature-1 weights (the largest is exactly 1)
+    var total = 0.0;
+    for (var i = 0u; i < n_cand; i++) {
+        total += weight_t1[i];
+    }
+    var keep = n_cand;
+    if (params.top_p < 1.0) {
+        var cum = 0.0;
+        for (var i = 0u; i < n_cand; i++) {
+            cum += weight_t1[i];
+            if (cum >= params.top_p * total) {  // the token that crosses top_p is kept
+                keep = i + 1u;
+                break;
+            }
+        }
+    }
+    if (params.min_p > 0.0) {
+        var n_above = 0u;
+        for (var i = 0u; i < n_cand; i++) {
+            if (weight_t1[i] >= params.min_p) {
+                n_above += 1u;
+            }
+        }
+        keep = min(keep, n_above);
+    }
+    keep = max(keep, 1u);
+    // temperature, then the inverse-CDF draw: the first token whose cumulative weight exceeds u * sum
+    var weight_sum = 0.0;
+    for (var i = 0u; i < keep; i++) {
+        weight_sum += weight_t[i];
+    }
+    let target_weight = uniform_draw(params.seed_lo, params.seed_hi, draw) * weight_sum;
+    var chosen = keep - 1u;
+    var cum = 0.0;
+    for (var i = 0u; i < keep; i++) {
+        cum += weight_t[i];
+        if (cum > target_weight) {
+            chosen = i;
+            break;
+        }
+    }
+    return vec2<u32>(sort_pairs[chosen].y, 0u);
+}
 //#endif
 
+//#if PENALTY
+// llama.cpp's repetition penalty on this row's logits, in place, before the spans read them: each
+// distinct token among the last `window` (the ring) is divided by the penalty if positive, else
+// multiplied. Thread r takes ring entry r and skips it when an earlier entry holds the same token.
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) lid: u32) {
+    let n = min(state[2], params.window);
+    if (lid >= n) {
+        return;
+    }
+    let token = state[RING_AT + lid];
+    for (var r = 0u; r < lid; r++) {
+        if (state[RING_AT + r] == token) {
+            return;
+        }
+    }
+    if (token < V) {
+        let at = ROW * V + token;
+        let value = logits[at];
+        logits[at] = select(value * params.penalty, value / params.penalty, value > 0.0);
+    }
+}
+//#else
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
 //#for t in PER
@@ -175,63 +269,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let draw = state[0];
     state[0] = draw + 1u;
-    var n_cand = 0u;
-    for (var i = 0u; i < min(params.top_k, K); i++) {
-        if (sort_pairs[i].y != NO_INDEX) {
-            n_cand = i + 1u;
-        }
+    let chosen = draw_token(draw, top);
+    out_ids[SLOT] = chosen.x;
+    state[1] = chosen.y;
+    if (params.window > 0u) {  // the ring of recent tokens the penalty pass reads next step
+        let head = state[3];
+        state[RING_AT + head] = chosen.x;
+        state[3] = (head + 1u) % params.window;
+        state[2] = min(state[2] + 1u, params.window);
     }
-    if (n_cand == 0u) {
-        state[1] = 1u;
-        out_ids[SLOT] = 0u;
-        return;
-    }
-    state[1] = 0u;
-    if (top > 3.402823e38) {  // +inf: the softmax is one-hot on the first +inf (CPU: argmax)
-        out_ids[SLOT] = sort_pairs[0].y;
-        return;
-    }
-    // top-p and min-p on the temperature-1 weights (the largest is exactly 1)
-    var total = 0.0;
-    for (var i = 0u; i < n_cand; i++) {
-        total += weight_t1[i];
-    }
-    var keep = n_cand;
-    if (params.top_p < 1.0) {
-        var cum = 0.0;
-        for (var i = 0u; i < n_cand; i++) {
-            cum += weight_t1[i];
-            if (cum >= params.top_p * total) {  // the token that crosses top_p is kept
-                keep = i + 1u;
-                break;
-            }
-        }
-    }
-    if (params.min_p > 0.0) {
-        var n_above = 0u;
-        for (var i = 0u; i < n_cand; i++) {
-            if (weight_t1[i] >= params.min_p) {
-                n_above += 1u;
-            }
-        }
-        keep = min(keep, n_above);
-    }
-    keep = max(keep, 1u);
-    // temperature, then the inverse-CDF draw: the first token whose cumulative weight exceeds u * sum
-    var weight_sum = 0.0;
-    for (var i = 0u; i < keep; i++) {
-        weight_sum += weight_t[i];
-    }
-    let target_weight = uniform_draw(params.seed_lo, params.seed_hi, draw) * weight_sum;
-    var chosen = keep - 1u;
-    var cum = 0.0;
-    for (var i = 0u; i < keep; i++) {
-        cum += weight_t[i];
-        if (cum > target_weight) {
-            chosen = i;
-            break;
-        }
-    }
-    out_ids[SLOT] = sort_pairs[chosen].y;
 //#endif
 }
+//#endif

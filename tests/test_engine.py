@@ -126,7 +126,10 @@ def test_seeded_sampling_is_reproducible(loaded, ref):
 
 @pytest.mark.parametrize("settings", [SamplerSettings(temperature=5.0, top_k=40, top_p=0.95, seed=1234),
                                       SamplerSettings(temperature=0.8, top_k=64, top_p=0.9, min_p=0.01, seed=7),
-                                      SamplerSettings(temperature=2.0, top_k=3, top_p=1.0, seed=2**50 + 3)])
+                                      SamplerSettings(temperature=2.0, top_k=3, top_p=1.0, seed=2**50 + 3),
+                                      SamplerSettings(temperature=1.0, top_k=40, repetition_penalty=1.3,
+                                                      repeat_last_n=16, seed=11),
+                                      SamplerSettings(temperature=0.0, repetition_penalty=1.5, repeat_last_n=64)])
 def test_gpu_sampling_draws_the_cpu_samplers_tokens(loaded, settings):
     """Both paths use the stream sampler.uniform(seed, n) and the same cuts: the GPU (queued steps,
     nothing read back but ids) must give the CPU sampler's tokens for the same seed."""

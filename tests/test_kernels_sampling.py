@@ -19,7 +19,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 from bitnet_web import gpu  # noqa: E402
 from bitnet_web.kernels.common import KernelCache  # noqa: E402
 from bitnet_web.kernels.sampling import GPUSampler  # noqa: E402
-from bitnet_web.sampler import GPU_TOP_K_MAX, SamplerSettings, choose, uniform  # noqa: E402
+from bitnet_web.sampler import (  # noqa: E402
+    GPU_PENALTY_WINDOW_MAX,
+    GPU_TOP_K_MAX,
+    Sampler,
+    SamplerSettings,
+    choose,
+    uniform,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -142,6 +149,46 @@ def test_all_nan_logits_write_token_zero_and_flag_it(device, kernels):
 def test_settings_the_gpu_cannot_take_are_refused(device, kernels):
     ids = upload(device, np.zeros(4, np.uint32), "ids")
     op = GPUSampler(kernels, upload(device, np.zeros(100, np.float32), "logits"), ids, 100)
-    for bad in (SamplerSettings(temperature=0.0), SamplerSettings(top_k=0), SamplerSettings(top_k=GPU_TOP_K_MAX + 1)):
+    for bad in (SamplerSettings(top_k=0), SamplerSettings(top_k=GPU_TOP_K_MAX + 1),
+                SamplerSettings(repetition_penalty=1.2, repeat_last_n=-1),
+                SamplerSettings(repetition_penalty=1.2, repeat_last_n=GPU_PENALTY_WINDOW_MAX + 1)):
+        assert not Sampler(bad).gpu_supported()
         with pytest.raises(ValueError, match="GPU sampler"):
             op.configure(bad, 1, 0)
+
+
+@pytest.mark.parametrize("settings", [
+    SamplerSettings(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.5, repeat_last_n=16),
+    SamplerSettings(temperature=0.0, repetition_penalty=3.0, repeat_last_n=64),  # greedy: top-k 1 on the GPU
+    SamplerSettings(temperature=1.2, top_k=8, repetition_penalty=0.7, repeat_last_n=5),  # < 1 favours repeats
+])
+def test_repetition_penalty_follows_the_cpu_sampler(device, kernels, settings):
+    """The penalty pass sees the tail of the history given at configure time, then every token the
+    GPU drew (its ring): each draw must be what the CPU Sampler's penalty + choose give."""
+    vocab = 3000
+    rng = np.random.default_rng(int(settings.repeat_last_n))
+    logits = (rng.standard_normal(vocab) - 8).astype(np.float32)
+    # a few strong tokens, so the penalty changes which ones win; half of them negative (a penalty
+    # multiplies those, divides positive ones)
+    logits[:6] = 1.0 + 0.3 * rng.standard_normal(6)
+    logits[6:12] = -0.3 + 0.3 * rng.standard_normal(6)
+    history = rng.integers(0, 12, 40).tolist() + [7]
+    ids = upload(device, np.zeros(4, np.uint32), "ids")
+    logits_buf = device.buffer(4 * vocab, label="logits")
+    op = GPUSampler(kernels, logits_buf, ids, vocab)
+    assert Sampler(settings).gpu_supported()
+    seed = 77
+    op.configure(settings, seed, first_draw=0, history=history)
+    cpu = Sampler(settings)
+    changed = 0
+    for draw in range(12):
+        device.upload(logits_buf, 0, logits)  # the penalty pass works in place: fresh logits each step
+        token = draw_on_gpu(device, op, ids)
+        penalized = cpu._penalize(logits, history)
+        changed += int(not np.array_equal(np.argsort(-penalized)[:12], np.argsort(-logits)[:12]))
+        if settings.temperature == 0:
+            assert token == int(np.argmax(penalized))
+        else:
+            assert token in acceptable(penalized, settings, uniform(seed, draw)), draw
+        history.append(token)
+    assert changed > 0  # the penalty reordered the strong tokens in this test

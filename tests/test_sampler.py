@@ -228,13 +228,27 @@ def test_stop_matcher_property(text, stops, cuts):
         pieces.append(text[last:c])
         last = c
     m = StopMatcher(stops)
-    emitted, stopped = "", False
+    emitted = ""
     for p in pieces:
-        out, stopped = m.push(p)
+        out, _ = m.push(p)
         emitted += out
         assert not any(s in emitted for s in stops)  # never shows a stop string
+    emitted += m.flush()  # the end of generation settles what was held back
     first = min((text.find(s) for s in stops if s in text), default=-1)
     if first >= 0:
-        assert stopped and emitted == text[:first]
+        assert m.stopped and emitted == text[:first]
     else:
-        assert not stopped and emitted + m.flush() == text
+        assert not m.stopped and emitted == text
+
+
+def test_stop_matcher_waits_for_a_longer_stop_string_that_starts_earlier():
+    """'<' is found in '><' but '><<' (which starts earlier) may still complete: found by hypothesis."""
+    m = StopMatcher(["<", "><<"])
+    assert m.push("><") == ("", False)
+    assert m.push("<") == ("", True)
+    m = StopMatcher(["<", "><<"])
+    assert m.push("><") == ("", False)
+    assert m.push("x") == (">", True)  # '><x': the longer one cannot complete; '<' at 1 wins
+    m = StopMatcher(["<", "><<"])
+    assert m.push("><") == ("", False)
+    assert m.flush() == ">" and m.stopped  # generation ended: the match that was held stops it

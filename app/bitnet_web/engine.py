@@ -374,6 +374,8 @@ class Engine:
         if stats.stop_reason != "stop_string":
             tail, _ = stopper.push(decoder.flush())
             tail += stopper.flush()
+            if stopper.stopped:  # held-back text held a stop string after all
+                stats.stop_reason = "stop_string"
             if tail:
                 yield tail
         if decode_start is not None and stats.n_generated > 1:
@@ -384,9 +386,9 @@ class Engine:
     async def _token_source(self, model: BitNetModel, new_ids: list[int], sampler: Sampler,
                             settings: SamplerSettings, history: list[int]) -> AsyncIterator[int]:
         """Tokens of the reply, one per step. After the prompt's logits (read back anyway), the GPU
-        chooses each token (argmax, or a seeded draw for top_k <= GPU_TOP_K_MAX without repetition
-        penalty) so only 4 bytes come back per token; other settings read logits back and sample
-        on the CPU."""
+        chooses each token (argmax, or a seeded draw: sampler.Sampler.gpu_supported) so only 4 bytes
+        come back per token; other settings read logits back and sample on the CPU. `history` (the
+        caller appends each yielded token) is what the repetition penalty looks at."""
         logits = await model.prefill(new_ids)
         first = sampler.sample(logits, history)
         yield first
@@ -394,7 +396,7 @@ class Engine:
         if settings.temperature == 0 and settings.repetition_penalty == 1.0:
             on_gpu, self.last_stats.token_choice = model.decode_greedy(first), "gpu_argmax"
         elif self.gpu_sampling and sampler.gpu_supported():
-            on_gpu = model.decode_sampled(first, settings, sampler.seed, sampler.draws)
+            on_gpu = model.decode_sampled(first, settings, sampler.seed, sampler.draws, history)
             self.last_stats.token_choice = "gpu_sample"
         else:
             self.last_stats.token_choice = "cpu_sample"

@@ -371,11 +371,12 @@ class BitNetModel:
         return self._decode_on_gpu(first_token, self.argmax)
 
     def decode_sampled(self, first_token: int, settings: SamplerSettings, seed: int,
-                       first_draw: int) -> AsyncIterator[int]:
+                       first_draw: int, history: list[int] = ()) -> AsyncIterator[int]:
         """Like decode_greedy, but each token is drawn on the GPU under `settings` (top_k at most
-        GPU_TOP_K_MAX) with draws first_draw, first_draw + 1, ... of the stream `seed`
+        GPU_TOP_K_MAX, repetition penalty over the tail of `history`, the tokens so far including
+        `first_token`) with draws first_draw, first_draw + 1, ... of the stream `seed`
         (sampler.uniform): the same tokens the CPU Sampler would draw from the same logits."""
-        self.gpu_sampler.configure(settings, seed, first_draw)
+        self.gpu_sampler.configure(settings, seed, first_draw, history)
         return self._decode_on_gpu(first_token, self.gpu_sampler)
 
     async def _decode_on_gpu(self, first_token: int, chooser: Argmax | GPUSampler) -> AsyncIterator[int]:

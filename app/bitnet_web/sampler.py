@@ -24,11 +24,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["GPU_TOP_K_MAX", "Sampler", "SamplerSettings", "StopMatcher", "StopResult", "choose", "uniform"]
+__all__ = ["GPU_PENALTY_WINDOW_MAX", "GPU_TOP_K_MAX", "Sampler", "SamplerSettings", "StopMatcher", "StopResult",
+           "choose", "uniform"]
 
-# Largest top_k the GPU sampler handles (its per-workgroup candidate lists); larger, or top_k = 0,
-# samples on the CPU from read-back logits.
+# Largest top_k the GPU sampler handles (its per-workgroup candidate lists), and the longest
+# repetition-penalty window (its ring of recent tokens); beyond them, or with top_k = 0, tokens
+# are sampled on the CPU from read-back logits.
 GPU_TOP_K_MAX = 64
+GPU_PENALTY_WINDOW_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -111,10 +114,11 @@ class Sampler:
         return choose(logits, self.settings, self.next_uniform())
 
     def gpu_supported(self) -> bool:
-        """Can the GPU sampler take these settings (so logits need not come back to the host)?"""
+        """Can the GPU sampler take these settings (so logits need not come back to the host)?
+        Greedy with a repetition penalty counts (it is top-k 1 there)."""
         s = self.settings
-        return (s.temperature > 0.0 and 0 < s.top_k <= GPU_TOP_K_MAX
-                and (s.repetition_penalty == 1.0 or s.repeat_last_n == 0))
+        return ((s.temperature == 0.0 or 0 < s.top_k <= GPU_TOP_K_MAX)
+                and (s.repetition_penalty == 1.0 or 0 <= s.repeat_last_n <= GPU_PENALTY_WINDOW_MAX))
 
     def _penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         """llama.cpp's repetition penalty: each distinct token among the last N has its logit divided
@@ -221,24 +225,35 @@ class StopMatcher:
         if self.stopped:
             return StopResult("", True)
         text = self._held + piece
+        first = self._first_match(text)
+        # A suffix that may still grow into a stop string; if it starts before the match found,
+        # that longer stop string could still end up first, so wait for more text.
+        partial_at = len(text) - self._partial_suffix(text)
+        if first != -1 and first <= partial_at:
+            self._held = ""
+            self.stopped = True
+            return StopResult(text[:first], True)
+        self._held = text[partial_at:]
+        return StopResult(text[:partial_at], False)
+
+    def flush(self) -> str:
+        """End of generation: the held-back text, up to a stop string it holds (then `stopped`)."""
+        text = "" if self.stopped else self._held
+        self._held = ""
+        first = self._first_match(text)
+        if first != -1:
+            self.stopped = True
+            return text[:first]
+        return text
+
+    def _first_match(self, text: str) -> int:
+        """Where the earliest stop string in `text` starts, or -1."""
         first = -1
         for stop in self.stop_strings:
             at = text.find(stop)
             if at != -1 and (first == -1 or at < first):
                 first = at
-        if first != -1:
-            self._held = ""
-            self.stopped = True
-            return StopResult(text[:first], True)
-        hold = self._partial_suffix(text)
-        self._held = text[len(text) - hold :] if hold else ""
-        return StopResult(text[: len(text) - hold], False)
-
-    def flush(self) -> str:
-        """End of generation without a stop: the held-back text, which turned out to be plain text."""
-        text = "" if self.stopped else self._held
-        self._held = ""
-        return text
+        return first
 
     def _partial_suffix(self, text: str) -> int:
         """Length of the longest suffix of `text` that is a proper prefix of some stop string."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import gpu
-from ..sampler import GPU_TOP_K_MAX, SamplerSettings
+from ..sampler import GPU_PENALTY_WINDOW_MAX, GPU_TOP_K_MAX, SamplerSettings
 from .common import KernelCache, ceil_div
 
 SORT_WIDTH = 1024  # pairs sorted per workgroup (8 KB of workgroup memory)
@@ -22,7 +22,7 @@ class GPUSampler:
     """out_ids[slot] = a token drawn from logits[row] under `settings` (set with `configure`)."""
 
     PARAMS_NBYTES = 32
-    STATE_NBYTES = 16
+    STATE_NBYTES = 4 * (4 + GPU_PENALTY_WINDOW_MAX)  # counter, status, ring length, ring head, ring
 
     def __init__(self, kernels: KernelCache, logits: gpu.Buffer, out_ids: gpu.Buffer, vocab_size: int,
                  slot: int = 0, row: int = 0, label: str = "sampler"):
@@ -53,27 +53,44 @@ class GPUSampler:
             self.dispatches.append((merge, device.bind_group(merge, [current, merged], f"{label} merge"), groups))
             current, pairs = merged, groups * GPU_TOP_K_MAX
         self.params = device.buffer(self.PARAMS_NBYTES, gpu.UNIFORM_USAGE, f"{label} params")
-        self.state = device.buffer(self.STATE_NBYTES, label=f"{label} state")  # (counter, status, -, -) u32
+        self.state = device.buffer(self.STATE_NBYTES, label=f"{label} state")  # see sample_topk.wgsl
         self.buffers += [self.params, self.state]
+        penalty = kernels.pipeline("sample_topk", defines=("PENALTY",), V=vocab_size, ROW=row, **shape)
+        self.penalty = (penalty, device.bind_group(penalty, [logits, self.params, self.state], f"{label} penalty"), 1)
+        self.penalty_active = False
         final = kernels.pipeline("sample_topk", defines=("FINAL", "LISTS"), N_IN=pairs, SLOT=slot, **shape)
         bind = device.bind_group(final, [current, self.params, self.state, out_ids], f"{label} draw")
         self.dispatches.append((final, bind, 1))
 
-    def configure(self, settings: SamplerSettings, seed: int, first_draw: int) -> None:
+    def configure(self, settings: SamplerSettings, seed: int, first_draw: int, history: list[int] = ()) -> None:
         """Settings for the next steps, and the stream position: the next step uses draw `first_draw`
-        of stream `seed` (sampler.uniform), then the count goes up by one per step on the GPU."""
-        if not (settings.temperature > 0 and 0 < settings.top_k <= GPU_TOP_K_MAX):
-            raise ValueError(f"the GPU sampler needs temperature > 0 and 1 <= top_k <= {GPU_TOP_K_MAX}, got "
-                             f"temperature={settings.temperature}, top_k={settings.top_k}")
+        of stream `seed` (sampler.uniform), then the count goes up by one per step on the GPU.
+        `history`: the tokens so far (the repetition penalty's window starts with its tail).
+        Temperature 0 (greedy with a penalty) is drawn as top-k 1."""
+        greedy = settings.temperature == 0
+        window = settings.repeat_last_n if settings.repetition_penalty != 1.0 else 0
+        if not (greedy or 0 < settings.top_k <= GPU_TOP_K_MAX) or not 0 <= window <= GPU_PENALTY_WINDOW_MAX:
+            raise ValueError(f"the GPU sampler needs top_k in 1..{GPU_TOP_K_MAX} (or temperature 0) and a "
+                             f"repetition-penalty window in 0..{GPU_PENALTY_WINDOW_MAX}, got top_k={settings.top_k}, "
+                             f"repeat_last_n={settings.repeat_last_n}")
         params = np.zeros(8, dtype=np.uint32)
-        params[0] = settings.top_k
-        params[1:4] = np.array([settings.top_p, settings.min_p, 1.0 / settings.temperature],
-                               dtype=np.float32).view(np.uint32)
+        params[0] = 1 if greedy else settings.top_k
+        floats = [1.0, 0.0, 1.0] if greedy else [settings.top_p, settings.min_p, 1.0 / settings.temperature]
+        params[1:4] = np.array(floats, dtype=np.float32).view(np.uint32)
         params[4], params[5] = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+        params[6] = np.array([settings.repetition_penalty], dtype=np.float32).view(np.uint32)[0]
+        params[7] = window
+        recent = list(history)[-window:] if window else []
+        state = np.zeros(4 + GPU_PENALTY_WINDOW_MAX, dtype=np.uint32)
+        state[0], state[2], state[3] = first_draw, len(recent), len(recent) % window if window else 0
+        state[4:4 + len(recent)] = recent
         self.device.upload(self.params, 0, params)
-        self.device.upload(self.state, 0, np.array([first_draw, 0, 0, 0], dtype=np.uint32))
+        self.device.upload(self.state, 0, state)
+        self.penalty_active = window > 0
 
     def record(self, recorder: gpu.Recorder, n_tokens: int = 1) -> None:
+        if self.penalty_active:
+            recorder.dispatch(*self.penalty)
         for pipeline, bind, groups in self.dispatches:
             recorder.dispatch(pipeline, bind, groups)
 
