@@ -219,6 +219,25 @@ def test_bundled_model_reply_equals_cpython_greedy_output(bundled, bundled_model
 
 
 @needs_engine
+def test_seeded_sampled_reply_equals_cpython(bundled, bundled_model):
+    """Temperature, top-k, top-p and a repetition penalty with a seed: drawn on the GPU in the page
+    (WGSL through the browser's WebGPU) and in CPython (wgpu-py): the same counter-based stream gives
+    the same reply, which the app's default settings would not if either side ignored the seed."""
+    page = bundled
+    form = {"temperature": "0.9", "top_k": "40", "top_p": "0.95", "max_tokens": "8",
+            "repetition_penalty": "1.3", "seed": "1234"}
+    set_settings(page, form, SYSTEM)
+    prompt = "class Config:\n"
+    reply = send_and_wait(page, prompt)
+    assert reply["state"] == "done"
+    settings = parse_form(form)
+    assert reply["text"] == cpython_turn(bundled_model["path"], SYSTEM, [], prompt, settings)
+    other = cpython_turn(bundled_model["path"], SYSTEM, [], prompt, {**settings, "seed": 99})
+    greedy = cpython_turn(bundled_model["path"], SYSTEM, [], prompt, parse_form(GREEDY_FORM))
+    assert reply["text"] != other or reply["text"] != greedy  # the draw mattered
+
+
+@needs_engine
 def test_second_turn_uses_the_history(bundled, bundled_model):
     page = bundled
     set_settings(page, GREEDY_FORM, SYSTEM)
