@@ -256,3 +256,78 @@ def test_bad_input_prints_one_line(case, bad_files, model_path, folder):
     assert lines[0].startswith("error: ")
     assert re.search(message, lines[0]), lines[0]
     assert result.stdout == ""
+
+
+# --model with a Hugging Face checkpoint folder URL, served by a local http.server thread ------------
+
+HF_SHAPE = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=384, vocab_size=VOCAB, seed=5)
+
+
+@pytest.fixture(scope="module")
+def hf_site(folder):
+    """(checkpoint folder, base URL .../org/tiny/resolve/main/, request log) of a tiny HF checkpoint
+    (tests/hf_tiny.py: transformers' own packing) served on 127.0.0.1."""
+    import functools
+    import http.server
+    import threading
+
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from hf_tiny import build_tiny_bitnet
+
+    root = folder / "www"
+    checkpoint = build_tiny_bitnet(root / "org" / "tiny" / "resolve" / "main", with_tokenizer=True, **HF_SHAPE)
+    requests: list[tuple[str, str, int]] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_request(self, code="-", size="-") -> None:
+            requests.append((self.command, self.path, int(code) if str(code).isdigit() else 0))
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield checkpoint, f"http://127.0.0.1:{server.server_address[1]}/org/tiny/resolve/main/", requests
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_model_accepts_a_checkpoint_folder_url(hf_site, tmp_path, monkeypatch):
+    from test_transformers_reference import RELATIVE_TOLERANCE, _hf_logits, _reference
+
+    checkpoint, base, requests = hf_site
+    monkeypatch.setenv("BITNET_WEB_CACHE", str(tmp_path / "cache"))
+    ids = [3, 999, 500, 501, 502, 0, 42, 77, 640, 128, 129, 130]
+    out = tmp_path / "logits.npy"
+    result = cli("logits", "--model", base, "--tokens", ",".join(map(str, ids)), "--out", str(out), "-q")
+    assert_ok(result)
+    # the independent reference: transformers' BitNetForCausalLM on the same folder
+    want = _hf_logits(_reference(checkpoint), ids)
+    got = np.load(out)
+    assert got.shape == want.shape and np.abs(got - want).max() <= RELATIVE_TOLERANCE * np.ptp(want)
+    fetched = {path.rsplit("/", 1)[-1] for method, path, code in requests if code == 200}
+    assert fetched == {p.name for p in checkpoint.iterdir()}, requests
+
+    # a second run reads the cache: the server sees no request; the name comes from .../ORG/REPO/resolve/
+    seen = len(requests)
+    result = cli("inspect", "--model", base)
+    assert_ok(result)
+    assert "name: org/tiny" in result.stdout and "architecture: bitnet-b1.58" in result.stdout
+    assert requests[seen:] == []
+
+
+def test_checkpoint_folder_url_without_config_names_it(hf_site, tmp_path, monkeypatch):
+    checkpoint, base, _ = hf_site
+    monkeypatch.setenv("BITNET_WEB_CACHE", str(tmp_path / "cache"))
+    empty = checkpoint.parent.parent.parent / "empty" / "resolve" / "main"
+    empty.mkdir(parents=True)
+    (empty / "model.safetensors").write_bytes((checkpoint / "model.safetensors").read_bytes())
+    url = base.replace("/org/tiny/", "/org/empty/")
+    result = cli("generate", "--model", url, "--tokens", "1,2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and re.search(r"^error: .*org/empty/resolve/main/config\.json.*404", lines[0]), lines

@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -51,6 +51,7 @@ from .gguf_writer import (
     bitnet_model_metadata,
     synthetic_vocab_metadata,
 )
+from .hf_urls import checkpoint_base_url, checkpoint_name
 from .quants import ternarize
 from .safetensors import SafetensorsError, SafetensorsFile, ShardedSafetensors, open_safetensors, parse_index
 
@@ -99,33 +100,6 @@ def files_to_fetch(index_json: Mapping | None = None) -> list[str]:
         return [*names, WEIGHTS_FILE]
     shards = sorted(set(parse_index(index_json, INDEX_FILE).values()))
     return [*names, INDEX_FILE, *shards]
-
-
-def checkpoint_base_url(url: str) -> str | None:
-    """The base URL (ending in '/') of a Hugging Face checkpoint folder, or None if `url` names a file.
-
-    https://huggingface.co/ORG/REPO, .../tree/REV[/dir] and .../resolve/REV[/dir] name the files under
-    .../resolve/REV[/dir]/; on any host a URL ending in '/' is a folder.
-    """
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        return None
-    path = parts.path
-    file_suffixes = (".gguf", ".safetensors", ".json", ".bin")
-    if not path.endswith("/") and path.rsplit("/", 1)[-1].endswith(file_suffixes):
-        return None
-    segments = [s for s in path.split("/") if s]
-    if parts.netloc in ("huggingface.co", "www.huggingface.co", "hf.co"):
-        if len(segments) == 2:
-            segments += ["resolve", "main"]
-        elif len(segments) >= 4 and segments[2] in ("tree", "resolve", "blob"):
-            segments[2] = "resolve"
-        else:
-            return None
-        return f"https://huggingface.co/{'/'.join(segments)}/"
-    if path.endswith("/"):
-        return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-    return None
 
 
 def is_checkpoint_location(source: object) -> bool:
@@ -458,6 +432,42 @@ def _linear_class(config: dict, label: str) -> str:
     return linear_class
 
 
+class ConfigCheck(NamedTuple):
+    arch: str                   # the GGUF architecture the checkpoint becomes
+    lossy: bool                 # an ordinary checkpoint, ternarized by absmean (opt-in)
+    linear_class: str           # how weight_scale is used: 'autobitlinear' multiplies, 'bitlinear' divides
+    warning: str | None         # general.description of a lossy GGUF
+
+
+_REQUIRED_CONFIG = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
+def check_config(config: dict, label: str = CONFIG_FILE, *, arch: str | None = None,
+                 allow_lossy_ternarization: bool = False) -> ConfigCheck:
+    """Everything config.json alone decides, checked before any weights are read: the browser calls this
+    as soon as config.json has arrived, so an unsupported model is refused before gigabytes of shards are
+    fetched. Raises ConvertError (LossyTernarizationError without the opt-in) naming `label`."""
+    for key in _REQUIRED_CONFIG:
+        _cfg(config, key, label)
+    arch, lossy = _model_kind(config, label, arch)
+    linear_class = _linear_class(config, label)
+    warning = None
+    if lossy:
+        if not allow_lossy_ternarization:
+            raise LossyTernarizationError(
+                f"{label}: an ordinary {config.get('model_type')} checkpoint (no BitNet "
+                "quantization_config). Ternarizing it is lossy post-training quantization and needs an "
+                "explicit opt-in (allow_lossy_ternarization=True, CLI --ternarize-lossy, in the app the "
+                "EXPERIMENTAL, LOSSY box under the URL)")
+        warning = LOSSY_WARNING.format(name=config.get("model_type"))
+    scaling = _rope_scaling(config)
+    if scaling is not None:
+        if not lossy:
+            raise ConvertError(f"{label}: RoPE scaling {scaling!r} is not supported (plain RoPE only)")
+        warning += f" Its RoPE scaling {scaling!r} is ignored (plain RoPE), a further inaccuracy."
+    return ConfigCheck(arch, lossy, linear_class, warning)
+
+
 # ---------------------------------------------------------------------------------------------
 # Checkpoint -> GGUFWriter (the one code path of convert_hf.convert and the in-memory loaders)
 # ---------------------------------------------------------------------------------------------
@@ -482,24 +492,11 @@ def build_gguf_writer(files: CheckpointFiles, out_path: str = "<memory>", *, emb
     head_dim = int(config.get("head_dim") or dim // n_heads)
     rope = config.get("rope_parameters") or {}
     rope_theta = float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0)
-    arch, lossy = _model_kind(config, cfg_label, arch)
-    linear_class = _linear_class(config, cfg_label)
+    arch, lossy, linear_class, warning = check_config(
+        config, cfg_label, arch=arch, allow_lossy_ternarization=allow_lossy_ternarization)
     if embed_type not in ("F16", "F32", "BF16"):
         raise ValueError(f"embed_type must be F16, F32 or BF16, not {embed_type!r}")
     model_name = name or files.name
-    warning = None
-    if lossy:
-        if not allow_lossy_ternarization:
-            raise LossyTernarizationError(
-                f"{cfg_label}: an ordinary {config.get('model_type')} checkpoint (no BitNet "
-                "quantization_config). Ternarizing it is lossy post-training quantization and needs an "
-                "explicit opt-in (allow_lossy_ternarization=True, CLI --ternarize-lossy)")
-        warning = LOSSY_WARNING.format(name=config.get("model_type"))
-    scaling = _rope_scaling(config)
-    if scaling is not None:
-        if not lossy:
-            raise ConvertError(f"{cfg_label}: RoPE scaling {scaling!r} is not supported (plain RoPE only)")
-        warning += f" Its RoPE scaling {scaling!r} is ignored (plain RoPE), a further inaccuracy."
     # llama-arch GGUFs hold Q/K rows in interleaved-RoPE order; `permute_qk` deliberately breaks that.
     permute = (arch == "llama") != permute_qk
 
@@ -663,10 +660,15 @@ def download_checkpoint(url: str, progress: ProgressCallback | None = None) -> C
         raise ConvertError(f"{url}: not a checkpoint folder URL (expected .../ORG/REPO or .../resolve/main/)")
 
     def fetch(fname: str, optional: bool) -> Path | None:
+        # an optional file's 404 is remembered too, so a cached checkpoint loads with no request at all
+        absent = cached_path(base + fname).with_suffix(".absent")
+        if optional and absent.exists():
+            return None
         try:
             return download_to_cache(base + fname, progress=progress)
         except DownloadError as e:
             if optional and _is_not_found(e):
+                absent.touch()
                 return None
             raise
 
@@ -685,9 +687,7 @@ def download_checkpoint(url: str, progress: ProgressCallback | None = None) -> C
         path = fetch(fname, optional=fname in OPTIONAL_FILES)
         if path is not None:
             paths[fname] = path
-    segments = [s for s in urllib.parse.urlsplit(base).path.split("/") if s]
-    repo = "/".join(segments[:2]) if "resolve" in segments[2:3] else (segments[-1] if segments else base)
-    return CheckpointFiles(repo, paths=paths, source=base)
+    return CheckpointFiles(checkpoint_name(base), paths=paths, source=base)
 
 
 def load(location: str | os.PathLike, *, allow_lossy_ternarization: bool = False,

@@ -49,6 +49,121 @@ async (key) => {
 """
 
 
+_IDB_AUDIT = """
+async () => {
+  const db = await new Promise((ok, bad) => {
+    const r = indexedDB.open("bitnet-web-models"); r.onsuccess = () => ok(r.result); r.onerror = () => bad(r.error);
+  });
+  const all = (store) => new Promise((ok, bad) => {
+    const r = db.transaction(store).objectStore(store).getAll(); r.onsuccess = () => ok(r.result);
+    r.onerror = () => bad(r.error);
+  });
+  const hex = async (data) => Array.from(new Uint8Array(await crypto.subtle.digest("SHA-256", data)),
+                                         (b) => b.toString(16).padStart(2, "0")).join("");
+  try {
+    if (!db.objectStoreNames.contains("models")) return {entries: [], chunks: []};
+    const metas = await all("models"), chunks = await all("chunks");
+    const out = {entries: [], chunks: []};
+    for (const c of chunks) {
+      out.chunks.push({key: c.key, index: c.index, offset: c.offset, size: c.size, bytes: c.data.byteLength,
+                       sha256: c.sha256, actual_sha256: await hex(c.data)});
+    }
+    for (const m of metas) {
+      const own = chunks.filter((c) => c.key === m.key).sort((a, b) => a.index - b.index);
+      const size = own.reduce((n, c) => n + c.data.byteLength, 0);
+      const all_ = new Uint8Array(size);
+      let at = 0;
+      for (const c of own) { all_.set(new Uint8Array(c.data), at); at += c.data.byteLength; }
+      out.entries.push({...m, header: m.header ? {name: m.header.name} : null, file_size: size,
+                        file_sha256: await hex(all_)});
+    }
+    return out;
+  } finally { db.close(); }
+}
+"""
+
+
+def audit_cache(page) -> dict[str, dict[str, Any]]:
+    """Every model cache entry, read straight from IndexedDB and checked for consistency: chunks
+    0..n-1 present, contiguous offsets, sizes and per-chunk SHA-256 as recorded, `stored` equal to
+    their sum, `complete` only with stored == total, no chunk without its entry. Returns the entries
+    by key, each with file_size / file_sha256 of its reassembled chunks."""
+    found = page.evaluate(_IDB_AUDIT)
+    entries = {e["key"]: e for e in found["entries"]}
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for c in found["chunks"]:
+        assert c["key"] in entries, f"chunk {c['index']} of {c['key']} has no model record (orphan)"
+        assert c["actual_sha256"] == c["sha256"], f"chunk {c['index']} of {c['key']}: SHA-256 differs"
+        assert c["bytes"] == c["size"], f"chunk {c['index']} of {c['key']}: {c['bytes']} bytes, record says {c['size']}"
+        by_key.setdefault(c["key"], []).append(c)
+    for key, e in entries.items():
+        chunks = sorted(by_key.get(key, []), key=lambda c: c["index"])
+        assert [c["index"] for c in chunks] == list(range(e["chunks"])), \
+            f"{key}: chunk indexes {[c['index'] for c in chunks]}, record counts {e['chunks']}"
+        offset = 0
+        for c in chunks:
+            assert c["offset"] == offset, f"{key}: chunk {c['index']} at offset {c['offset']}, expected {offset}"
+            offset += c["size"]
+        assert e["stored"] == offset == e["file_size"], f"{key}: stored {e['stored']}, chunks hold {offset}"
+        if e["complete"]:
+            assert e["total"] is not None and e["stored"] == e["total"], \
+                f"{key}: marked complete with {e['stored']} of {e['total']} bytes"
+    return entries
+
+
+def engine_worker(page):
+    """The page's engine worker (Playwright Worker: `evaluate` runs JS in the worker's scope)."""
+    for worker in page.workers:
+        if worker.url.endswith("/engine-worker.js"):
+            return worker
+    raise AssertionError(f"no engine worker in {[w.url for w in page.workers]}")
+
+
+def set_test_hooks(page, **hooks: Any) -> None:
+    """Set the worker's test hooks (download.testing_hooks): chunkBytes, skipEngine."""
+    engine_worker(page).evaluate("(hooks) => { self.bitnetWebTestHooks = hooks; }", hooks)
+
+
+_GPU_COUNTERS = """
+() => {
+  if (self.gpuCounters) return;
+  // Counts WebGPU calls from this point on, beside the app (an independent tally of what it creates).
+  const c = self.gpuCounters = {buffers: 0, destroyed: 0, bytes: 0, pipelines: 0, writes: 0};
+  const made = new WeakSet(), gone = new WeakSet();
+  const wrap = (proto, name, after) => {
+    const orig = proto[name];
+    proto[name] = function (...args) { const out = orig.apply(this, args); after(this, args, out); return out; };
+  };
+  wrap(GPUDevice.prototype, "createBuffer", (d, [desc], b) => { made.add(b); c.buffers++; c.bytes += desc.size; });
+  wrap(GPUBuffer.prototype, "destroy", (b) => {
+    if (made.has(b) && !gone.has(b)) { gone.add(b); c.destroyed++; c.bytes -= b.size; }
+  });
+  wrap(GPUDevice.prototype, "createComputePipeline", () => { c.pipelines++; });
+  wrap(GPUDevice.prototype, "createComputePipelineAsync", () => { c.pipelines++; });
+  wrap(GPUQueue.prototype, "writeBuffer", () => { c.writes++; });
+}
+"""
+
+
+def install_gpu_counters(page) -> None:
+    """Count the engine worker's WebGPU buffers, pipelines and uploads from now on (see gpu_counts)."""
+    engine_worker(page).evaluate(_GPU_COUNTERS)
+
+
+def gpu_counts(page) -> dict[str, int]:
+    """{buffers, destroyed, bytes (still alive), pipelines, writes} since install_gpu_counters."""
+    return engine_worker(page).evaluate("() => ({...self.gpuCounters})")
+
+
+def worker_python(page, code: str) -> Any:
+    """Run Python in the engine worker's interpreter (after `code`'s statements, the value of its
+    last line, converted to JS and back)."""
+    return engine_worker(page).evaluate("""(code) => {
+        const out = self.pyodide.runPython(code);
+        if (!(out && out.toJs)) return out;
+        try { return out.toJs({dict_converter: Object.fromEntries}); } finally { out.destroy(); } }""", code)
+
+
 def engine_importable() -> bool:
     try:
         import bitnet_web.engine  # noqa: F401

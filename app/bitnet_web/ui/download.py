@@ -8,10 +8,23 @@ One `ModelDownloader.ensure_cached(model)` call ends with a complete cache entry
   so a changed file restarts instead of splicing two versions); a server that ignores Range
   restarts from zero; a few automatic retries, then a message saying Load resumes;
 - the expected size (model list) and the server's length must agree; SHA-256 per chunk is kept
-  for the read-back check in `ModelStore.read_into`.
+  for the read-back check in `ModelStore.read_into`;
+- nothing already stored is thrown away on the word of a response that is not a model: a resume
+  answered with the whole file (200) replaces the partial copy only once its first bytes are the
+  GGUF magic (a captive portal's or proxy's HTML page leaves the partial copy as it was);
+- a resume that starts before the header was parsed re-reads the stored prefix, so every GGUF entry
+  is marked complete only with a parsed header whose tensors end within the file;
+- `cancel()` (Cancel, or Delete in the cache manager) ends the transfer with DownloadCancelled;
+  writes to an entry deleted meanwhile (any tab) fail with model_store.EntryDeletedError.
 
-The pure helpers (`parse_content_range`, `describe_non_gguf`, `is_strong_etag`) are tested under
-CPython; the rest runs in the worker.
+Model format "raw" (a checkpoint's JSON and safetensors files, ui/hf_download.py): no GGUF checks.
+
+Test hooks (browser tests set them in the worker with Playwright's Worker.evaluate):
+`self.bitnetWebTestHooks = {chunkBytes: N}` stores chunks of N bytes (multi-chunk files from small
+test models); `skipEngine: true` makes the worker stop after the cache is verified (see worker.py).
+
+The pure helpers (`parse_content_range`, `describe_non_gguf`, `is_strong_etag`, `kept_text`) are
+tested under CPython; the rest runs in the worker.
 """
 
 from __future__ import annotations
@@ -40,7 +53,13 @@ class NotGGUFError(Exception):
 
 
 class DownloadCancelled(Exception):
+    """The load was cancelled (kind "cancelled"), or its cache entry deleted (kind "deleted")."""
+
     failure_kind = "cancelled"
+
+    def __init__(self, message: str, kind: str = "cancelled") -> None:
+        super().__init__(message)
+        self.failure_kind = kind
 
 
 class QuotaError(Exception):
@@ -92,6 +111,24 @@ def describe_non_gguf(first_bytes: bytes, content_type: str | None, url: str) ->
             f"(a GGUF file starts with 'GGUF')")
 
 
+def kept_text(stored: int, total: int | None) -> str:
+    """The sentence that tells a person a partial download is kept and how to continue it."""
+    if stored <= 0:
+        return ""
+    of = f" of {total:,}" if total else ""
+    return f" {stored:,}{of} bytes are kept: press Load to resume."
+
+
+def testing_hooks() -> dict[str, Any]:
+    """The test hooks set in this context's global scope (`self.bitnetWebTestHooks`), or {}."""
+    import js
+    hooks = getattr(js.self, "bitnetWebTestHooks", None)
+    if hooks is None or not hasattr(hooks, "to_py"):
+        return {}
+    value = hooks.to_py()
+    return value if isinstance(value, dict) else {}
+
+
 def content_length(headers: Any) -> int | None:
     """Content-Length when it is the length of the body we will read (not when compressed)."""
     if headers.get("Content-Encoding") not in (None, "", "identity"):
@@ -104,19 +141,30 @@ def content_length(headers: Any) -> int | None:
 
 
 class ModelDownloader:
-    """Fills a `ModelStore` entry from the network. Events go to `emit(dict)`."""
+    """Fills a `ModelStore` entry from the network. Events go to `emit(dict)`.
 
-    def __init__(self, store: Any, emit: Callable[[dict], None]) -> None:
+    `chunk_bytes`: the size of the stored chunks (default CHUNK_BYTES, or the chunkBytes test hook)."""
+
+    def __init__(self, store: Any, emit: Callable[[dict], None], chunk_bytes: int | None = None) -> None:
         self.store = store
         self.emit = emit
+        self.chunk_bytes = max(1024, int(chunk_bytes or testing_hooks().get("chunkBytes") or CHUNK_BYTES))
         self.cancel_requested = False
+        self._cancel_message = "download cancelled; press Load to resume"
+        self._cancel_kind = "cancelled"
         self._reader = None
         self._last_progress = 0.0
 
-    def cancel(self) -> None:
+    def cancel(self, message: str | None = None, kind: str = "cancelled") -> None:
+        """Stop the transfer; the load ends with DownloadCancelled(message) of failure kind `kind`."""
         self.cancel_requested = True
+        if message:
+            self._cancel_message, self._cancel_kind = message, kind
         if self._reader is not None:
             _cancel_quietly(self._reader)
+
+    def _cancelled(self) -> DownloadCancelled:
+        return DownloadCancelled(self._cancel_message, self._cancel_kind)
 
     async def ensure_cached(self, model: dict[str, Any]) -> tuple[dict[str, Any], str]:
         """(complete meta, "cache" | "network") for `model` = {key, url, name, size, sha256}.
@@ -129,12 +177,17 @@ class ModelDownloader:
             self.emit({"event": "log", "message": "another tab is downloading this model: waiting for it"})
 
         async with WebLock("bitnet-web-model:" + model["key"], on_wait=waiting):
+            if self.cancel_requested:  # cancelled (or deleted) while waiting for the other tab
+                raise self._cancelled()
             try:
                 return await self._ensure_cached(model)
             except BaseException:
-                meta = await self.store.get(model["key"])
-                if meta is not None and not meta.get("complete") and not meta.get("stored"):
-                    await self.store.delete(model["key"])  # nothing arrived: leave no empty entry
+                try:
+                    meta = await self.store.get(model["key"])
+                    if meta is not None and not meta.get("complete") and not meta.get("stored"):
+                        await self.store.delete(model["key"])  # nothing arrived: leave no empty entry
+                except Exception:
+                    pass  # the original failure is the one to report
                 raise
 
     async def _ensure_cached(self, model: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -166,20 +219,34 @@ class ModelDownloader:
                 if int(meta["stored"]) > received_before:
                     attempts = min(attempts, 1)  # progress was made: the retry budget starts again
                 if attempts > MAX_AUTO_RESUMES:
-                    stored = int(meta["stored"])
-                    where = (f" {stored:,} of {meta['total']:,} bytes are kept: press Load to resume."
-                             if stored and meta["total"] else "")
-                    raise DownloadError(f"{e}.{where}") from None
+                    raise DownloadError(f"{e}.{kept_text(int(meta['stored']), meta['total'])}") from None
                 delay = RESUME_BACKOFF_S[min(attempts - 1, len(RESUME_BACKOFF_S) - 1)]
                 self.emit({"event": "log", "message": f"{e}; resuming at byte {meta['stored']:,} "
                                                       f"in {delay:g} s (retry {attempts})"})
                 from .jsutil import sleep_promise
                 await sleep_promise(delay)
                 if self.cancel_requested:
-                    raise DownloadCancelled("download cancelled; press Load to resume") from None
+                    raise self._cancelled() from None
+        await self._check_tensor_data(model, meta)
         meta["complete"] = True
         await self.store.put_meta(meta)
         return meta, "network"
+
+    async def _check_tensor_data(self, model: dict[str, Any], meta: dict[str, Any]) -> None:
+        """A GGUF entry is complete only with a parsed header whose tensor data lies within the file
+        (checked early when the length was known; a response without one is checked here)."""
+        if model.get("format") == "raw":
+            return
+        data_end = meta.get("data_end")
+        if meta.get("header") is not None and (data_end is None or int(data_end) <= int(meta["stored"])):
+            return
+        from ..gguf import GGUFTruncatedError
+        await self.store.delete(meta["key"])  # a damaged file: nothing of it is worth keeping
+        if meta.get("header") is None:
+            raise GGUFTruncatedError(f"{meta['url']}: the GGUF header could not be read from the "
+                                     f"{int(meta['stored']):,} bytes received")
+        raise GGUFTruncatedError(f"{meta['url']} ends at byte {int(meta['stored']):,} but its tensor data "
+                                 f"reaches byte {int(data_end):,}: the file is truncated")
 
     async def _transfer(self, model: dict[str, Any], meta: dict[str, Any]) -> None:
         """One HTTP request continuing `meta` from `meta["stored"]`."""
@@ -205,11 +272,24 @@ class ModelDownloader:
                 raise DownloadError(text) from None  # nothing to resume: say so at once
             raise _Interrupted(text) from None
         status = int(resp.status)
-        if status == 416 and start > 0 and meta.get("total") == start:
-            return  # everything was already stored
+        if status == 416 and start > 0:
+            if meta.get("total") == start:
+                return  # everything was already stored
+            # the server's copy has fewer bytes than the partial one: it changed, so the partial
+            # copy belongs to another version of the file
+            self.emit({"event": "log", "message": f"{_host(url)} has no bytes from {start:,} on (HTTP 416: "
+                                                  "the file changed): downloading from the start"})
+            fresh = await self.store.begin(meta["key"], url=meta["url"], name=meta["name"],
+                                           sha256=meta.get("sha256"))
+            meta.clear()
+            meta.update(fresh)
+            raise _Interrupted(f"{url} changed on the server")
         if status not in (200, 206):
-            raise DownloadError(f"HTTP {status} {resp.statusText or ''} from {_host(url)} for {url}".rstrip())
+            kept = kept_text(start, meta.get("total"))
+            raise DownloadError(f"HTTP {status} {resp.statusText or ''}".rstrip()
+                                + f" from {_host(url)} for {url}.{kept}")
         total: int | None
+        restart = False
         if status == 206:
             cr = parse_content_range(resp.headers.get("Content-Range"))
             if cr is None or cr.first != start:
@@ -221,84 +301,115 @@ class ModelDownloader:
                                     f"{total:,} bytes); delete the partial copy and load again")
         else:
             total = content_length(resp.headers)
-            if start > 0:
-                self.emit({"event": "log", "message": f"{_host(url)} ignored the range request (or the "
-                                                      "file changed): downloading from the start"})
-                fresh = await self.store.begin(meta["key"], url=meta["url"], name=meta["name"],
-                                               sha256=meta.get("sha256"))
-                meta.clear()
-                meta.update(fresh)
-                start = 0
+            restart = start > 0
         expected = model.get("size")
         if expected and total is not None and total != expected:
             raise DownloadError(f"{url} is {total:,} bytes but the model list says {expected:,}: "
                                 "a different or damaged file")
-        meta["total"] = total
-        meta["etag"] = resp.headers.get("ETag")
-        meta["last_modified"] = resp.headers.get("Last-Modified")
-        await self.store.put_meta(meta)
+        fields = {"total": total, "etag": resp.headers.get("ETag"),
+                  "last_modified": resp.headers.get("Last-Modified")}
         if total is not None:
             await _check_quota(total - start)
+        if restart:
+            self.emit({"event": "log", "message": f"{_host(url)} ignored the range request (or the file "
+                                                  "changed): downloading from the start"})
+        else:
+            meta.update(fields)
+            await self.store.put_meta(meta)
         if resp.body is None:
             raise DownloadError(f"{url}: the response has no body")
-        await self._stream(resp, meta, model, content_type=resp.headers.get("Content-Type"))
+        await self._stream(resp, meta, model, content_type=resp.headers.get("Content-Type"),
+                           restart_fields=fields if restart else None)
+
+    async def _begin_again(self, meta: dict[str, Any], fields: dict[str, Any]) -> None:
+        """Replace the partial copy with a fresh entry (the server sent the whole file again)."""
+        fresh = await self.store.begin(meta["key"], url=meta["url"], name=meta["name"],
+                                       sha256=meta.get("sha256"))
+        meta.clear()
+        meta.update(fresh)
+        meta.update(fields)
+        await self.store.put_meta(meta)
 
     async def _stream(self, resp: Any, meta: dict[str, Any], model: dict[str, Any],
-                      content_type: str | None) -> None:
+                      content_type: str | None, restart_fields: dict[str, Any] | None = None) -> None:
+        """Read the body into chunks. `restart_fields`: the response is the whole file although a
+        partial copy exists; that copy is replaced (with these fields) once the magic is checked."""
         import js
         from pyodide.ffi import JsException
 
         from .jsutil import error_message
 
+        # format "raw" (a checkpoint's JSON and safetensors files, ui/hf_download.py): no GGUF checks
+        gguf = model.get("format") != "raw"
+        pending = restart_fields
+        if pending is not None and not gguf:
+            await self._begin_again(meta, pending)
+            pending = None
         reader = resp.body.getReader()
         self._reader = reader
-        chunk = js.Uint8Array.new(CHUNK_BYTES)  # a fresh ArrayBuffer per chunk: stored without a copy
+        chunk_bytes = self.chunk_bytes
+        chunk = js.Uint8Array.new(chunk_bytes)  # a fresh ArrayBuffer per chunk: stored without a copy
         fill = 0
-        header_wanted = int(meta["stored"]) == 0 and not meta.get("header")
+        header_wanted = gguf and (pending is not None or not meta.get("header"))
         prefix = bytearray()
-        next_parse = 64 * 1024
         try:
+            if header_wanted and pending is None and int(meta["stored"]) > 0:
+                # resuming before the header was parsed: continue from the stored bytes
+                prefix.extend(await self._stored_prefix(meta))
+            next_parse = max(64 * 1024, len(prefix))
             while True:
                 if self.cancel_requested:
-                    raise DownloadCancelled("download cancelled; press Load to resume")
+                    raise self._cancelled()
                 try:
                     result = await reader.read()
                 except JsException as e:
                     if self.cancel_requested:
-                        raise DownloadCancelled("download cancelled; press Load to resume") from None
+                        raise self._cancelled() from None
                     raise _Interrupted(f"the connection to {_host(meta['url'])} dropped "
                                        f"({error_message(e)})") from None
                 if result.done:
                     break
                 piece = result.value
                 n = int(piece.length)
+                total = pending["total"] if pending is not None else meta["total"]
                 if header_wanted:
-                    prefix.extend(piece.to_bytes() if len(prefix) + n <= HEADER_LIMIT
-                                  else piece.subarray(0, HEADER_LIMIT - len(prefix)).to_bytes())
+                    room = HEADER_LIMIT - len(prefix)
+                    if room > 0:
+                        prefix.extend(piece.subarray(0, min(n, room)).to_bytes())
                     if len(prefix) >= 4 and bytes(prefix[:4]) != b"GGUF":
                         raise NotGGUFError(describe_non_gguf(bytes(prefix), content_type, meta["url"]))
-                    if len(prefix) >= next_parse or len(prefix) >= HEADER_LIMIT or (
-                            meta["total"] is not None and len(prefix) >= meta["total"]):
+                    if pending is not None and len(prefix) >= 4:
+                        await self._begin_again(meta, pending)
+                        pending = None
+                    if pending is None and (len(prefix) >= next_parse or len(prefix) >= HEADER_LIMIT or (
+                            total is not None and len(prefix) >= total)):
                         header_wanted = not await self._try_header(prefix, meta)
                         next_parse = len(prefix) * 2
                 pos = 0
                 while pos < n:
-                    take = min(n - pos, CHUNK_BYTES - fill)
+                    take = min(n - pos, chunk_bytes - fill)
                     chunk.set(piece.subarray(pos, pos + take), fill)
                     fill += take
                     pos += take
-                    if fill == CHUNK_BYTES:
+                    if fill == chunk_bytes and pending is None:
                         await self.store.append_chunk(meta, chunk.buffer)
-                        chunk = js.Uint8Array.new(CHUNK_BYTES)
+                        chunk = js.Uint8Array.new(chunk_bytes)
                         fill = 0
-                if meta["total"] is not None and int(meta["stored"]) + fill > meta["total"]:
-                    raise DownloadError(f"{meta['url']} sent more bytes than its length {meta['total']:,}")
-                self._progress(int(meta["stored"]) + fill, meta["total"])
+                done = (0 if pending is not None else int(meta["stored"])) + fill
+                if total is not None and done > total:
+                    raise DownloadError(f"{meta['url']} sent more bytes than its length {total:,}")
+                self._progress(done, total)
+            if self.cancel_requested:  # a cancelled reader ends like a finished body
+                raise self._cancelled()
+            if pending is not None:  # fewer than 4 bytes: not the model either
+                raise NotGGUFError(describe_non_gguf(bytes(prefix), content_type, meta["url"]))
             complete = meta["total"] is None or int(meta["stored"]) + fill == meta["total"]
             if header_wanted and complete:
                 await self._try_header(prefix, meta, final=True)
         except BaseException as e:
             _cancel_quietly(reader)
+            if pending is not None:
+                raise  # nothing of this response was stored: the partial copy stays as it was
             if isinstance(e, NotGGUFError) or _is_header_error(e):
                 await self.store.delete(meta["key"])  # a damaged file: nothing of it is worth keeping
             elif fill and isinstance(e, (DownloadCancelled, _Interrupted)):
@@ -309,6 +420,17 @@ class ModelDownloader:
         if fill:
             await self.store.append_chunk(meta, chunk.slice(0, fill).buffer)
         self._progress(int(meta["stored"]), meta["total"], force=True)
+
+    async def _stored_prefix(self, meta: dict[str, Any]) -> bytes:
+        from .model_store import CorruptEntryError
+        try:
+            return await self.store.read_prefix(meta, HEADER_LIMIT)
+        except CorruptEntryError as e:
+            fresh = await self.store.begin(meta["key"], url=meta["url"], name=meta["name"],
+                                           sha256=meta.get("sha256"))
+            meta.clear()
+            meta.update(fresh)
+            raise _Interrupted(f"{e}: downloading from the start") from None
 
     async def _try_header(self, prefix: bytearray, meta: dict[str, Any], final: bool = False) -> bool:
         """Parse the header from the bytes so far; True once parsed (and announced)."""
@@ -327,6 +449,8 @@ class ModelDownloader:
             return False
         info = header_info(gguf, meta["total"])
         meta["header"] = info
+        # where the last tensor's data ends: checked against the final size when the length was unknown
+        meta["data_end"] = max((t.offset + t.n_bytes for t in gguf.tensors.values()), default=gguf.header_size)
         self.emit({"event": "header", "info": info})
         return True
 

@@ -51,6 +51,13 @@ _TEXTS: dict[str, tuple[str, tuple[str, ...], bool]] = {
         "Delete cached models you no longer need (Storage, below the model list).",
         "Free disk space, or allow this site more storage in the browser's site settings.",
     ), False),
+    "storage": ("Browser storage failed", (
+        "Press Load to try again: what was stored so far is kept when it can be.",
+        "If this repeats, free disk space, or leave private browsing (it limits storage), then reload.",
+    ), False),
+    "deleted": ("The model was deleted while it was loading", (
+        "Press Load to download it again.",
+    ), False),
     "download": ("The model could not be downloaded", (
         "Check the network connection and press Load again: a partial download resumes where it "
         "stopped when the server supports it.",
@@ -97,6 +104,8 @@ _CLASS_KINDS = (
     ("ChatTemplateError", "bad_model"),
     ("DownloadError", "download"),
     ("DownloadCancelled", "cancelled"),
+    ("EntryDeletedError", "deleted"),
+    ("StoreError", "storage"),
 )
 
 

@@ -12,19 +12,25 @@ Why chunks: a 1.2 GB file never exists as one ArrayBuffer in the page; each chun
 arrives, so an interrupted download keeps what it got and resumes with a Range request.
 Consistency: a chunk and the metadata update that counts it are written in one transaction, so
 `stored` never counts bytes that are not there, and `complete` is set only after the last chunk.
+Deletes: every update of an existing entry (`append_chunk`, `put_meta`) first reads the entry's
+record in the same transaction and writes only if it is still the one `begin` created (same
+`created` stamp); otherwise it raises EntryDeletedError. So a delete from the cache manager, in
+this tab or another, can never be undone by a download still running: no entry is left with
+chunks missing, and none is marked complete after it was deleted.
 A chunk's SHA-256 (WebCrypto) is checked when it is read back: storage corruption is detected and
 the entry re-fetched instead of loading damaged weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
 import js
-from pyodide.ffi import JsException, JsProxy, create_proxy
+from pyodide.ffi import JsException, JsProxy, create_once_callable, create_proxy
 
-from .jsutil import error_message, error_name, event_promise, js_obj, sha256_hex
+from .jsutil import error_message, error_name, js_obj, sha256_hex
 
 DB_NAME = "bitnet-web-models"
 DB_VERSION = 1
@@ -38,12 +44,17 @@ class StoreError(Exception):
     def __init__(self, op: str, name: str, message: str) -> None:
         super().__init__(f"browser storage ({op}): {name}: {message}")
         self.name = name
-        if name == "QuotaExceededError":
-            self.failure_kind = "quota"
+        self.failure_kind = "quota" if name == "QuotaExceededError" else "storage"
 
 
 class CorruptEntryError(Exception):
     """A stored chunk is missing or its SHA-256 does not match: the entry must be re-fetched."""
+
+
+class EntryDeletedError(Exception):
+    """The entry was deleted (or deleted and begun again) while this writer or reader used it."""
+
+    failure_kind = "deleted"
 
 
 def _now() -> float:
@@ -92,10 +103,58 @@ class ModelStore:
         return None if req.result is None or str(req.result) == "undefined" else _meta_to_py(req.result)
 
     async def put_meta(self, meta: dict[str, Any]) -> None:
+        """Save an entry's record. A record made by `begin` (it has `created`) is only updated while
+        that entry exists: if it was deleted meanwhile, EntryDeletedError (nothing is written)."""
         meta = {**meta, "updated": _now()}
+        if meta.get("created") is None:
+            await self._put_record(meta)
+        else:
+            await self._write_if_current(meta, None, "save model record")
+
+    async def _put_record(self, meta: dict[str, Any]) -> None:
         tx = self._db.transaction(META, "readwrite")
-        tx.objectStore(META).put(js_obj(meta))
+        _put(tx, META, meta)
         await _transaction(tx, "save model record")
+
+    async def _write_if_current(self, meta: dict[str, Any], chunk: dict[str, Any] | None, op: str) -> None:
+        """Write `meta` (and `chunk`) in one transaction that first checks the stored record is
+        still meta's entry (same key and `created`): the check and the writes cannot be separated
+        by a delete, because they share the transaction."""
+        tx = self._db.transaction([META, CHUNKS] if chunk is not None else META, "readwrite")
+        req = tx.objectStore(META).get(meta["key"])
+        state: dict[str, Any] = {"gone": False, "error": None}
+
+        def write(event: Any) -> None:  # runs inside the request's success event: tx still active
+            try:
+                current = req.result
+                if current is None or str(current) == "undefined" or \
+                        getattr(current, "created", None) != meta["created"]:
+                    state["gone"] = True
+                    tx.abort()
+                    return
+                if chunk is not None:
+                    _put(tx, CHUNKS, chunk)
+                _put(tx, META, meta)
+            except Exception as e:  # put() can throw (DataCloneError, a storage limit, ...)
+                state["error"] = e
+                with contextlib.suppress(JsException):  # already aborted
+                    tx.abort()
+
+        on_success = create_proxy(write)
+        req.onsuccess = on_success
+        try:
+            await _transaction(tx, op)
+        except StoreError as e:
+            if state["gone"]:
+                raise EntryDeletedError(f"{meta['key']} was deleted from browser storage while it was being "
+                                        "written (Delete in this or another tab)") from None
+            if state["error"] is not None and e.name == "AbortError":
+                err = state["error"]
+                raise StoreError(op, error_name(err), error_message(err)) from None
+            raise
+        finally:
+            req.onsuccess = None
+            on_success.destroy()
 
     async def begin(self, key: str, **fields: Any) -> dict[str, Any]:
         """A fresh, empty entry for `key` (any older chunks of that key are deleted first)."""
@@ -103,7 +162,7 @@ class ModelStore:
         meta = {"key": key, "url": key, "name": key, "total": None, "stored": 0, "chunks": 0,
                 "complete": False, "etag": None, "last_modified": None, "sha256": None,
                 "header": None, "created": _now(), "updated": _now(), **fields}
-        await self.put_meta(meta)
+        await self._put_record(meta)
         return meta
 
     async def delete(self, key: str) -> None:
@@ -125,12 +184,9 @@ class ModelStore:
         meta["chunks"] = index + 1
         meta["stored"] = int(meta["stored"]) + size
         meta["updated"] = _now()
-        tx = self._db.transaction([META, CHUNKS], "readwrite")
-        tx.objectStore(CHUNKS).put(js_obj(record))
-        tx.objectStore(META).put(js_obj(meta))
         try:
-            await _transaction(tx, f"write chunk {index}")
-        except StoreError:
+            await self._write_if_current(meta, record, f"write chunk {index}")
+        except BaseException:
             meta["chunks"] = index
             meta["stored"] = int(meta["stored"]) - size
             raise
@@ -150,6 +206,7 @@ class ModelStore:
             await _request(req, f"read chunk {index}")
             rec = req.result
             if rec is None or str(rec) == "undefined":
+                await self._raise_if_deleted(meta)
                 raise CorruptEntryError(f"chunk {index} of {meta['key']} is missing from browser storage")
             size = int(rec.size)
             if int(rec.offset) != offset or int(rec.data.byteLength) != size or offset + size > total:
@@ -167,6 +224,13 @@ class ModelStore:
         if offset != total:
             raise CorruptEntryError(f"{meta['key']}: chunks hold {offset} bytes, the file has {total}")
 
+    async def _raise_if_deleted(self, meta: dict[str, Any]) -> None:
+        """A missing chunk of an entry that is itself gone means a delete, not damage."""
+        current = await self.get(meta["key"])
+        if current is None or current.get("created") != meta.get("created"):
+            raise EntryDeletedError(f"{meta['key']} was deleted from browser storage while it was being "
+                                    "read (Delete in this or another tab)")
+
     async def read_prefix(self, meta: dict[str, Any], limit: int) -> bytes:
         """The first min(limit, stored) bytes of an entry (to re-parse its header)."""
         parts: list[bytes] = []
@@ -178,6 +242,7 @@ class ModelStore:
             req = tx.objectStore(CHUNKS).get(js_obj([meta["key"], index]))
             await _request(req, f"read chunk {index}")
             if req.result is None or str(req.result) == "undefined":
+                await self._raise_if_deleted(meta)
                 raise CorruptEntryError(f"chunk {index} of {meta['key']} is missing from browser storage")
             data = js.Uint8Array.new(req.result.data)
             take = min(int(data.length), limit - got)
@@ -186,29 +251,43 @@ class ModelStore:
         return b"".join(parts)
 
 
+def _put(tx: JsProxy, store: str, record: dict[str, Any]) -> None:
+    tx.objectStore(store).put(js_obj(record))
+
+
 def _meta_to_py(obj: JsProxy) -> dict[str, Any]:
     meta = obj.to_py()
     # JS null/undefined come back as None; anything else left as a proxy is not ours: drop it
     return {k: (None if isinstance(v, JsProxy) else v) for k, v in meta.items()}
 
 
+def _settled(target: JsProxy, names: tuple[str, ...]) -> JsProxy:
+    """A JS Promise resolved with the first of the `names` events that `target` fires; never rejected.
+
+    Failures resolve too, and the caller reads the event's type: in Pyodide 0.27 awaiting a Promise
+    rejected with something that is not an Error (an IndexedDB error or abort Event) never returns
+    (its conversion fails with "invalid exception object"), which left a load hanging for good on
+    the first storage error (a full quota, a deleted database)."""
+    def executor(resolve, reject):
+        for name in names:
+            setattr(target, "on" + name, resolve)
+
+    return js.Promise.new(create_once_callable(executor))
+
+
 async def _request(req: JsProxy, op: str) -> None:
-    try:
-        await event_promise(req, "success")
-    except JsException as e:
-        err = req.error
-        raise StoreError(op, error_name(err) if err else error_name(e),
-                         error_message(err) if err else error_message(e)) from None
-    except Exception:
+    event = await _settled(req, ("success", "error"))
+    if str(event.type) != "success":
         err = req.error
         raise StoreError(op, error_name(err) if err else "UnknownError",
-                         error_message(err) if err else "request failed") from None
+                         error_message(err) if err else "request failed")
 
 
 async def _transaction(tx: JsProxy, op: str) -> None:
-    try:
-        await event_promise(tx, "complete", ("error", "abort"))
-    except Exception:
+    # a failed request's "error" event bubbles to the transaction and is followed by "abort" (with
+    # tx.error set), so "complete" and "abort" are the two outcomes
+    event = await _settled(tx, ("complete", "abort"))
+    if str(event.type) != "complete":
         err = tx.error
         raise StoreError(op, error_name(err) if err else "AbortError",
-                         error_message(err) if err else "transaction aborted") from None
+                         error_message(err) if err else "transaction aborted")

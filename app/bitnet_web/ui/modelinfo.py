@@ -49,6 +49,8 @@ def header_info(gguf: GGUFFile, file_size: int | None) -> dict[str, Any]:
         "vocab_size": len(tokens) if isinstance(tokens, list) else None,
         "has_chat_template": isinstance(template, str),
         "gguf_version": gguf.version,
+        # an ordinary checkpoint ternarized on load (hf_checkpoint's opt-in): the page must say so
+        "lossy": md.get("bitnet_web.lossy_ternarization") is True,
     }
 
 
@@ -68,6 +70,9 @@ def info_rows(info: dict[str, Any], stats: dict[str, Any] | None = None) -> list
     rows = []
     if info.get("name"):
         rows.append(("Name", str(info["name"])))
+    if info.get("lossy"):
+        rows.append(("Quality", "EXPERIMENTAL, LOSSY: an ordinary checkpoint ternarized on load; expect "
+                                "degraded or meaningless output"))
     rows.append(("Architecture", str(info.get("arch") or "?")))
     rows.append(("Parameters", format_count(_int(info.get("n_params")))))
     if info.get("file_size"):

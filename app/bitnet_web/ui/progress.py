@@ -10,6 +10,7 @@ PHASE_LABELS = {
     "read": "Reading from browser storage",
     "verify": "Checking",
     "parse": "Parsing",
+    "convert": "Converting the checkpoint",
     "upload": "Uploading to the GPU",
 }
 
@@ -68,7 +69,7 @@ class RateMeter:
 def progress_text(phase: str, done: int, total: int | None, rate: float | None, eta: float | None) -> str:
     """One line such as "Downloading 12.0 MB of 1.2 GB (1%), 8.0 MB/s, 2 min 28 s left"."""
     label = PHASE_LABELS.get(phase, phase.capitalize())
-    if phase in ("parse", "upload") and total and total < 100_000:  # counts of tensors, not bytes
+    if phase in ("parse", "convert", "upload") and total and total < 100_000:  # counts of tensors, not bytes
         return f"{label}: {done} of {total}"
     parts = [f"{label} {format_bytes(done)}"]
     if total:

@@ -9,6 +9,7 @@ Page -> worker: {"op": ..., "id": int, ...}
   list_models                            -> models
   delete_model  key                      -> models
   load          model {key,url,name,size,sha256}, id -> progress*, header?, loaded | error
+                (a checkpoint folder also has format "hf" and maybe allow_lossy_ternarization: hf_download)
   cancel_load                            (the running load ends with error kind "cancelled")
   chat          messages, settings, id   -> piece*, done | error
   complete      prompt, settings, id     -> piece*, done | error
@@ -18,7 +19,7 @@ Page -> worker: {"op": ..., "id": int, ...}
 Worker -> page: {"event": ..., "id": int | None, ...}
   ready     engine_available, engine_error, gpu {available, adapter, features, error}
   models    entries [{key,name,url,total,stored,complete,updated}], estimate {usage, quota}
-  progress  phase ("download"|"read"|"verify"|"parse"|"upload"), done, total, note
+  progress  phase ("download"|"read"|"verify"|"convert"|"parse"|"upload"), done, total, note
   header    info (from the GGUF header: name, arch, n_params, file_size, context_length, ...)
   loaded    info (engine.info when the engine is present), source ("network"|"cache")
   piece     text

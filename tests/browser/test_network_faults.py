@@ -1,0 +1,183 @@
+"""Network faults during a model download, in the chat page (one browser context for the module).
+
+Faults come from the test server (site_server.py): a TCP reset at 10 %, 50 % and 99 % of the file, a
+response shorter than its Content-Length (once, and on every request), HTTP 500 (first request and
+on a resume), an HTML page answering a resume (a captive portal), a truncated file cut before its
+header was read. test_app_session.py already covers a server ignoring Range, a 404, a URL that is an
+HTML page, a truncated GGUF and the Range/If-Range headers of a resume; these tests do not repeat them.
+
+References: the file on disk (hashlib), the server's request log, and IndexedDB read by the test
+itself (browser_helpers.audit_cache: every entry and chunk checked, chunks reassembled and hashed).
+The worker stores 16 KiB chunks (test hook chunkBytes: the 125 KB model spans 8 chunks) and skips
+the engine load (skipEngine: the GPU upload is not what these tests are about), so a finished load
+shows the model's header (data-model "header").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import pytest
+from browser_helpers import LOCAL_PREFIXES, NO_AUTOLOAD, audit_cache, load_custom, notice, open_app, set_test_hooks
+
+pytestmark = pytest.mark.browser
+
+CHUNK = 16 * 1024
+
+
+@pytest.fixture(scope="module")
+def app(browser, site):
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    log: list[str] = []
+    outside: list[str] = []
+    page.on("console", lambda m: log.append(f"console.{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
+    page.on("request", lambda r: None if r.url.startswith(LOCAL_PREFIXES) else outside.append(r.url))
+    page.set_default_timeout(120_000)
+    open_app(page, site.url + NO_AUTOLOAD)
+    set_test_hooks(page, chunkBytes=CHUNK, skipEngine=True)
+    page.bitnet_log = log
+    yield page
+    context.close()
+    if log:
+        print("\n".join(log[-80:]))
+    assert outside == [], f"the page or its workers requested URLs outside 127.0.0.1: {outside}"
+    errors = [line for line in log if line.startswith("pageerror")]
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
+def _serve(test_files, name: str, data: bytes) -> str:
+    (test_files / name).write_bytes(data)
+    return "/_test/" + name
+
+
+def _assert_cached_exactly(app, url: str, data: bytes) -> dict:
+    entries = audit_cache(app)
+    entry = entries[url]
+    assert entry["complete"] is True and entry["total"] == len(data)
+    assert entry["file_size"] == len(data) and entry["file_sha256"] == hashlib.sha256(data).hexdigest()
+    assert entry["header"] is not None, "a complete GGUF entry without its parsed header"
+    return entry
+
+
+def _resume_offsets(requests: list[dict]) -> list[int]:
+    return [int(re.fullmatch(r"bytes=(\d+)-", r["range"]).group(1)) for r in requests if r["range"]]
+
+
+def _log_since(app, n: int) -> str:
+    return "\n".join(app.bitnet_log[n:])
+
+
+@pytest.mark.parametrize("percent", [10, 50, 99])
+def test_connection_reset_resumes_to_an_identical_file(app, site, tiny_model, test_files, percent):
+    data = tiny_model
+    path = _serve(test_files, f"reset{percent}.gguf", data)
+    cut = len(data) * percent // 100
+    site.add_fault(path, drop_after=cut, reset=True, pause_s=0.5)
+    n_log = len(app.bitnet_log)
+    assert load_custom(app, site.url + path[1:]) == "header", notice(app)
+    requests = site.requests_for(path)
+    assert len(requests) == 2 and requests[0]["range"] is None, requests
+    (resumed_at,) = _resume_offsets(requests)
+    assert 0 < resumed_at <= cut  # what arrived before the reset is kept, nothing past it invented
+    log = _log_since(app, n_log)
+    assert "dropped" in log and f"resuming at byte {resumed_at:,}" in log, log
+    _assert_cached_exactly(app, site.url + path[1:], data)
+
+
+def test_response_shorter_than_its_content_length_resumes(app, site, tiny_model, test_files):
+    data = tiny_model
+    path = _serve(test_files, "short.gguf", data)
+    site.add_fault(path, short_by=3000, pause_s=0.3)
+    assert load_custom(app, site.url + path[1:]) == "header", notice(app)
+    requests = site.requests_for(path)
+    assert len(requests) == 2 and _resume_offsets(requests) == [len(data) - 3000], requests
+    _assert_cached_exactly(app, site.url + path[1:], data)
+
+
+def test_server_always_short_gives_up_with_a_message_and_load_resumes(app, site, tiny_model, test_files):
+    """Every response 3000 bytes short: the first makes progress, the resumes bring nothing; after
+    the automatic retries the page says what happened and that the bytes are kept. The partial
+    entry is never marked complete, and Load (server fixed) resumes it to an identical file."""
+    data = tiny_model
+    path = _serve(test_files, "alwaysshort.gguf", data)
+    url = site.url + path[1:]
+    for _ in range(8):
+        site.add_fault(path, short_by=3000, pause_s=0.2)
+    assert load_custom(app, url) == "error"
+    n = notice(app)
+    assert n["visible"] and n["kind"] == "download", n
+    kept = len(data) - 3000
+    assert f"{kept:,} of {len(data):,} bytes are kept: press Load to resume" in n["text"], n["text"]
+    assert re.search(r"dropped|shorter than its Content-Length", n["text"]), n["text"]
+    entry = audit_cache(app)[url]
+    assert entry["complete"] is False and entry["stored"] == kept
+    app.evaluate("() => { document.getElementById('storage-panel').open = true; }")
+    assert app.get_attribute(f"#cache-list li[data-key='{url}']", "data-complete") == "0"
+    site.faults.pop(path, None)  # the server is fixed
+    n_requests = len(site.requests_for(path))
+    assert load_custom(app, url) == "header", notice(app)
+    assert _resume_offsets(site.requests_for(path)[n_requests:]) == [kept]
+    _assert_cached_exactly(app, url, data)
+
+
+def test_http_500_is_reported_and_nothing_is_cached(app, site, tiny_model, test_files):
+    path = _serve(test_files, "e500.gguf", tiny_model)
+    site.add_fault(path, status=500)
+    assert load_custom(app, site.url + path[1:]) == "error"
+    n = notice(app)
+    assert n["kind"] == "download" and "HTTP 500" in n["text"], n
+    assert "kept" not in n["text"]
+    assert site.url + path[1:] not in audit_cache(app), "a failed download left a cache entry"
+
+
+def test_http_500_on_a_resume_keeps_the_partial_copy(app, site, tiny_model, test_files):
+    data = tiny_model
+    path = _serve(test_files, "resume500.gguf", data)
+    url = site.url + path[1:]
+    site.add_fault(path, drop_after=len(data) // 2, reset=True, pause_s=0.5)
+    site.add_fault(path, status=500)
+    assert load_custom(app, url) == "error"
+    n = notice(app)
+    assert n["kind"] == "download" and "HTTP 500" in n["text"], n
+    entry = audit_cache(app)[url]
+    assert entry["complete"] is False and 0 < entry["stored"] <= len(data) // 2
+    assert f"{entry['stored']:,} of {len(data):,} bytes are kept: press Load to resume" in n["text"], n["text"]
+    n_requests = len(site.requests_for(path))
+    assert load_custom(app, url) == "header", notice(app)
+    assert _resume_offsets(site.requests_for(path)[n_requests:]) == [entry["stored"]]
+    _assert_cached_exactly(app, url, data)
+
+
+def test_html_page_answering_a_resume_keeps_the_partial_copy(app, site, tiny_model, test_files):
+    """A captive portal (or a proxy's error page) answers the resume with 200 and HTML: the page
+    says the URL returned HTML, and the bytes already stored are not thrown away for it."""
+    data = tiny_model
+    path = _serve(test_files, "portal.gguf", data)
+    url = site.url + path[1:]
+    site.add_fault(path, drop_after=len(data) * 7 // 10, reset=True, pause_s=0.5)
+    site.add_fault(path, body=b"<!DOCTYPE html><html><body>Sign in to the Wi-Fi</body></html>")
+    assert load_custom(app, url) == "error"
+    n = notice(app)
+    assert n["kind"] == "not_gguf" and "HTML page" in n["text"], n
+    entry = audit_cache(app)[url]
+    assert entry["complete"] is False and 0 < entry["stored"] <= len(data) * 7 // 10
+    n_requests = len(site.requests_for(path))
+    assert load_custom(app, url) == "header", notice(app)
+    assert _resume_offsets(site.requests_for(path)[n_requests:]) == [entry["stored"]]
+    _assert_cached_exactly(app, url, data)
+
+
+def test_truncated_file_dropped_before_its_header_was_read_is_not_cached(app, site, tiny_model, test_files):
+    """The file on the server is cut (its Content-Length honest), and the connection drops before the
+    header was parsed: the resumed download must still check the header against the file's size."""
+    cut_file = tiny_model[: len(tiny_model) * 6 // 10]
+    path = _serve(test_files, "cut_early_drop.gguf", cut_file)
+    site.add_fault(path, drop_after=len(cut_file) // 10, reset=True, pause_s=0.5)
+    assert load_custom(app, site.url + path[1:]) == "error"
+    n = notice(app)
+    assert n["kind"] == "bad_model", n
+    assert re.search(r"truncat|past the end|beyond|ends", n["text"], re.I), n["text"]
+    assert site.url + path[1:] not in audit_cache(app), "a damaged file was left in the cache"

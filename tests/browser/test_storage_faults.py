@@ -1,0 +1,272 @@
+"""Storage faults while a model is cached, in the chat page: the quota running out partway through
+the download (a put that fails inside the worker's transaction, and one that throws), the cache
+entry deleted while it is downloading (in the same tab and in another tab), and the downloading tab
+closed while a second tab waits for the same model.
+
+Each must end without a crash, with a clear message, with no entry reported complete that is not
+(IndexedDB read by the test itself: browser_helpers.audit_cache), and with the app usable: the next
+load works and yields a byte-identical file. test_app.py covers two tabs loading at once (one
+download); here the tab doing the download goes away.
+
+The worker stores 16 KiB chunks (test hook chunkBytes) and, but for the last test, skips the engine
+load (skipEngine: an engine load costs 40 s or more on SwiftShader and is not what these tests are
+about), so a finished load shows the model's header (data-model "header").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import time
+
+import pytest
+from browser_helpers import (
+    GREEDY_FORM,
+    LOCAL_PREFIXES,
+    NO_AUTOLOAD,
+    app_state,
+    audit_cache,
+    engine_worker,
+    load_custom,
+    needs_engine,
+    notice,
+    open_app,
+    send_and_wait,
+    set_settings,
+    set_test_hooks,
+    wait_settled,
+)
+
+pytestmark = pytest.mark.browser
+
+CHUNK = 16 * 1024
+
+# In the worker: from the (after+1)-th chunk on, writing a chunk fails with QuotaExceededError,
+# either as the browser reports it (the transaction aborts, its error is the DOMException) or as a
+# put() that throws. Only the chunks store is affected.
+_FILL_QUOTA = """([after, mode]) => {
+  const put = IDBObjectStore.prototype.put;
+  self.__bitnetRealPut = put;
+  let n = 0;
+  IDBObjectStore.prototype.put = function (...args) {
+    if (this.name !== "chunks" || ++n <= after) return put.apply(this, args);
+    const err = new DOMException("simulated: the storage quota is used up", "QuotaExceededError");
+    Error.captureStackTrace(err);  // as the browser's own DOMExceptions (a constructed one has no stack)
+    if (mode === "throw") throw err;
+    const tx = this.transaction;
+    Object.defineProperty(tx, "error", {get: () => err});
+    const req = put.apply(this, args);
+    tx.abort();
+    return req;
+  };
+}"""
+_RESTORE_PUT = "() => { IDBObjectStore.prototype.put = self.__bitnetRealPut; }"
+
+
+def _watch(page, log: list[str]) -> None:
+    page.on("console", lambda m: log.append(f"console.{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
+    page.set_default_timeout(120_000)
+
+
+@pytest.fixture(scope="module")
+def app(browser, site):
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    log: list[str] = []
+    outside: list[str] = []
+    _watch(page, log)
+    context.on("request", lambda r: None if r.url.startswith(LOCAL_PREFIXES) else outside.append(r.url))
+    open_app(page, site.url + NO_AUTOLOAD)
+    set_test_hooks(page, chunkBytes=CHUNK, skipEngine=True)
+    page.bitnet_log = log
+    yield page
+    context.close()
+    if log:
+        print("\n".join(log[-80:]))
+    assert outside == [], f"the pages or their workers requested URLs outside 127.0.0.1: {outside}"
+    errors = [line for line in log if line.startswith("pageerror")]
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
+def _serve(test_files, name: str, data: bytes) -> str:
+    (test_files / name).write_bytes(data)
+    return "/_test/" + name
+
+
+def _assert_cached_exactly(page, url: str, data: bytes) -> None:
+    entry = audit_cache(page)[url]
+    assert entry["complete"] is True and entry["total"] == len(data)
+    assert entry["file_size"] == len(data) and entry["file_sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def _resume_offsets(requests: list[dict]) -> list[int]:
+    return [int(re.fullmatch(r"bytes=(\d+)-", r["range"]).group(1)) for r in requests if r["range"]]
+
+
+def _start_load(page, url: str) -> int:
+    """Press Load for `url` without waiting for the result; returns the load count before it."""
+    before = int(page.get_attribute("#app", "data-loads") or 0)
+    page.select_option("#model-select", "custom")
+    page.fill("#custom-url", url)
+    page.click("#load")
+    page.wait_for_function(f"() => Number(document.getElementById('app').dataset.loads || 0) > {before}")
+    return before
+
+
+def _wait_stored(page, url: str, at_least: int) -> None:
+    """Poll IndexedDB until the entry for `url` has `at_least` bytes committed."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        entry = audit_cache(page).get(url)
+        if entry is not None and entry["stored"] >= at_least:
+            return
+        page.wait_for_timeout(200)
+    raise AssertionError(f"{url}: fewer than {at_least} bytes were stored within 60 s")
+
+
+def _delete_in_cache_manager(page, url: str) -> None:
+    page.evaluate("() => { document.getElementById('storage-panel').open = true; }")
+    item = page.locator(f"#cache-list li[data-key='{url}']")
+    item.wait_for()
+    assert item.get_attribute("data-complete") == "0"
+    item.locator("button").click()
+    page.wait_for_selector(f"#cache-list li[data-key='{url}']", state="detached")
+
+
+@pytest.mark.parametrize("mode", ["abort", "throw"])
+def test_quota_exceeded_while_caching_keeps_a_consistent_partial_copy(app, site, tiny_model, test_files, mode):
+    data = tiny_model
+    path = _serve(test_files, f"quota_{mode}.gguf", data)
+    url = site.url + path[1:]
+    engine_worker(app).evaluate(_FILL_QUOTA, [2, mode])
+    try:
+        assert load_custom(app, url) == "error"
+    finally:
+        engine_worker(app).evaluate(_RESTORE_PUT)
+    n = notice(app)
+    assert n["visible"] and n["kind"] == "quota", n
+    assert "QuotaExceededError" in n["text"] and "Delete cached models" in n["text"], n["text"]
+    entry = audit_cache(app)[url]  # the failed chunk and its count were not written
+    assert entry["complete"] is False and entry["chunks"] == 2 and entry["stored"] == 2 * CHUNK
+    app.evaluate("() => { document.getElementById('storage-panel').open = true; }")
+    assert app.get_attribute(f"#cache-list li[data-key='{url}']", "data-complete") == "0"
+    # space was freed: Load resumes after the two stored chunks
+    n_requests = len(site.requests_for(path))
+    assert load_custom(app, url) == "header", notice(app)
+    assert _resume_offsets(site.requests_for(path)[n_requests:]) == [2 * CHUNK]
+    _assert_cached_exactly(app, url, data)
+
+
+def test_delete_while_downloading_stops_the_download_and_leaves_nothing(app, site, tiny_model, test_files):
+    data = tiny_model
+    path = _serve(test_files, "delete_same_tab.gguf", data)
+    url = site.url + path[1:]
+    # a first attempt leaves a partial copy, which the cache manager lists
+    site.add_fault(path, drop_after=len(data) // 4, reset=True, pause_s=0.3)
+    site.add_fault(path, status=500)
+    assert load_custom(app, url) == "error"
+    # Load again: the resume stalls after two more chunks, and the person deletes the entry meanwhile
+    stored = audit_cache(app)[url]["stored"]
+    stall = threading.Event()
+    site.add_fault(path, drop_after=2 * CHUNK + 100, hold=stall)
+    try:
+        before = _start_load(app, url)
+        _wait_stored(app, url, stored + CHUNK)
+        _delete_in_cache_manager(app, url)
+    finally:
+        stall.set()
+    assert int(app.get_attribute("#app", "data-loads")) == before + 1
+    assert wait_settled(app) == "error"
+    n = notice(app)
+    assert n["kind"] == "deleted" and "deleted" in n["text"], n
+    assert url not in audit_cache(app)  # and (audit) no chunk of it is left behind
+    n_requests = len(site.requests_for(path))
+    assert load_custom(app, url) == "header", notice(app)
+    assert site.requests_for(path)[n_requests]["range"] is None  # downloaded afresh
+    _assert_cached_exactly(app, url, data)
+
+
+def test_delete_in_another_tab_while_downloading(app, site, tiny_model, test_files):
+    """Tab B deletes the entry tab A is writing: A's next chunk must not recreate it (which would
+    leave a record counting chunks that B deleted); A stops with a message and can load again."""
+    data = tiny_model
+    path = _serve(test_files, "delete_other_tab.gguf", data)
+    url = site.url + path[1:]
+    stall = threading.Event()
+    site.add_fault(path, drop_after=3 * CHUNK + 100, hold=stall)
+    other = app.context.new_page()
+    log: list[str] = []
+    _watch(other, log)
+    try:
+        _start_load(app, url)
+        _wait_stored(app, url, 3 * CHUNK)
+        open_app(other, site.url + NO_AUTOLOAD)
+        _delete_in_cache_manager(other, url)
+        stall.set()  # A's download goes on: its next chunk meets the deleted entry
+        assert wait_settled(app) == "error"
+        n = notice(app)
+        assert n["kind"] == "deleted", n
+        assert url not in audit_cache(app)
+    finally:
+        stall.set()
+        other.close()
+        if log:
+            print("\n".join(log[-40:]))
+    n_requests = len(site.requests_for(path))
+    assert load_custom(app, url) == "header", notice(app)
+    assert site.requests_for(path)[n_requests]["range"] is None
+    _assert_cached_exactly(app, url, data)
+
+
+def test_closing_the_downloading_tab_hands_the_download_to_the_waiting_tab(app, site, tiny_model, test_files):
+    """Tab A downloads (stalled half-way), tab B (the module's page) loads the same model and waits
+    for A's Web Lock; A is closed: B resumes from what A committed and gets an identical file."""
+    data = tiny_model
+    path = _serve(test_files, "handover.gguf", data)
+    url = site.url + path[1:]
+    first = app.context.new_page()
+    log: list[str] = []
+    _watch(first, log)
+    stall = threading.Event()
+    try:
+        open_app(first, site.url + NO_AUTOLOAD)
+        set_test_hooks(first, chunkBytes=CHUNK, skipEngine=True)
+        site.add_fault(path, drop_after=3 * CHUNK + 100, hold=stall)
+        _start_load(first, url)
+        _wait_stored(first, url, 3 * CHUNK)
+        with app.expect_console_message(lambda m: "another tab is downloading this model" in m.text):
+            _start_load(app, url)
+        first.close()  # its worker ends and its Web Lock is released mid-download
+        assert wait_settled(app) == "header", notice(app)
+        assert app_state(app)["source"] == "network"
+        requests = site.requests_for(path)
+        assert len(requests) == 2 and _resume_offsets(requests) == [3 * CHUNK], requests
+        _assert_cached_exactly(app, url, data)
+    finally:
+        stall.set()
+        if not first.is_closed():
+            first.close()
+        if log:
+            print("\n".join(log[-40:]))
+    assert not [line for line in log if line.startswith("pageerror")]
+
+
+@needs_engine
+@pytest.mark.slow  # the one engine load of this file: 40-90 s on SwiftShader
+def test_deleting_the_loaded_models_cached_copy_keeps_the_model_usable(app, site, tiny_model, test_files):
+    path = _serve(test_files, "loaded_then_deleted.gguf", tiny_model)
+    url = site.url + path[1:]
+    set_test_hooks(app, chunkBytes=CHUNK, skipEngine=False)
+    try:
+        assert load_custom(app, url) == "loaded", notice(app)
+        app.evaluate("() => { document.getElementById('storage-panel').open = true; }")
+        app.locator(f"#cache-list li[data-key='{url}'] button").click()
+        app.wait_for_selector(f"#cache-list li[data-key='{url}']", state="detached")
+        assert url not in audit_cache(app)
+        set_settings(app, {**GREEDY_FORM, "max_tokens": "1"})
+        reply = send_and_wait(app, "hello")
+        assert reply["state"] == "done", reply  # before the fix: "no model is loaded yet"
+    finally:
+        set_test_hooks(app, chunkBytes=CHUNK, skipEngine=True)
