@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 from pathlib import Path
 from typing import Any
@@ -324,3 +325,38 @@ def cpython_turn(path: Path, system: str, history: list[dict[str, str]], text: s
 def cpython_summary(path: Path, text: str, settings: dict[str, Any]) -> str:
     """The TL;DR the CPython engine writes for `text`, requested as the widget requests it."""
     return _reference_thread.submit(_cpython_generate, str(path), ("summary", text), settings).result()
+
+
+def watch(page, log: list[str]) -> None:
+    """Collect the page's console lines and uncaught exceptions into `log`; generous timeouts."""
+    page.on("console", lambda m: log.append(f"console.{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
+    page.set_default_timeout(120_000)
+
+
+@contextlib.contextmanager
+def app_page(browser, site, hooks: dict[str, Any] | None = None, fail_on_page_errors: bool = False):
+    """The chat page (no autoload) in a fresh browser context, with test `hooks` set in its worker.
+
+    On exit: prints the page's log, fails if any page or worker of the context requested anything
+    outside 127.0.0.1, and with `fail_on_page_errors` if an uncaught exception reached the page."""
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    log: list[str] = []
+    outside: list[str] = []
+    watch(page, log)
+    context.on("request", lambda r: None if r.url.startswith(LOCAL_PREFIXES) else outside.append(r.url))
+    open_app(page, site.url + NO_AUTOLOAD)
+    if hooks:
+        set_test_hooks(page, **hooks)
+    page.bitnet_log = log
+    try:
+        yield page
+    finally:
+        context.close()
+    if log:
+        print("\n".join(log[-80:]))
+    assert outside == [], f"the pages or their workers requested URLs outside 127.0.0.1: {outside}"
+    if fail_on_page_errors:
+        errors = [line for line in log if line.startswith("pageerror")]
+        assert not errors, f"uncaught errors in the page: {errors}"

@@ -19,7 +19,7 @@ import hashlib
 import re
 
 import pytest
-from browser_helpers import LOCAL_PREFIXES, NO_AUTOLOAD, audit_cache, load_custom, notice, open_app, set_test_hooks
+from browser_helpers import app_page, audit_cache, load_custom, notice
 
 pytestmark = pytest.mark.browser
 
@@ -28,24 +28,8 @@ CHUNK = 16 * 1024
 
 @pytest.fixture(scope="module")
 def app(browser, site):
-    context = browser.new_context(viewport={"width": 1280, "height": 860})
-    page = context.new_page()
-    log: list[str] = []
-    outside: list[str] = []
-    page.on("console", lambda m: log.append(f"console.{m.type}: {m.text}"))
-    page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
-    page.on("request", lambda r: None if r.url.startswith(LOCAL_PREFIXES) else outside.append(r.url))
-    page.set_default_timeout(120_000)
-    open_app(page, site.url + NO_AUTOLOAD)
-    set_test_hooks(page, chunkBytes=CHUNK, skipEngine=True)
-    page.bitnet_log = log
-    yield page
-    context.close()
-    if log:
-        print("\n".join(log[-80:]))
-    assert outside == [], f"the page or its workers requested URLs outside 127.0.0.1: {outside}"
-    errors = [line for line in log if line.startswith("pageerror")]
-    assert not errors, f"uncaught errors in the page: {errors}"
+    with app_page(browser, site, dict(chunkBytes=CHUNK, skipEngine=True), fail_on_page_errors=True) as page:
+        yield page
 
 
 def _serve(test_files, name: str, data: bytes) -> str:

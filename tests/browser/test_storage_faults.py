@@ -23,8 +23,8 @@ import time
 import pytest
 from browser_helpers import (
     GREEDY_FORM,
-    LOCAL_PREFIXES,
     NO_AUTOLOAD,
+    app_page,
     app_state,
     audit_cache,
     engine_worker,
@@ -36,6 +36,7 @@ from browser_helpers import (
     set_settings,
     set_test_hooks,
     wait_settled,
+    watch,
 )
 
 pytestmark = pytest.mark.browser
@@ -64,30 +65,10 @@ _FILL_QUOTA = """([after, mode]) => {
 _RESTORE_PUT = "() => { IDBObjectStore.prototype.put = self.__bitnetRealPut; }"
 
 
-def _watch(page, log: list[str]) -> None:
-    page.on("console", lambda m: log.append(f"console.{m.type}: {m.text}"))
-    page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
-    page.set_default_timeout(120_000)
-
-
 @pytest.fixture(scope="module")
 def app(browser, site):
-    context = browser.new_context(viewport={"width": 1280, "height": 860})
-    page = context.new_page()
-    log: list[str] = []
-    outside: list[str] = []
-    _watch(page, log)
-    context.on("request", lambda r: None if r.url.startswith(LOCAL_PREFIXES) else outside.append(r.url))
-    open_app(page, site.url + NO_AUTOLOAD)
-    set_test_hooks(page, chunkBytes=CHUNK, skipEngine=True)
-    page.bitnet_log = log
-    yield page
-    context.close()
-    if log:
-        print("\n".join(log[-80:]))
-    assert outside == [], f"the pages or their workers requested URLs outside 127.0.0.1: {outside}"
-    errors = [line for line in log if line.startswith("pageerror")]
-    assert not errors, f"uncaught errors in the page: {errors}"
+    with app_page(browser, site, dict(chunkBytes=CHUNK, skipEngine=True), fail_on_page_errors=True) as page:
+        yield page
 
 
 def _serve(test_files, name: str, data: bytes) -> str:
@@ -198,7 +179,7 @@ def test_delete_in_another_tab_while_downloading(app, site, tiny_model, test_fil
     site.add_fault(path, drop_after=3 * CHUNK + 100, hold=stall)
     other = app.context.new_page()
     log: list[str] = []
-    _watch(other, log)
+    watch(other, log)
     try:
         _start_load(app, url)
         _wait_stored(app, url, 3 * CHUNK)
@@ -228,7 +209,7 @@ def test_closing_the_downloading_tab_hands_the_download_to_the_waiting_tab(app, 
     url = site.url + path[1:]
     first = app.context.new_page()
     log: list[str] = []
-    _watch(first, log)
+    watch(first, log)
     stall = threading.Event()
     try:
         open_app(first, site.url + NO_AUTOLOAD)
