@@ -14,16 +14,17 @@
 //   5 out      [T, OUT_W] f32
 //
 // Mapping: a workgroup of TX*TY threads owns a tile of RT = TX*MR weight rows x TT = TY*MT tokens
-// and walks K one 128-value block at a time. Per block it stages in workgroup memory
-//   w_s: each tile row's 32 bytes of codes, decoded ONCE to 128 signed int8 (-1/0/+1, 4 per u32,
-//        in activation order: u32 word 8s + 4h + j <- code word 4h + j shifted by 6 - 2s), so the
-//        inner loop needs no decoding and no sum(xq) correction;
-//   x_s: each tile token's 128 int8 activations;
-// rows padded to 9 vec4 (36 words) so the vec4 reads of TX different rows hit distinct banks.
-// The next block's global loads are issued into registers before the current block's arithmetic
-// (double buffering through registers); with PINGPONG the staged block alternates between two
-// workgroup buffers, so one barrier per block suffices instead of two. Thread (tx, ty) accumulates local rows tx + TX*i and
-// tokens ty + TY*m from vec4 reads: MR + MT vec4 loads per MR*MT*4 dot products. Per-thread
+// and walks K one stage of KB 128-value blocks at a time. Per stage it stages in workgroup memory
+//   w_s: each tile row's 32 * KB bytes of codes, decoded ONCE to signed int8 (-1/0/+1, 4 per u32,
+//        in activation order: within block bb, u32 word 32bb + 8s + 4h + j <- code word 8bb + 4h + j
+//        shifted by 6 - 2s), so the inner loop needs no decoding and no sum(xq) correction;
+//   x_s: each tile token's 128 * KB int8 activations;
+// rows padded to 8 * KB + 1 vec4 so the vec4 reads of TX different rows hit distinct banks.
+// The next stage's global loads are issued into registers before the current stage's arithmetic
+// (double buffering through registers); with PINGPONG the stages alternate between two workgroup
+// buffers, so one barrier per stage suffices instead of two. Thread (tx, ty) accumulates local rows
+// tx + TX*i and tokens ty + TY*m from vec4 reads: MR + MT vec4 loads per MR*MT*4 dot products
+// (CHAIN = 1 adds each dot4 to the accumulator in turn instead of summing four first). Per-thread
 // values are unrolled `let`/`var`s (//#for, see common.unroll_loops), never loop-indexed arrays.
 // Gated epilogues: local rows 0..RT/2-1 are gate rows, RT/2.. the matching up rows, so a
 // thread's accumulator acc0i (row tx + TX*i) pairs with acc1i (row tx + TX*(MR/2 + i)).
@@ -44,16 +45,20 @@ const RT: u32 = TX * MR;
 const TT: u32 = TY * MT;
 const WG: u32 = TX * TY;
 const CHUNKS: u32 = K / 64u;
-const BLOCKS: u32 = K / 128u;
+const CHAIN: bool = ${CHAIN} == 1u;  // accumulate each dot4 into the running sum in turn
+const KB: u32 = ${KB};  // 128-value blocks per stage (one barrier pair per stage)
+const STAGES: u32 = K / (128u * KB);
+const SV: u32 = ${SV};  // = 8 * KB: vec4 of activations (and of decoded weights) per row per stage
 const XROW: u32 = K / 16u;
 const GATED: bool = EPILOGUE >= 2u;
 const HALF: u32 = N / 2u;
 const OUT_W: u32 = select(N, HALF, GATED);
 const OUT_TILE: u32 = select(RT, RT / 2u, GATED);
-const STRIDE: u32 = 9u;  // vec4 per staged row: 8 + 1 pad
-const BUFS: u32 = ${BUFS};  // 2 (PINGPONG): stage block b+1 into one buffer while block b is read from the other
-const W_ITEMS: u32 = ${W_ITEMS};  // 16-byte code loads per thread per block: ceil(RT * 2 / WG)
-const X_ITEMS: u32 = ${X_ITEMS};  // 16-byte activation loads per thread per block: ceil(TT * 8 / WG)
+const STRIDE: u32 = SV + 1u;  // vec4 per staged row: SV + 1 pad
+const BUFS: u32 = ${BUFS};  // 2 (PINGPONG): stage b+1 goes into one buffer while stage b is read
+const WV: u32 = 2u * KB;  // 16-byte code loads per row per stage
+const W_ITEMS: u32 = ${W_ITEMS};  // 16-byte code loads per thread per stage: ceil(RT * WV / WG)
+const X_ITEMS: u32 = ${X_ITEMS};  // 16-byte activation loads per thread per stage: ceil(TT * SV / WG)
 const CODE_MASK: u32 = 0x03030303u;
 
 @group(0) @binding(0) var<uniform> params: StepParams;
@@ -82,6 +87,11 @@ fn dot4(a: u32, b: u32) -> i32 {
 
 fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
     return dot4(a.x, b.x) + dot4(a.y, b.y) + dot4(a.z, b.z) + dot4(a.w, b.w);
+}
+
+// acc + dot16(a, b) as one dependent chain, the shape of a dp4a with accumulator (CHAIN = 1).
+fn dot16_acc(acc: i32, a: vec4<u32>, b: vec4<u32>) -> i32 {
+    return ((acc + dot4(a.x, b.x)) + dot4(a.y, b.y) + dot4(a.z, b.z)) + dot4(a.w, b.w);
 }
 
 // Codes (0, 1, 2 per 2-bit field) of shift group s -> signed bytes (-1, 0, +1): per byte,
@@ -116,20 +126,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let tx = lid % TX;
     let ty = lid / TX;
 
-    // Staging items of this thread (fixed for the whole K walk): source index of block 0, and the
+    // Staging items of this thread (fixed for the whole K walk): source index in stage 0, and the
     // workgroup-memory slot it fills.
 //#for k in W_ITEMS
-    let w_item{{k}} = min(lid + {{k}}u * WG, RT * 2u - 1u);
-    let w_live{{k}} = lid + {{k}}u * WG < RT * 2u;
-    let w_src{{k}} = min(global_row(rt, w_item{{k}} / 2u), N - 1u) * CHUNKS + w_item{{k}} % 2u;
-    let w_dst{{k}} = (w_item{{k}} / 2u) * STRIDE + w_item{{k}} % 2u;
+    let w_item{{k}} = min(lid + {{k}}u * WG, RT * WV - 1u);
+    let w_live{{k}} = lid + {{k}}u * WG < RT * WV;
+    let w_src{{k}} = min(global_row(rt, w_item{{k}} / WV), N - 1u) * CHUNKS + w_item{{k}} % WV;
+    // code vec4 h of a stage row: block h / 2, half h % 2 -> decoded vec4 8 (h / 2) + h % 2 + 2 s'
+    let w_dst{{k}} = (w_item{{k}} / WV) * STRIDE + ((w_item{{k}} % WV) / 2u) * 8u + w_item{{k}} % 2u;
     var w_reg{{k}} = weights[w_src{{k}}];
 //#endfor
 //#for k in X_ITEMS
-    let x_item{{k}} = min(lid + {{k}}u * WG, TT * 8u - 1u);
-    let x_live{{k}} = lid + {{k}}u * WG < TT * 8u;
-    let x_src{{k}} = min(t0 + x_item{{k}} / 8u, n_tokens - 1u) * XROW + x_item{{k}} % 8u;
-    let x_dst{{k}} = (x_item{{k}} / 8u) * STRIDE + x_item{{k}} % 8u;
+    let x_item{{k}} = min(lid + {{k}}u * WG, TT * SV - 1u);
+    let x_live{{k}} = lid + {{k}}u * WG < TT * SV;
+    let x_src{{k}} = min(t0 + x_item{{k}} / SV, n_tokens - 1u) * XROW + x_item{{k}} % SV;
+    let x_dst{{k}} = (x_item{{k}} / SV) * STRIDE + x_item{{k}} % SV;
     var x_reg{{k}} = xq[x_src{{k}}];
 //#endfor
     // Accumulator acc{h}{i}_{m}: local row tx + TX * (h * MRH + i), token ty + TY * m.
@@ -141,9 +152,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //#endfor
 //#endfor
 
-    for (var b = 0u; b < BLOCKS; b++) {
+    for (var b = 0u; b < STAGES; b++) {
 //#if PINGPONG
-        let wbase = (b % 2u) * (RT * STRIDE);  // block b was staged here (before the loop, or last round)
+        let wbase = (b % 2u) * (RT * STRIDE);  // stage b was staged here (before the loop, or last round)
         let xbase = (b % 2u) * (TT * STRIDE);
         if (b == 0u) {
 //#else
@@ -172,16 +183,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //#else
         workgroupBarrier();
 //#endif
-        // The next block's loads fly while this one is multiplied (the last round re-reads
-        // block BLOCKS-1, harmlessly, to keep the loads unconditional).
-        let nb = min(b + 1u, BLOCKS - 1u);
+        // The next stage's loads fly while this one is multiplied (the last round re-reads
+        // stage STAGES-1, harmlessly, to keep the loads unconditional).
+        let nb = min(b + 1u, STAGES - 1u);
 //#for k in W_ITEMS
-        w_reg{{k}} = weights[w_src{{k}} + nb * 2u];
+        w_reg{{k}} = weights[w_src{{k}} + nb * WV];
 //#endfor
 //#for k in X_ITEMS
-        x_reg{{k}} = xq[x_src{{k}} + nb * 8u];
+        x_reg{{k}} = xq[x_src{{k}} + nb * SV];
 //#endfor
-//#for q in 8
+//#for q in SV
         {
 //#for m in MT
             let xv{{m}} = x_s[xbase + (ty + TY * {{m}}u) * STRIDE + {{q}}u];
@@ -190,16 +201,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //#for i in MRH
             let wv{{h}}{{i}} = w_s[wbase + (tx + TX * ({{h}}u * MRH + {{i}}u)) * STRIDE + {{q}}u];
 //#for m in MT
-            acc{{h}}{{i}}_{{m}} += dot16(wv{{h}}{{i}}, xv{{m}});
+            if (CHAIN) {
+                acc{{h}}{{i}}_{{m}} = dot16_acc(acc{{h}}{{i}}_{{m}}, wv{{h}}{{i}}, xv{{m}});
+            } else {
+                acc{{h}}{{i}}_{{m}} += dot16(wv{{h}}{{i}}, xv{{m}});
+            }
 //#endfor
 //#endfor
 //#endfor
         }
 //#endfor
 //#if PINGPONG
-        // Stage block b+1 into the other buffer: its last readers (round b-1) passed the barrier
+        // Stage b+1 goes into the other buffer: its last readers (round b-1) passed the barrier
         // that ended round b-1.
-        if (b + 1u < BLOCKS) {
+        if (b + 1u < STAGES) {
             let wnext = RT * STRIDE - wbase;
             let xnext = TT * STRIDE - xbase;
 //#for k in W_ITEMS

@@ -204,6 +204,38 @@ def test_attention_matches_reference(device, kernels, n_heads, n_kv_heads, head_
     np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("n_heads, n_kv_heads, head_dim", [(4, 4, 64), (10, 2, 64), (8, 2, 128)])
+@pytest.mark.parametrize("config", [(None, 4), (16, 2), (16, 8), (32, 2), "legacy"])
+def test_prefill_attention_variants_match_reference(device, kernels, n_heads, n_kv_heads, head_dim, config):
+    """Both prefill kernels (attention_prefill.wgsl with several query-row / rows-per-thread choices, and
+    attention.wgsl's): 70 tokens at pos 45 span several token blocks and partial 32-key tiles."""
+    n_tokens, pos = 70, 45
+    rng = np.random.default_rng(n_heads + head_dim + len(str(config)))
+    rows = pos + n_tokens
+    layer = Layer(device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=n_tokens,
+                  max_context=256, initial_capacity=rows)
+    options = {"tiled_prefill": False} if config == "legacy" else \
+        {"prefill_query_rows": config[0], "prefill_rows_per_thread": config[1]}
+    attention = Attention(kernels, layer.params, layer.cache, 0, layer.q, layer.out, n_heads=n_heads,
+                          max_tokens=n_tokens, **options)
+    if config != "legacy" and config[0] == 32 and head_dim == 128 and \
+            device.limits.max_compute_workgroup_storage_size < 37888:
+        pytest.skip("32 query rows of head_dim 128 need 37888 bytes of workgroup memory")
+    assert (attention.tiled is None) == (config == "legacy")
+    k = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32) * 2.0
+    v = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32)
+    q = rng.standard_normal((n_tokens, n_heads, head_dim)).astype(np.float32)
+    for buffer, array in ((layer.cache.k[0], k), (layer.cache.v[0], v), (layer.q, q)):
+        device.upload(buffer, 0, array)
+    device.upload(layer.out, 0, np.full(q.size, np.nan, dtype=np.float32))  # every row must be written
+    layer.params.write(n_tokens, pos, layer.cache.capacity)
+    recorder = device.begin()
+    attention.record(recorder, n_tokens, pos)
+    recorder.submit()
+    got = read_f32(device, layer.out, q.size).reshape(q.shape)
+    np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
+
+
 def test_attention_sharp_scores_stay_finite(device, kernels):
     """Large logits: the online softmax must subtract the running max (a naive exp overflows)."""
     n_heads, n_kv_heads, head_dim, n_tokens, pos = 2, 1, 64, 3, 90

@@ -287,7 +287,8 @@ def test_gated_epilogues_match_numpy(device, kernels, epilogue, f, k, t):
 
 
 @pytest.mark.parametrize("tile", [{"TX": 16, "TY": 8, "MR": 4, "MT": 4}, {"TX": 8, "TY": 8, "MR": 2, "MT": 8},
-                                  {"TX": 16, "TY": 4, "MR": 6, "MT": 2}])
+                                  {"TX": 16, "TY": 4, "MR": 6, "MT": 2}, {"TX": 8, "TY": 4, "MR": 4, "MT": 2, "KB": 3},
+                                  {"TX": 16, "TY": 8, "MR": 2, "MT": 8, "CHAIN": 1}])
 @pytest.mark.parametrize("epilogue", ["residual", "gate_relu2"])
 @pytest.mark.parametrize("pingpong", [False, True])
 def test_gemm_tiles_match_numpy(device, kernels, tile, epilogue, pingpong):
@@ -298,6 +299,17 @@ def test_gemm_tiles_match_numpy(device, kernels, tile, epilogue, pingpong):
                                         gemm_pingpong=pingpong)
     assert ("PINGPONG" in op.gemm.label) == pingpong
     run(device, (op, (21,), {}))
+    check_linear(device, op, out_buf, expected)
+
+
+@pytest.mark.parametrize("epilogue", ["store", "gate_silu"])
+@pytest.mark.parametrize("kb,k", [(2, 512), (2, 1536)])
+def test_gemm_multi_block_stages_match_numpy(device, kernels, epilogue, kb, k):
+    """KB 128-value blocks staged per barrier pair, over several stages (K / 128 / KB > 1)."""
+    rng = np.random.default_rng(kb * k + len(epilogue))
+    tile = {"TX": 8, "TY": 4, "MR": 4, "MT": 2, "KB": kb}
+    op, out_buf, expected = linear_case(device, kernels, rng, [72, 72], k, 19, epilogue, gemm_tile=tile)
+    run(device, (op, (19,), {}))
     check_linear(device, op, out_buf, expected)
 
 

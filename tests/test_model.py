@@ -223,6 +223,18 @@ def test_kv_cache_grows_past_initial_capacity(engine, models, long_sequence, gro
     assert model.n_cached == 270
 
 
+def test_queued_prefill_chunks_fill_the_cache(engine, models, long_sequence):
+    """prefill without all_logits submits every chunk but the last without waiting for it: the last
+    token's logits and every K/V row the queued chunks wrote (read back by decode steps) must match
+    the reference, with the cache growing while chunks are queued (chunk 240..279 crosses 256)."""
+    model = loaded(engine, models, MAIN, fresh=True)
+    ids, want = long_sequence
+    last = run(model.prefill(ids[:265], chunk=40))  # 6 queued chunks + a last one of 25
+    assert model.cached_tokens == ids[:265] and model.kv_cache.capacity > KV_INITIAL_CAPACITY
+    steps = [last] + [run(model.decode(t)) for t in ids[265:]]
+    assert_logits_close(np.stack(steps), want[264:], "queued prefill of 265 tokens + decode")
+
+
 # Prefix reuse ------------------------------------------------------------------------------------
 
 def test_reuse_prefix_equals_recomputing(engine, models):

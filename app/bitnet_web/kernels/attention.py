@@ -5,7 +5,9 @@ Two paths, both built at construction, chosen per step by the number of tokens:
   MAX_SPLITS workgroups per KV head, then a combine dispatch merges their partial softmaxes, so a 4k
   context keeps 64 workgroups per KV head busy instead of one. Two dispatches.
 - prefill (more tokens): one workgroup per (BQ tokens, KV head) walks all visible rows with an
-  online softmax and writes the output directly. One dispatch.
+  online softmax and writes the output directly. One dispatch. `attention_prefill.wgsl` (32 query
+  rows x 32 keys per tile, register-blocked) where the head dim and workgroup memory allow it, else
+  attention.wgsl's prefill path (8 query rows x 16 keys).
 Built with `rope=` (the layer's RopeKV), a one-token step also folds RoPE + the KV append into the
 attention kernel, and runs in a single dispatch (no split) while pos < DIRECT_MAX_TILES tiles.
 Timings per layer on an H100 (2B-4T shapes, tools/bench_attention.py): ~7 us at pos < 64, ~12-16 us up
@@ -25,6 +27,11 @@ WORKGROUP = 256  # invocations of the attention and combine workgroups (the WebG
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)  # HD / 4 must divide WORKGROUP
 MAX_SPLITS = 64  # most workgroups one KV head's decode is split over (partials merged by the combine)
 DIRECT_MAX_TILES = 4  # fused decode up to this many tiles runs in one dispatch, without split + combine
+# attention_prefill.wgsl: query rows per workgroup (tried largest first until workgroup memory fits) and
+# query rows per thread (the workgroup has 16 * rows / RQ threads).
+PREFILL_QUERY_ROWS = (32, 16)
+PREFILL_ROWS_PER_THREAD = 4
+PREFILL_KEYS = 32  # key rows per tile of attention_prefill.wgsl (its TK)
 
 
 def tile_rows(head_dim: int) -> int:
@@ -66,7 +73,8 @@ class Attention:
 
     def __init__(self, kernels: KernelCache, params: StepParams, cache: KVCache, layer: int, q: gpu.Buffer,
                  out: gpu.Buffer, *, n_heads: int, max_tokens: int, scratch: AttentionScratch | None = None,
-                 scale: float | None = None, rope: RopeKV | None = None):
+                 scale: float | None = None, rope: RopeKV | None = None, tiled_prefill: bool = True,
+                 prefill_query_rows: int | None = None, prefill_rows_per_thread: int | None = None):
         device = kernels.device
         n_kv_heads, head_dim = cache.n_kv_heads, cache.head_dim
         what = f"Attention layer {layer}"
@@ -119,6 +127,10 @@ class Attention:
                      ROPE_DIM=rope.table.rope_dim if rope is not None else head_dim,
                      NEOX=rope.style == "neox" if rope is not None else True)
         self.prefill_pipeline = kernels.pipeline("attention", BQ=self.block_tokens, SPLIT=False, **shape)
+        self.tiled = None  # (pipeline, tokens per workgroup) of attention_prefill.wgsl, when it fits
+        if tiled_prefill:
+            self.tiled = _tiled_prefill_pipeline(kernels, shape, group, prefill_query_rows,
+                                                 prefill_rows_per_thread or PREFILL_ROWS_PER_THREAD)
         self.split_pipeline = kernels.pipeline("attention", BQ=1, SPLIT=True, **shape)
         if self.fused_rope:
             self.rope_split_pipeline = kernels.pipeline("attention", "main_rope", BQ=1, SPLIT=True, **shape)
@@ -139,6 +151,9 @@ class Attention:
         params, stats, label = self.params.buffer, self.scratch.stats, f"layer {self.layer}"
         self.prefill_group = self.device.bind_group(
             self.prefill_pipeline, [params, self.q, k, v, self.out, stats], f"attention prefill {label}")
+        if self.tiled is not None:
+            self.tiled_group = self.device.bind_group(self.tiled[0], [params, self.q, k, v, self.out],
+                                                      f"tiled attention prefill {label}")
         self.split_group = self.device.bind_group(
             self.split_pipeline, [params, self.q, k, v, self.scratch.acc, stats], f"attention split {label}")
         if self.fused_rope:
@@ -172,9 +187,37 @@ class Attention:
         if n_tokens <= self.scratch.max_tokens_split:
             recorder.dispatch(self.split_pipeline, self.split_group, splits, self.n_kv_heads, n_tokens)
             recorder.dispatch(self.combine_pipeline, self.combine_group, self.n_heads, n_tokens)
+        elif self.tiled is not None:
+            pipeline, block = self.tiled
+            recorder.dispatch(pipeline, self.tiled_group, -(-n_tokens // block), self.n_kv_heads, 1)
         else:
             recorder.dispatch(self.prefill_pipeline, self.prefill_group, 1, self.n_kv_heads,
                               -(-n_tokens // self.block_tokens))
+
+
+def _tiled_prefill_pipeline(kernels: KernelCache, shape: dict, group: int, query_rows: int | None,
+                            rows_per_thread: int) -> tuple[gpu.Pipeline, int] | None:
+    """attention_prefill.wgsl's pipeline and tokens per workgroup for these shapes, or None where it
+    does not apply (head_dim not a multiple of 64, more query heads per KV head than rows, or too
+    little workgroup memory / too few invocations on this device for every row count)."""
+    head_dim, limits = shape["HD"], kernels.device.limits
+    c4 = head_dim // 4
+    if head_dim % 64 or rows_per_thread not in (1, 2, 4, 8):
+        return None
+    for rows in (query_rows,) if query_rows else PREFILL_QUERY_ROWS:
+        threads = 16 * rows // rows_per_thread
+        # qs [rows, C4] + kv [TK, C4 + 1] vec4, scores [rows, TK + 1] + three per-row f32
+        nbytes = 16 * (rows * c4 + PREFILL_KEYS * (c4 + 1)) + 4 * rows * (PREFILL_KEYS + 4)
+        if (rows % rows_per_thread or rows < group or nbytes > limits.max_compute_workgroup_storage_size
+                or threads > limits.max_compute_invocations_per_workgroup):
+            continue
+        block = rows // group
+        keep = ("STEP_PARAMS", "HQ", "HKV", "HD", "SCALE")
+        pipeline = kernels.pipeline("attention_prefill", BQ=block, NQP=rows, RQ=rows_per_thread, WG=threads,
+                                    CV=c4 // 16, KV_ITEMS=PREFILL_KEYS * c4 // threads,
+                                    Q_ITEMS=rows * c4 // threads, **{k: shape[k] for k in keep})
+        return pipeline, block
+    return None
 
 
 def _workgroup_bytes(query_rows: int, head_dim: int) -> int:
