@@ -176,6 +176,27 @@ def test_queue_depth_does_not_change_tokens_or_bookkeeping(loaded, depth):
         del loaded.model.GREEDY_DEPTH
 
 
+def test_long_prefill_chunks_with_a_short_logits_buffer(tiny_path, ref):
+    """Prefill chunks longer than the logits buffer (LOGITS_ROWS): queued chunks skip the head, and
+    all-logits calls run in pieces of logits_rows; both must still match the reference."""
+    from bitnet_web.model import LOGITS_ROWS
+
+    engine = Engine(prefill_chunk=100)
+    try:
+        engine.load(tiny_path)
+        assert engine.model.logits_rows == LOGITS_ROWS < 100
+        ids = (PROMPT * 30)[:230]  # 3 chunks of 100 (2 queued without a head), logits in 4 pieces
+        logits = engine.logits(ids)
+        expected = ref.logits(ids)
+        assert logits.shape == expected.shape == (230, VOCAB)
+        np.testing.assert_allclose(logits, expected, atol=MAX_TOL * float(np.ptp(expected)))
+        engine.reset()
+        text, tokens = generate(engine, GREEDY, tokens=ids, max_tokens=6)
+        assert_greedy(ref, ids, tokens)
+    finally:
+        engine.close()
+
+
 def test_sync_api_works_inside_a_running_event_loop(loaded):
     """Jupyter and async apps call the sync API from code a running loop drives, where
     run_until_complete refuses to start: the same tokens must come back there."""

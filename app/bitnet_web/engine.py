@@ -113,7 +113,7 @@ def fit_chat_to_context(messages: Sequence[dict], count_tokens: Callable[[list[d
 
 
 class Engine:
-    def __init__(self, max_binding_size: int | None = None, prefill_chunk: int = 64, gpu_sampling: bool = True,
+    def __init__(self, max_binding_size: int | None = None, prefill_chunk: int = 512, gpu_sampling: bool = True,
                  int8_head: bool = False):
         self.max_binding_size = max_binding_size  # lower the binding limit (tests shard with it)
         self.prefill_chunk = prefill_chunk

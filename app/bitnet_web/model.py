@@ -46,6 +46,9 @@ from .sampler import SamplerSettings
 ProgressCallback = Callable[[str, int, int], None]
 
 
+LOGITS_ROWS = 64  # rows of the logits buffer: all-logits calls run in pieces of this many tokens
+
+
 class ModelLoadError(RuntimeError):
     """A tensor the model needs cannot be used (its type or contents), named in the message."""
 
@@ -87,7 +90,7 @@ def check_device_limits(config: ModelConfig, limits: gpu.GPULimits, max_tokens: 
         "blk.*.ffn_gate + ffn_up (fused ternary codes)": 2 * cfg.ffn_dim * cfg.dim // 4,
         "blk.*.ffn_down (ternary codes)": cfg.dim * cfg.ffn_dim // 4,
         "one row of token_embd / output (F16)": 2 * cfg.dim,
-        f"logits of {max_tokens} tokens (f32)": 4 * max_tokens * cfg.vocab_size,
+        f"logits of {min(max_tokens, LOGITS_ROWS)} tokens (f32)": 4 * min(max_tokens, LOGITS_ROWS) * cfg.vocab_size,
         f"activations of {max_tokens} tokens (f32)": 4 * max_tokens * max(qkv_rows, cfg.ffn_dim, cfg.dim),
         "one layer's K or V cache at the full context (f32)": 4 * cfg.context_length * cfg.kv_dim,
         "attention split partials (f32)": 4 * cfg.n_heads * -(-cfg.context_length // 64) * cfg.head_dim,
@@ -228,7 +231,10 @@ class BitNetModel:
         self.attn_out = buf(4 * rows * cfg.q_dim, "attention out")  # (rows, q_dim) f32
         self.ffn_hidden = buf(4 * rows * cfg.ffn_dim, "ffn hidden")  # (rows, ffn_dim) f32
         self.x_final = buf(4 * rows * cfg.dim, "final normed x")  # (rows, dim) f32
-        self.logits = buf(4 * rows * cfg.vocab_size, "logits")  # (rows, vocab) f32
+        # (logits_rows, vocab) f32: only all-logits calls need more than one row, and they run in
+        # pieces of at most LOGITS_ROWS, so long prefill chunks do not need a 128k-wide row each
+        self.logits_rows = min(rows, LOGITS_ROWS)
+        self.logits = buf(4 * self.logits_rows * cfg.vocab_size, "logits")
         self.next_token = buf(16, "next token")  # (4,) u32: GPU argmax result
         self.kv_cache = KVCache(device, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.context_length)
         self.rope_table = RopeTable(device, cfg.rope_dim, cfg.rope_theta, cfg.context_length)
@@ -284,9 +290,10 @@ class BitNetModel:
     # Forward -----------------------------------------------------------------------------------
 
     def _record_step(self, n_tokens: int, all_logits: bool, rec: gpu.Recorder | None = None,
-                     pos: int | None = None) -> gpu.Recorder:
+                     pos: int | None = None, head: bool = True) -> gpu.Recorder:
         """Record one forward step over `n_tokens` rows at positions pos.. (default: the next ones,
-        n_cached; queued decode steps run ahead of the host's bookkeeping). Allocates nothing."""
+        n_cached; queued decode steps run ahead of the host's bookkeeping); `head=False` leaves out
+        the final norm and LM head (a prefill chunk whose logits nobody reads). Allocates nothing."""
         pos = self.n_cached if pos is None else pos
         self.kv_cache.ensure_capacity(pos + n_tokens)
         self.step.write(n_tokens, pos, self.kv_cache.capacity)
@@ -303,16 +310,18 @@ class BitNetModel:
             layer.gate_up.record(rec, n)
             layer.down.record(rec, n)
         # logits = head(output_norm(x)) for the last row, or for every row
-        self.final_norm.record(rec, n, last_only=not all_logits)
-        self.lm_head.record(rec, n if all_logits else 1)
+        if head:
+            self.final_norm.record(rec, n, last_only=not all_logits)
+            self.lm_head.record(rec, n if all_logits else 1)
         return rec
 
     async def forward(self, token_ids: list[int], all_logits: bool = False) -> np.ndarray:
         """Run `token_ids` (at most max_tokens) at the next positions; return logits of the last
         token (vocab,) or of every token (n, vocab)."""
         n = len(token_ids)
-        if not 0 < n <= self.max_tokens:
-            raise ValueError(f"forward takes 1..{self.max_tokens} tokens, got {n}")
+        if not 0 < n <= (self.logits_rows if all_logits else self.max_tokens):
+            raise ValueError(f"forward takes 1..{self.max_tokens} tokens ({self.logits_rows} with all_logits), "
+                             f"got {n}")
         if self.n_cached + n > self.config.context_length:
             raise ValueError(f"context full: {self.n_cached} + {n} tokens > {self.config.context_length}")
         self.device.upload(self.token_ids, 0, np.asarray(token_ids, dtype=np.uint32))
@@ -338,6 +347,7 @@ class BitNetModel:
             raise ValueError("prefill needs at least one token")
         chunk = min(chunk or self.max_tokens, self.max_tokens)
         if all_logits:
+            chunk = min(chunk, self.logits_rows)
             return np.concatenate([await self.forward(token_ids[start:start + chunk], all_logits=True)
                                    for start in range(0, len(token_ids), chunk)])
         if self.n_cached + len(token_ids) > self.config.context_length:
@@ -347,7 +357,7 @@ class BitNetModel:
         for start in range(0, last, chunk):
             part = token_ids[start:start + chunk]
             self.device.upload(self.token_ids, 0, np.asarray(part, dtype=np.uint32))
-            self._record_step(len(part), all_logits=False).submit()
+            self._record_step(len(part), all_logits=False, head=False).submit()
             self.cached_tokens.extend(part)
         return await self.forward(token_ids[last:])
 
