@@ -82,6 +82,22 @@ BITNET_2B4T = {
                    "Hugging Face and kept in this browser's storage.",
 }
 
+# Content-Security-Policy. The pages, the engine worker and the service worker load code only from
+# this site; fetch() may also reach the model hosts the page offers (Hugging Face: huggingface.co
+# redirects downloads to its CDN, *.hf.co). Pyodide compiles WebAssembly ('wasm-unsafe-eval'), never
+# JS from strings. PyScript 0.6 does compile its hook functions with Function() while it starts, so
+# the two pages also allow 'unsafe-eval' in their own policy, and the app removes it as soon as its
+# Python runs (jsutil.forbid_eval_from_now_on adds the stricter policy). The pages carry their policy
+# as a <meta> tag (what works on any static host; `build` checks it equals CSP_PAGE); this server
+# also sends it as a header, and sends CSP_APP for the two workers, which only a header can reach.
+MODEL_HOSTS = ("https://huggingface.co", "https://*.huggingface.co", "https://*.hf.co")
+CSP_APP = ("default-src 'self'; script-src 'self' 'wasm-unsafe-eval'; "
+           f"connect-src 'self' {' '.join(MODEL_HOSTS)}; img-src 'self'; style-src 'self'; "
+           "object-src 'none'; base-uri 'self'; form-action 'self'")
+CSP_PAGE = CSP_APP.replace("'wasm-unsafe-eval'", "'wasm-unsafe-eval' 'unsafe-eval'")
+CSP_BY_PATH = {"index.html": CSP_PAGE, "widget/index.html": CSP_PAGE, "engine-worker.js": CSP_APP,
+               "sw.js": CSP_APP}
+
 ROOT = Path(__file__).resolve().parent
 DIST = ROOT / "dist"
 CACHE = ROOT / ".cache"
@@ -367,6 +383,28 @@ def write_service_worker(out: Path) -> str:
     return version
 
 
+def check_csp_meta(out: Path) -> None:
+    """Each page's Content-Security-Policy <meta> tag must be CSP_BY_PATH's (one policy, two carriers)."""
+    import re
+
+    for rel, policy in CSP_BY_PATH.items():
+        if not rel.endswith(".html"):
+            continue
+        text = (out / rel).read_text()
+        found = re.findall(r'<meta http-equiv="Content-Security-Policy" content="([^"]*)">', text)
+        if found != [policy]:
+            raise BuildError(f"static/{rel}: its Content-Security-Policy <meta> tag is {found or 'missing'}, "
+                             f"expected exactly one with build.py's CSP_PAGE: {policy}")
+
+
+def csp_for(url_path: str) -> str | None:
+    """The Content-Security-Policy header for a request path (None: send none)."""
+    rel = url_path.split("?", 1)[0].split("#", 1)[0].lstrip("/")
+    if rel == "" or rel.endswith("/"):
+        rel += "index.html"
+    return CSP_BY_PATH.get(rel)
+
+
 def build(dist: Path = DIST) -> dict:
     """Assemble dist/ in a staging folder, then swap it in (a failed build leaves dist/ as it was)."""
     # staging and old copies live in .cache/ (ignored by git) for the project's dist/
@@ -383,6 +421,7 @@ def build(dist: Path = DIST) -> dict:
     info = {"pyodide": pyodide, "pyscript_core": PYSCRIPT_CORE.version,
             "bundled_models": [m["id"] for m in models]}
     (stage / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
+    check_csp_meta(stage)
     info["sw_version"] = write_service_worker(stage)
     old = scratch / (dist.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
@@ -415,6 +454,9 @@ class DistRequestHandler(http.server.SimpleHTTPRequestHandler):
     def end_headers(self) -> None:
         # The service worker provides offline use; the HTTP cache must not serve stale builds.
         self.send_header("Cache-Control", "no-cache")
+        policy = csp_for(self.path)
+        if policy is not None:
+            self.send_header("Content-Security-Policy", policy)
         super().end_headers()
 
     def send_head(self):

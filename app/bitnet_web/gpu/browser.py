@@ -55,52 +55,175 @@ def _heap_view(array: np.ndarray):
     return js.Uint8Array.new(pyodide_js._module.HEAPU8.buffer, pointer, array.nbytes)
 
 
+# Recording: a step's commands are collected as Python tuples and encoded in one call into
+# static/gpu-replay.js (`bitnetGpuReplay.encode`), from a JS array built once per distinct command
+# list ("program"). A decode step repeats the previous steps' list exactly (same pipelines, bind
+# groups, workgroup counts and copies), so after the first steps encoding it costs one FFI call
+# instead of three per dispatch. Any change (a bind group rebuilt after KV-cache growth, another
+# split count, another staging buffer) gives a different list and so a program of its own: a
+# program is found by comparing the whole list, never by a key that could go stale.
+_DISPATCH = 0  # command kinds, as static/gpu-replay.js numbers them
+_COPY = 1
+_PROGRAMS_KEPT = 8  # distinct command lists kept per device (decode cycles through 3 staging buffers)
+
+
+def _replay_helper():
+    """`bitnetGpuReplay` from static/gpu-replay.js when this page or worker loaded it, else None."""
+    import js  # noqa: PLC0415
+
+    helper = getattr(js, "bitnetGpuReplay", None)
+    if helper is None or getattr(helper, "version", None) != 1:
+        return None
+    return helper
+
+
+class RecordedPrograms:
+    """The command lists already encoded on one device, each with its JS program (most recent first).
+
+    Entries hold the handles they name, so a list that compares equal (identity of every pipeline,
+    bind group and buffer handle, equality of every count and offset) names the same GPU objects.
+    `enabled` False (always, when no JS helper is loaded) encodes every step with per-command FFI
+    calls instead (benchmarks and tests compare the two).
+    """
+
+    def __init__(self, helper, capacity: int = _PROGRAMS_KEPT):
+        self.helper = helper
+        self._enabled = helper is not None
+        self.capacity = capacity
+        self.entries: list[tuple[list[tuple], object, int]] = []  # (commands, JS program, passes)
+        self.reused = 0  # steps encoded from a program built earlier
+        self.built = 0  # programs built (first sight of a command list)
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        self._enabled = bool(value) and self.helper is not None
+
+    def program(self, commands: list[tuple]) -> tuple[object, int]:
+        """(JS program, compute passes) for `commands`, built on first sight."""
+        entries = self.entries
+        for i, entry in enumerate(entries):
+            if entry[0] == commands:
+                if i:
+                    entries.insert(0, entries.pop(i))
+                self.reused += 1
+                return entry[1], entry[2]
+        from pyodide.ffi import to_js  # noqa: PLC0415
+
+        program = to_js([value for command in commands for value in command])
+        entries.insert(0, (list(commands), program, _count_passes(commands)))  # a copy no recorder can extend
+        del entries[self.capacity:]
+        self.built += 1
+        return program, entries[0][2]
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+def recorded_programs(device: BrowserDevice) -> RecordedPrograms:
+    """The device's program cache (created with the device's first recorder)."""
+    programs = device.__dict__.get("_recorded_programs")
+    if programs is None:
+        programs = device._recorded_programs = RecordedPrograms(_replay_helper())
+    return programs
+
+
+def _count_passes(commands: list[tuple]) -> int:
+    passes, in_pass = 0, False
+    for command in commands:
+        if command[0] == _DISPATCH:
+            passes += not in_pass
+            in_pass = True
+        else:
+            in_pass = False
+    return passes
+
+
+class _FinishedCommands:
+    """A finished recorder's command list: recording into it is a caller bug, reported at once."""
+
+    def append(self, command: tuple) -> None:
+        raise GPUError("this recorder is finished (its commands are encoded): record the next step "
+                       "with device.begin()")
+
+
+_FINISHED = _FinishedCommands()
+
+
+def _encode_directly(gpu_device, commands: list[tuple]):
+    """Encode `commands` with one FFI call per WebGPU call (no JS helper, or replay disabled)."""
+    encoder = gpu_device.createCommandEncoder()
+    compute_pass = None
+    for command in commands:
+        if command[0] == _DISPATCH:
+            if compute_pass is None:
+                compute_pass = encoder.beginComputePass()
+                set_pipeline, set_bind_group = compute_pass.setPipeline, compute_pass.setBindGroup
+                dispatch = compute_pass.dispatchWorkgroups
+            _, pipeline, bind_group, x, y, z = command
+            set_pipeline(pipeline)
+            set_bind_group(0, bind_group)
+            dispatch(x, y, z)
+        else:
+            if compute_pass is not None:
+                compute_pass.end()
+                compute_pass = None
+            _, src, src_offset, dst, dst_offset, nbytes = command
+            encoder.copyBufferToBuffer(src, src_offset, dst, dst_offset, nbytes)
+    if compute_pass is not None:
+        compute_pass.end()
+    return encoder.finish()
+
+
 class BrowserRecorder(Recorder):
-    __slots__ = ("_device", "_encoder", "_pass", "_set_pipeline", "_set_bind_group", "_dispatch", "passes",
-                 "dispatches", "_command_buffers")
+    """Collects a step's commands; `finish` encodes them (one FFI call when the JS helper is loaded)."""
+
+    __slots__ = ("_device", "_commands", "_programs", "_command_buffer", "passes", "dispatches")
 
     def __init__(self, device: BrowserDevice):
         self._device = device
-        self._encoder = device._device.createCommandEncoder()
-        self._command_buffers = None
-        self._pass = None
+        self._programs = recorded_programs(device)
+        self._commands: list[tuple] = []
+        self._command_buffer = None
         self.passes = 0
         self.dispatches = 0
 
-    def _open_pass(self) -> None:
-        self._pass = self._encoder.beginComputePass()
-        self._set_pipeline = self._pass.setPipeline
-        self._set_bind_group = self._pass.setBindGroup
-        self._dispatch = self._pass.dispatchWorkgroups
-        self.passes += 1
-
     def dispatch(self, pipeline: Pipeline, bind_group: BindGroup, x: int, y: int = 1, z: int = 1) -> None:
-        if self._pass is None:
-            self._open_pass()
-        self._set_pipeline(pipeline.handle)
-        self._set_bind_group(0, bind_group.handle)
-        self._dispatch(x, y, z)
+        self._commands.append((_DISPATCH, pipeline.handle, bind_group.handle, x, y, z))
         self.dispatches += 1
 
     def copy(self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int, nbytes: int) -> None:
-        if self._pass is not None:
-            self._pass.end()
-            self._pass = None
-        self._encoder.copyBufferToBuffer(src.handle, src_offset, dst.handle, dst_offset, nbytes)
+        for buffer in (src, dst):
+            if buffer.handle is None:
+                raise GPUError(f"copy {src.label!r} -> {dst.label!r}: buffer {buffer.label!r} was released")
+        self._commands.append((_COPY, src.handle, src_offset, dst.handle, dst_offset, nbytes))
 
     def finish(self) -> None:
-        if self._command_buffers is None:
-            if self._pass is not None:
-                self._pass.end()
-                self._pass = None
-            js, _ = _js()
-            self._command_buffers = js.Array.of(self._encoder.finish())
+        if self._command_buffer is not None:
+            return
+        programs = self._programs
+        gpu_device = self._device._device
+        if programs.enabled:
+            program, self.passes = programs.program(self._commands)
+            self._command_buffer = programs.helper.encode(gpu_device, program)
+        else:
+            self.passes = _count_passes(self._commands)
+            self._command_buffer = _encode_directly(gpu_device, self._commands)
+        self._commands = _FINISHED
 
     def submit(self) -> None:
         if self._device.lost_reason is not None:
             raise GPUDeviceLostError(f"GPU device lost: {self._device.lost_reason}")
         self.finish()
-        self._device._queue.submit(self._command_buffers)
+        programs = self._programs
+        if programs.enabled:
+            programs.helper.submit(self._device._queue, self._command_buffer)
+        else:
+            js, _ = _js()
+            self._device._queue.submit(js.Array.of(self._command_buffer))
 
 
 class BrowserDevice(Device):
@@ -136,13 +259,44 @@ class BrowserDevice(Device):
         self.lost_reason: str | None = None
         self._readback: Buffer | None = None
         self._scope_open = False
+        self._destroying = False  # set by destroy(): a loss we caused is not reported to listeners
+        self._lost_listeners: list = []
         from pyodide.ffi import create_once_callable  # noqa: PLC0415
 
         def _on_lost(info):
             self.lost_reason = str(getattr(info, "message", "") or getattr(info, "reason", "unknown"))
+            if not self._destroying:
+                for listener in self._lost_listeners:
+                    listener(self.lost_reason)
 
-        device.lost.then(create_once_callable(_on_lost))
+        # Settles once `_on_lost` has run (the once-callable is freed by that single call).
+        self._lost_settled = device.lost.then(create_once_callable(_on_lost))
         self._push_scopes()
+
+    def add_lost_listener(self, listener) -> None:
+        """Call `listener(reason)` when the device is lost by something other than `destroy()`
+        (a driver reset, the GPU process crashing, the browser reclaiming it): the worker tells the
+        page at once, even when no request is running. Adding the same listener again is a no-op."""
+        if listener not in self._lost_listeners:
+            self._lost_listeners.append(listener)
+
+    async def _lost_during(self, what: str, exc: Exception) -> GPUDeviceLostError | None:
+        """After a GPU call failed: the device-lost error if the device is gone, else None.
+
+        A destroyed or reset device rejects pending mapAsync calls (AbortError / OperationError)
+        in a task that can run before the task resolving `device.lost`, so `lost_reason` may still
+        be None here: wait (at most 1 s, only on this failure path) for `lost` to settle first."""
+        if self.lost_reason is None:
+            import js  # noqa: PLC0415
+            from pyodide.ffi import create_once_callable  # noqa: PLC0415
+
+            def start_timer(resolve, reject):
+                js.setTimeout(resolve, 1000)
+
+            await js.Promise.race(js.Array.of(self._lost_settled, js.Promise.new(create_once_callable(start_timer))))
+        if self.lost_reason is None:
+            return None
+        return GPUDeviceLostError(f"GPU device lost during {what}: {self.lost_reason}")
 
     @classmethod
     async def open(cls, max_binding_size: int | None = None, power_preference: str = "high-performance"):
@@ -260,8 +414,9 @@ class BrowserDevice(Device):
         try:
             await staging.handle.mapAsync(js.GPUMapMode.READ, 0, staging.nbytes)
         except Exception as exc:
-            if self.lost_reason is not None:
-                raise GPUDeviceLostError(f"GPU device lost: {self.lost_reason}") from exc
+            lost = await self._lost_during(f"reading back {staging.label!r}", exc)
+            if lost is not None:
+                raise lost from exc
             raise GPUError(f"reading back {staging.label!r} failed: {exc}") from exc
         mapped = staging.handle.getMappedRange(0, nbytes)
         out = np.empty(nbytes, dtype=np.uint8)
@@ -278,6 +433,7 @@ class BrowserDevice(Device):
         self.bytes_allocated -= buffer.nbytes
 
     def destroy(self) -> None:
+        self._destroying = True
         if self.lost_reason is None:
             self.lost_reason = "destroyed"
         self._device.destroy()

@@ -7,10 +7,10 @@ as Text nodes; nothing from a model or a file is interpreted as HTML.
 URL parameters: `?autoload=0` skips loading the last used (or default) model at start.
 
 Test hooks: `#app` carries data-engine ("starting" | "ready" | "missing" | "failed"), data-model
-("none" | "loading" | "loaded" | "header" | "error"), data-source ("network" | "cache" | "" for the
-last load), data-key (the usable model's URL), data-loads (loads started so far) and data-busy
-("1" while generating); each reply bubble carries data-pieces (streamed pieces received) and
-data-state ("streaming" | "done" | "aborted" | "error").
+("none" | "loading" | "loaded" | "header" | "error" | "lost": the GPU device was lost), data-source
+("network" | "cache" | "" for the last load), data-key (the usable model's URL), data-loads (loads
+started so far) and data-busy ("1" while generating); each reply bubble carries data-pieces (streamed
+pieces received) and data-state ("streaming" | "done" | "aborted" | "error").
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from . import page
 from .client import EngineClient, shared_client, site_root
 from .dom import Listeners, append_text, by_id, clear, el, render_failure, set_text, show
 from .failures import describe
+from .hf_download import LOSSY_FIELD, as_checkpoint
 from .modelinfo import info_rows
 from .progress import RateMeter, fraction, progress_text, stats_line
 from .prompts import turn_request
@@ -39,6 +40,7 @@ class ChatApp:
         self.client: EngineClient | None = None
         self.listeners = Listeners()
         self.cache_listeners = Listeners()  # the delete buttons, rebuilt with the list
+        self.notice_listeners = Listeners()  # a button inside the notice (e.g. load the model again)
         self.messages: list[dict[str, str]] = []
         self.manifest: dict[str, Any] = {"models": []}
         self.cached: list[dict[str, Any]] = []
@@ -179,7 +181,11 @@ class ChatApp:
     def _selected_model(self) -> dict[str, Any]:
         value = str(self.n["model-select"].value)
         if value == page.CUSTOM:
-            return page.custom_descriptor(str(self.n["custom-url"].value))
+            # a folder URL (Hugging Face checkpoint) or a GGUF file URL
+            model = as_checkpoint(page.custom_descriptor(str(self.n["custom-url"].value)))
+            if model.get("format") == "hf" and by_id("lossy-ternarize").checked:
+                model[LOSSY_FIELD] = True  # explicit opt-in, labelled EXPERIMENTAL, LOSSY in the page
+            return model
         for entry in self.manifest.get("models", []):
             d = page.model_descriptor(entry, self.root_url)
             if d["key"] == value:
@@ -283,6 +289,8 @@ class ChatApp:
         elif msg["event"] == "fatal":
             self._state(engine="failed")
             self._show_error({**msg, "kind": msg.get("kind", "worker_start")})
+        elif msg["event"] == "error" and msg.get("kind") == "device_lost":
+            self._device_lost(msg)  # the GPU went away while no request was running
 
     def _log(self, text: str) -> None:
         js.console.info(f"bitnet-web: {text}")
@@ -380,6 +388,8 @@ class ChatApp:
             set_text(self.n["stats"], "")
             if result.get("fatal"):
                 self._show_error(result)
+            elif result.get("kind") == "device_lost":
+                self._device_lost(result)
         self.n["prompt"].focus()
 
     def stop(self) -> None:
@@ -477,6 +487,7 @@ class ChatApp:
             render_failure(self.n["failure"], f.title, f.message, f.advice, msg.get("detail", ""))
             show(self.n["app"], False)
         else:
+            self.notice_listeners.clear()  # a button of the previous notice goes with it
             render_failure(self.n["notice"], f.title, f.message, f.advice, msg.get("detail", ""))
             self.n["notice"].setAttribute("data-kind", f.kind)
 
@@ -484,8 +495,34 @@ class ChatApp:
         self._show_error({"kind": kind, "message": message})
 
     def _hide_notice(self) -> None:
+        self.notice_listeners.clear()
         show(self.n["notice"], False)
         self.n["notice"].removeAttribute("data-kind")
+
+    def _device_lost(self, msg: dict[str, Any]) -> None:
+        """The GPU device was lost and the worker dropped the model: say so and offer to load the
+        same model again (from browser storage, on a fresh device) without a page refresh. The
+        conversation is kept."""
+        key = str(self.n["app"].getAttribute("data-key") or "")
+        self._state(model="lost")
+        self._set_busy_controls()
+        self.notice_listeners.clear()
+        button = el("button", "Load the model again", cls="primary", attrs={"id": "reload-model", "type": "button"})
+        self.notice_listeners.on(button, "click", lambda e: asyncio.ensure_future(self._reload_model(key)))
+        f = describe("device_lost", msg.get("message", ""))
+        render_failure(self.n["notice"], f.title, f.message, f.advice, msg.get("detail", ""), actions=[button])
+        self.n["notice"].setAttribute("data-kind", f.kind)
+        self._status(f.title)
+
+    async def _reload_model(self, key: str) -> None:
+        select = self.n["model-select"]
+        if any(str(o.value) == key for o in select.options):
+            select.value = key
+        elif key:
+            select.value = page.CUSTOM
+            self.n["custom-url"].value = key
+        self._on_model_change()
+        await self.load_selected()
 
 
 _app: ChatApp | None = None

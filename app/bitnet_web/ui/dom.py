@@ -80,8 +80,10 @@ class Listeners:
         self._bound = []
 
 
-def render_failure(container: Any, title: str, message: str, advice: Iterable[str], detail: str = "") -> None:
-    """A readable failure block: title, what happened, what to do (all as text)."""
+def render_failure(container: Any, title: str, message: str, advice: Iterable[str], detail: str = "",
+                   actions: Iterable[Any] = ()) -> None:
+    """A readable failure block: title, what happened, what to do (all as text), then `actions`
+    (elements such as a button that fixes it; their listeners belong to the caller)."""
     clear(container)
     container.append(el("h2", title))
     if message:
@@ -89,6 +91,9 @@ def render_failure(container: Any, title: str, message: str, advice: Iterable[st
     items = list(advice)
     if items:
         container.append(el("ul", children=[el("li", a) for a in items]))
+    buttons = list(actions)
+    if buttons:
+        container.append(el("div", cls="actions", children=buttons))
     if detail:
         container.append(el("details", children=[el("summary", "Details"), el("pre", detail)]))
     show(container)

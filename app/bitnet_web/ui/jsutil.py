@@ -109,3 +109,74 @@ class WebLock:
             self._release()
             self._release = None
             await self._done
+
+
+# ------------------------------------------------------------------------------------------------
+# Leak accounting (used by the long-session browser test; cheap enough to call from DevTools)
+# ------------------------------------------------------------------------------------------------
+#
+# Pyodide has no public "live proxies" counter. Two internal counters of its runtime module
+# (`pyodide._module`, the same ones Pyodide's own test suite uses to find leaks) cover both
+# directions of the FFI:
+#
+# - PyProxies (Python objects handed to JS: create_proxy, callbacks, returned objects). After
+#   `enable_pyproxy_allocation_tracing()` every PyProxy created is recorded in
+#   `pyproxy_alloc_map` and removed when it is destroyed (explicitly, or by a once-callable after
+#   its call). The map holds each proxy strongly, so a proxy that only JS garbage collection would
+#   free also stays counted: the count is an upper bound, and a count that does not grow over N
+#   requests shows that no request leaves a proxy behind, GC or not (a FinalizationRegistry count
+#   would depend on when the collector runs).
+# - JS references held by Python (every JsProxy: DOM nodes, GPU objects, promises), counted by
+#   `_hiwire_num_refs()`. A JsProxy is released when its Python object dies, so `gc.collect()`
+#   runs first: what remains is reachable from Python.
+
+def start_proxy_census() -> None:
+    """Start recording PyProxy allocations in this interpreter (page or worker); only proxies
+    created from now on are counted."""
+    import pyodide_js  # noqa: PLC0415
+
+    pyodide_js._module.enable_pyproxy_allocation_tracing()
+
+
+def proxy_census() -> dict[str, int]:
+    """{"pyproxies": PyProxies created since start_proxy_census() and not destroyed, "js_refs":
+    JS values Python still references} for this interpreter (see the comment above)."""
+    import gc  # noqa: PLC0415
+
+    import pyodide_js  # noqa: PLC0415
+
+    gc.collect()
+    module = pyodide_js._module
+    return {"pyproxies": int(module.pyproxy_alloc_map.size), "js_refs": int(module._hiwire_num_refs())}
+
+
+def expose_interpreter(name: str = "bitnetPyodide") -> None:
+    """Make this page's interpreter reachable from DevTools and the browser tests as
+    `globalThis[name]` (the worker's is `self.pyodide`, set by engine-worker.js). Nothing is
+    gained by a script on the page that it did not already have: it runs with the page's rights."""
+    import pyodide_js  # noqa: PLC0415
+
+    setattr(js.globalThis, name, pyodide_js)
+
+
+def forbid_eval_from_now_on() -> None:
+    """Add a Content-Security-Policy without 'unsafe-eval' to the page.
+
+    PyScript 0.6 compiles its hook functions with `Function()` while it starts, so the page's own
+    policy (its <meta> tag, and build.py's header) must allow 'unsafe-eval'; without it core.js
+    throws EvalError and the page never starts. Once the app's Python runs, that is no longer
+    needed: a second policy, the first minus 'unsafe-eval', is added. A page enforces every policy
+    it has (a request must pass all of them), so from here on eval(), new Function() and string
+    timers are refused in this page for good, while everything else stays as allowed before.
+    """
+    meta = js.document.querySelector('meta[http-equiv="Content-Security-Policy"]')
+    if meta is None:
+        return
+    policy = str(meta.content)
+    if "'unsafe-eval'" not in policy:
+        return
+    strict = js.document.createElement("meta")
+    strict.httpEquiv = "Content-Security-Policy"
+    strict.content = " ".join(policy.replace("'unsafe-eval'", "").split())
+    strict.setAttribute("data-added-by", "bitnet-web")
+    js.document.head.append(strict)

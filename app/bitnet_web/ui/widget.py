@@ -86,9 +86,21 @@ class TldrWidget:
             self._fail(ready.get("kind", "worker_start"), ready.get("message", ""))
             return
         asyncio.ensure_future(page.register_service_worker(self.root_url))
+        self.client.listeners.append(self._on_worker_event)
+        if await self._load_model():
+            self.button.disabled = False
+            self._state("ready")
+
+    def _on_worker_event(self, msg: dict[str, Any]) -> None:
+        if msg["event"] == "error" and msg.get("kind") == "device_lost":
+            self.client.loaded = None  # the GPU went away while idle: the next Summarize loads it again
+
+    async def _load_model(self) -> bool:
+        """Load the widget's model unless the page's worker already has it (from browser storage
+        after the first visit); False, with the failure shown, when it cannot be loaded."""
         model = await self._model()
         if model is None:
-            return
+            return False
 
         def on_event(msg: dict[str, Any]) -> None:
             if msg["event"] == "progress":
@@ -98,11 +110,10 @@ class TldrWidget:
         result = await self.client.ensure_loaded(model, on_event)
         if result["event"] != "loaded":
             self._fail(result.get("kind", "internal"), result.get("message", ""))
-            return
+            return False
         self.info = result.get("info") or {}
         set_text(self.status, f"Model: {self.info.get('name') or model['name']}")
-        self.button.disabled = False
-        self._state("ready")
+        return True
 
     async def _model(self) -> dict[str, Any] | None:
         if self.model_url:
@@ -131,9 +142,13 @@ class TldrWidget:
         self.busy = True
         self._state("busy")
         self.button.disabled = True
-        self.stop_button.disabled = False
         self.summary.classList.remove("error")
         clear(self.summary)
+        if self.client.loaded is None and not await self._load_model():  # the GPU was lost: load it again
+            self.busy = False
+            self.button.disabled = False
+            return
+        self.stop_button.disabled = False
         set_text(self.stats, "")
         set_text(self.status, "Summarizing" + (" (text shortened to fit the model's context)…" if cut else "…"))
         pieces = [0]
@@ -159,7 +174,11 @@ class TldrWidget:
             set_text(self.status, "Done." if result.get("reason") != "aborted" else "Stopped.")
             self._state("done")
         else:
+            if result.get("kind") == "device_lost":
+                self.client.loaded = None  # the worker dropped the model with the device
             self._fail(result.get("kind", "internal"), result.get("message", ""))
+            if result.get("kind") == "device_lost":
+                set_text(self.status, "Press Summarize to load the model again (from browser storage) and retry.")
 
 
 _widgets: list[TldrWidget] = []

@@ -23,8 +23,15 @@ import numpy as np
 from pyodide.ffi import create_proxy
 
 from . import protocol
-from .download import ModelDownloader
+from .download import ModelDownloader, testing_hooks
 from .failures import describe, failure_event
+from .hf_download import (
+    CheckpointDownloader,
+    EngineMissingError,
+    delete_entry,
+    is_checkpoint_model,
+    visible_entries,
+)
 from .model_store import CorruptEntryError, ModelStore
 from .settings import to_engine_settings
 
@@ -47,6 +54,7 @@ class EngineWorker:
         self.generate_task: asyncio.Task | None = None
         self.loaded_key: str | None = None
         self.abort_requested = False
+        self.lost_reason: str | None = None  # why the GPU device went away (the model must be loaded again)
         self._tasks: set[asyncio.Task] = set()
 
     # -- messaging --------------------------------------------------------------------------------
@@ -70,19 +78,46 @@ class EngineWorker:
             if self.downloader is not None:
                 self.downloader.cancel()
             return
+        if op in ("chat", "complete") and (self.generate_task is None or self.generate_task.done()):
+            # A new request: an earlier Stop must not end it, but a Stop sent after it (even one
+            # handled before its task starts) must. So the flag is cleared here, in message order.
+            self.abort_requested = False
         handler = getattr(self, "op_" + op)
         task = asyncio.ensure_future(self._run(handler, msg, req_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _run(self, handler, msg: dict[str, Any], req_id: int | None) -> None:
+        blocked_before = len(_csp_violations())
         try:
             await handler(msg, req_id)
         except Exception as e:  # every failure becomes a message in the page, never a silent worker
             event = failure_event(e, req_id)
             if event["kind"] == "internal":
                 event["detail"] += "\n" + "".join(traceback.format_exception(e))[-2000:]
+            blocked = _csp_violations()[blocked_before:]
+            if blocked:  # e.g. a model URL on a host the policy does not list: fetch() only says "failed"
+                event["message"] += (f" (this site's Content-Security-Policy blocked it: {'; '.join(blocked)}; "
+                                     "it allows downloads only from this site and the model hosts it lists)")
+            if event["kind"] == "device_lost":
+                self._forget_lost_model(str(e))
             self.post(event)
+
+    def _forget_lost_model(self, reason: str) -> None:
+        """The GPU device is gone and the engine's model with it: later requests say so (kind
+        device_lost, so the page offers to load the model again) instead of failing obscurely."""
+        if self.loaded_key is not None:
+            self.lost_reason = reason
+        self.loaded_key = None
+
+    def _on_device_lost(self, reason: str) -> None:
+        """The device was lost while a model was loaded (driver reset, GPU process crash, tab
+        reclaimed): tell the page now, not at its next request."""
+        if self.loaded_key is None:
+            return
+        self._forget_lost_model(reason)
+        self.post(_error("device_lost", f"the GPU device was lost ({reason}): the model must be loaded again",
+                         None))
 
     # -- ops --------------------------------------------------------------------------------------
 
@@ -104,11 +139,11 @@ class EngineWorker:
         key = msg["key"]
         if self.downloader is not None and self.load_task is not None and not self.load_task.done() \
                 and self.loading_key == key:
-            self.downloader.cancel()
+            self.downloader.cancel("the model was deleted from browser storage while it was loading",
+                                   kind="deleted")
             await asyncio.wait([self.load_task])
-        await self._require_store().delete(key)
-        if self.loaded_key == key:
-            self.loaded_key = None  # the engine keeps its GPU copy; the cache entry is gone
+        await delete_entry(self._require_store(), key)  # a checkpoint's group: all its files
+        # a loaded model stays loaded (the engine holds its own copy): only the cached file is gone
         await self._post_models(req_id)
 
     async def op_load(self, msg: dict[str, Any], req_id: int | None) -> None:
@@ -133,6 +168,15 @@ class EngineWorker:
         def emit(event: dict[str, Any]) -> None:
             self.post({**event, "id": req_id})
 
+        if is_checkpoint_model(model):  # a Hugging Face checkpoint folder: fetched and converted by hf_download
+            self.downloader = CheckpointDownloader(store, emit)
+            meta, gguf, source = await self.downloader.load(model)
+            if self.engine_module is None or testing_hooks().get("skipEngine"):
+                why = "the engine load was skipped (test hook skipEngine)" if self.engine_module else \
+                    (self.engine_error or "")
+                raise EngineMissingError(f"{meta['name']}: fetched and converted. {why}".strip())
+            await self._engine_load(meta, gguf, source, emit)
+            return
         for attempt in (1, 2):  # a damaged cache entry is deleted and fetched once more
             self.downloader = ModelDownloader(store, emit)
             meta, source = await self.downloader.ensure_cached(model)
@@ -145,14 +189,19 @@ class EngineWorker:
                 if attempt == 2:
                     raise
                 emit({"event": "log", "message": f"{e}; downloading it again"})
-        if meta.get("header") is None:
-            meta["header"] = _header_from_bytes(data)
+        if meta.get("header") is None:  # an entry cached by an older version
+            try:
+                meta["header"] = _header_from_bytes(data)
+            except Exception:
+                await store.delete(meta["key"])  # not a usable file: keep no "complete" entry of it
+                raise
             await store.put_meta(meta)
         emit({"event": "header", "info": meta["header"]})
-        if self.engine_module is None:
+        skip = bool(testing_hooks().get("skipEngine"))  # browser tests of downloads and storage
+        if self.engine_module is None or skip:
             del data
-            f = describe("engine_missing", f"{meta['name']}: {meta['total']:,} bytes, verified. "
-                         f"{self.engine_error or ''}".strip())
+            why = "the engine load was skipped (test hook skipEngine)" if skip else (self.engine_error or "")
+            f = describe("engine_missing", f"{meta['name']}: {meta['total']:,} bytes, verified. {why}".strip())
             emit({"event": "error", "kind": f.kind, "title": f.title, "message": f.message,
                   "advice": list(f.advice), "fatal": False, "detail": "", "info": meta["header"],
                   "source": source})
@@ -202,6 +251,9 @@ class EngineWorker:
         await self.engine.load_async(data, name=meta["name"], progress=progress)
         del data
         self.loaded_key = meta["key"]
+        self.lost_reason = None
+        if hasattr(self.engine.device, "add_lost_listener"):  # the browser backend
+            self.engine.device.add_lost_listener(self._on_device_lost)
         header = meta.get("header") or {}
         try:
             engine_info = dict(self.engine.info)
@@ -223,6 +275,10 @@ class EngineWorker:
             msg["prompt"], settings, max_tokens=max_tokens), msg.get("settings") or {})
 
     async def _generate(self, req_id: int | None, start, settings_dict: dict[str, Any]) -> None:
+        if self.loaded_key is None and self.lost_reason is not None:
+            self.post(_error("device_lost", f"the GPU device was lost ({self.lost_reason}): load the model again",
+                             req_id))
+            return
         if self.engine is None or self.loaded_key is None:
             reason = ("the inference engine is not part of this build" if self.engine_module is None
                       else "no model is loaded yet")
@@ -236,13 +292,16 @@ class EngineWorker:
             self.post(_error("busy", "a model is loading", req_id))
             return
         self.generate_task = asyncio.current_task()
-        self.abort_requested = False
         sampler = importlib.import_module("bitnet_web.sampler")
         settings = to_engine_settings(settings_dict, sampler.SamplerSettings)
         max_tokens = int(settings_dict.get("max_tokens") or 256)
         async for piece in start(self.engine, settings, max_tokens):
             if piece:
                 self.post({"event": "piece", "id": req_id, "text": piece})
+            if self.abort_requested:
+                # The engine clears its abort flag when a generation starts, so a Stop that came
+                # before that (during the request's hand-over or prefill) is applied again here.
+                self.engine.abort()
         stats = _stats_dict(self.engine.last_stats)
         aborted = self.abort_requested or stats.get("stop_reason") == "aborted"
         self.post({"event": "done", "id": req_id, "stats": stats, "reason": "aborted" if aborted else "end"})
@@ -259,7 +318,7 @@ class EngineWorker:
         return self.store
 
     async def _post_models(self, req_id: int | None) -> None:
-        entries = await self.store.entries() if self.store is not None else []
+        entries = visible_entries(await self.store.entries()) if self.store is not None else []
         estimate: dict[str, Any] = {}
         storage = getattr(js.navigator, "storage", None)
         if storage is not None:
@@ -279,6 +338,12 @@ def _error(kind: str, message: str, req_id: int | None) -> dict[str, Any]:
     f = describe(kind, message)
     return {"event": "error", "id": req_id, "kind": f.kind, "title": f.title, "message": f.message,
             "advice": list(f.advice), "fatal": f.fatal, "detail": ""}
+
+
+def _csp_violations() -> list[str]:
+    """What the worker's Content-Security-Policy refused so far (recorded by engine-worker.js)."""
+    found = getattr(js.self, "cspViolations", None)
+    return [str(v) for v in found] if found is not None else []
 
 
 def _stats_dict(stats: Any) -> dict[str, Any]:

@@ -1,0 +1,174 @@
+"""GPU faults in the chat page: models beyond the device's limits, and the device lost mid-generation
+and while idle. One browser context for the module (a person's session): each test starts from the
+state the previous one left.
+
+- Limits: refused with every offending buffer named, before a single WebGPU buffer, pipeline or
+  upload exists. Two ways: a model whose metadata (context length) needs a KV cache larger than the
+  adapter's real maxStorageBufferBindingSize, and the engine planning for a lowered limit (test hook)
+  so a weight matrix is over it. Counted independently by wrapping the worker's WebGPU calls.
+- Device lost: the test calls the worker's GPUDevice.destroy() (what a driver reset looks like to
+  the page: `device.lost` resolves, pending mapAsync calls reject). The reply ends with a clear
+  message, the page offers "Load the model again", which loads the same model from IndexedDB on a
+  new device without a page refresh; the next reply equals the CPython engine's for the kept history.
+
+A model load compiles ~30 pipelines, about a minute on SwiftShader: the module loads twice.
+"""
+
+from __future__ import annotations
+
+import pytest
+from browser_helpers import (
+    GREEDY_FORM,
+    LOCAL_PREFIXES,
+    NO_AUTOLOAD,
+    SYSTEM,
+    app_state,
+    cpython_turn,
+    gpu_counts,
+    install_gpu_counters,
+    last_reply,
+    load_custom,
+    needs_engine,
+    notice,
+    open_app,
+    screenshot,
+    send_and_wait,
+    set_settings,
+    start_load,
+    worker_python,
+)
+
+from bitnet_web.ui.settings import parse_form
+
+pytestmark = [pytest.mark.browser, needs_engine]
+
+TINY = dict(dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256, vocab_size=300)
+SHORT = {**GREEDY_FORM, "max_tokens": "3"}
+DESTROY_DEVICE = ("from bitnet_web.ui import worker as w\n"
+                  "device = w._worker.engine.device\n"
+                  "device._device.destroy()  # the JS GPUDevice: a loss the app did not cause\n"
+                  "id(device)")
+
+
+@pytest.fixture(scope="module")
+def app(browser, site):
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    log: list[str] = []
+    outside: list[str] = []
+    page.on("console", lambda m: log.append(f"console.{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
+    page.on("request", lambda r: None if r.url.startswith(LOCAL_PREFIXES) else outside.append(r.url))
+    page.set_default_timeout(120_000)
+    open_app(page, site.url + NO_AUTOLOAD)
+    install_gpu_counters(page)
+    yield page
+    context.close()
+    if log:
+        print("\n".join(log[-80:]))
+    assert outside == [], f"the page or its workers requested URLs outside 127.0.0.1: {outside}"
+
+
+@pytest.fixture(scope="module")
+def tiny_path(test_files, tiny_model):
+    path = test_files / "gpu-faults-tiny.gguf"
+    path.write_bytes(tiny_model)
+    return path
+
+
+def adapter_binding_limit(page) -> int:
+    return page.evaluate("""async () => {
+        const a = await navigator.gpu.requestAdapter();
+        return Math.min(a.limits.maxStorageBufferBindingSize, a.limits.maxBufferSize); }""")
+
+
+def test_model_beyond_the_binding_limit_is_refused_before_any_upload(app, site, test_files):
+    from bitnet_web.gguf_writer import write_random_bitnet
+
+    limit = adapter_binding_limit(app)
+    head_dim = TINY["dim"] // TINY["n_heads"]
+    context = 1 << 23  # a KV-cache layer of 4 * context * n_kv_heads * head_dim bytes: 2 GiB
+    kv_bytes = 4 * context * TINY["n_kv_heads"] * head_dim
+    assert kv_bytes > limit, "SwiftShader's limit grew: raise `context`"
+    write_random_bitnet(str(test_files / "huge-context.gguf"), **TINY, context_length=context, seed=3)
+    before = gpu_counts(app)
+    assert load_custom(app, site.url + "_test/huge-context.gguf") == "error"
+    n = notice(app)
+    assert n["visible"] and n["kind"] == "memory", n
+    assert "K or V cache" in n["text"] and str(kv_bytes) in n["text"] and str(limit) in n["text"], n["text"]
+    assert "maxStorageBufferBindingSize" in n["text"]
+    after = gpu_counts(app)
+    assert {k: after[k] - before[k] for k in ("buffers", "pipelines", "writes")} == \
+        {"buffers": 0, "pipelines": 0, "writes": 0}, "GPU objects were created for a model that was refused"
+    assert worker_python(app, "from bitnet_web.ui import worker as w\nw._worker.engine.model is None")
+    screenshot(app, "failure-binding-limit")
+
+
+def test_a_weight_over_a_lowered_limit_is_named_before_any_upload(app, site, tiny_path):
+    limit = 8192  # the fused ffn_gate + ffn_up codes need 2 * 256 * 128 / 4 = 16384 bytes
+    worker_python(app, "from bitnet_web.ui import worker as w\n"
+                       f"w._worker.engine = w._worker.engine_module.Engine(max_binding_size={limit})")
+    try:
+        before = gpu_counts(app)
+        assert load_custom(app, site.url + "_test/" + tiny_path.name) == "error"
+        n = notice(app)
+        assert n["kind"] == "memory", n
+        assert f"at most {limit} bytes" in n["text"], n["text"]
+        assert "ffn_gate + ffn_up (fused ternary codes) 16384 bytes" in n["text"], n["text"]
+        after = gpu_counts(app)
+        assert after["buffers"] == before["buffers"] and after["writes"] == before["writes"]
+    finally:
+        worker_python(app, "from bitnet_web.ui import worker as w\n"
+                           "w._worker.engine = w._worker.engine_module.Engine()")
+
+
+def test_device_lost_during_generation_then_reload_without_a_page_refresh(app, site, tiny_path):
+    url = site.url + "_test/" + tiny_path.name
+    assert load_custom(app, url) == "loaded", notice(app)
+    settings = parse_form(SHORT)
+    set_settings(app, SHORT, SYSTEM)
+    first = send_and_wait(app, "hello")
+    assert first["state"] == "done"
+    assert first["text"] == cpython_turn(tiny_path, SYSTEM, [], "hello", settings)
+
+    set_settings(app, {**GREEDY_FORM, "max_tokens": "200"}, SYSTEM)
+    app.fill("#prompt", "a long reply please")
+    app.press("#prompt", "Enter")
+    app.wait_for_function("""() => { const r = document.querySelectorAll('.msg.assistant .text');
+        return Number(r[r.length - 1].dataset.pieces || 0) >= 1; }""", timeout=120_000)
+    old_device = worker_python(app, DESTROY_DEVICE)
+    app.wait_for_function("""() => { const r = document.querySelectorAll('.msg.assistant .text');
+        return r[r.length - 1].dataset.state !== 'streaming'; }""", timeout=60_000)
+    reply = last_reply(app)
+    assert reply["state"] == "error" and "The GPU was reset" in reply["text"], reply
+    n = notice(app)
+    assert n["visible"] and n["kind"] == "device_lost", n
+    assert app_state(app)["model"] == "lost"
+    assert app.is_disabled("#send") and app.is_enabled("#reload-model")
+    screenshot(app, "failure-device-lost")
+
+    downloads = len(site.requests_for("/_test/" + tiny_path.name))
+    assert start_load(app, lambda: app.click("#reload-model")) == "loaded", notice(app)
+    assert app_state(app)["source"] == "cache"
+    assert len(site.requests_for("/_test/" + tiny_path.name)) == downloads, "the model was downloaded again"
+    assert not notice(app)["visible"]
+    new_device = worker_python(app, "from bitnet_web.ui import worker as w\n"
+                                    "d = w._worker.engine.device\n(id(d), d.lost_reason)")
+    assert new_device[0] != old_device and new_device[1] is None
+
+    set_settings(app, SHORT, SYSTEM)
+    again = send_and_wait(app, "hello again")
+    assert again["state"] == "done"
+    history = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": first["text"]}]
+    assert again["text"] == cpython_turn(tiny_path, SYSTEM, history, "hello again", settings)
+
+
+def test_device_lost_while_idle_is_reported_at_once(app):
+    assert app_state(app)["model"] == "loaded", "needs the model loaded by the previous test"
+    worker_python(app, DESTROY_DEVICE)
+    # no request is running: the worker's device.lost listener tells the page by itself
+    app.wait_for_selector("#notice[data-kind='device_lost'] #reload-model")
+    assert app_state(app)["model"] == "lost"
+    assert "GPU device was lost" in notice(app)["text"]
+    assert app.is_disabled("#prompt") and app.is_disabled("#send")
+    assert worker_python(app, "from bitnet_web.ui import worker as w\nw._worker.loaded_key") is None
