@@ -88,6 +88,9 @@ class RecordedPrograms:
 
     def __init__(self, helper, capacity: int = _PROGRAMS_KEPT):
         self.helper = helper
+        # bound once: each attribute read on a JS object is an FFI call
+        self.encode = helper.encode if helper is not None else None
+        self.submit = helper.submit if helper is not None else None
         self._enabled = helper is not None
         self.capacity = capacity
         self.entries: list[tuple[list[tuple], object, int]] = []  # (commands, JS program, passes)
@@ -208,7 +211,7 @@ class BrowserRecorder(Recorder):
         gpu_device = self._device._device
         if programs.enabled:
             program, self.passes = programs.program(self._commands)
-            self._command_buffer = programs.helper.encode(gpu_device, program)
+            self._command_buffer = programs.encode(gpu_device, program)
         else:
             self.passes = _count_passes(self._commands)
             self._command_buffer = _encode_directly(gpu_device, self._commands)
@@ -220,7 +223,7 @@ class BrowserRecorder(Recorder):
         self.finish()
         programs = self._programs
         if programs.enabled:
-            programs.helper.submit(self._device._queue, self._command_buffer)
+            programs.submit(self._device._queue, self._command_buffer)
         else:
             js, _ = _js()
             self._device._queue.submit(js.Array.of(self._command_buffer))
