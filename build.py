@@ -65,7 +65,7 @@ PYODIDE_CORE_FILES = ("pyodide.js", "pyodide.mjs", "pyodide.asm.js", "pyodide.as
                       "python_stdlib.zip", "pyodide-lock.json")
 
 # The bundled default model: a trained one from static/models/*.gguf when present, else a tiny
-# random BitNet generated reproducibly (fixed seed) by bitnet_web.gguf_writer.
+# random BitNet generated reproducibly (fixed seed) by bitnet_web.convert.synthetic.
 RANDOM_MODEL_FILE = "bitnet-random-tiny.gguf"
 RANDOM_MODEL_ARGS = {"dim": 256, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 512,
                      "vocab_size": 512, "context_length": 1024, "seed": 0}
@@ -298,18 +298,19 @@ def models_python() -> str:
 
 def random_model() -> Path:
     """The tiny random BitNet, regenerated only when the generator's source changes."""
-    writer = PACKAGE / "gguf_writer.py"
+    writer = PACKAGE / "convert" / "synthetic.py"
     if not writer.exists():
         raise BuildError(f"no trained model in {STATIC / 'models'} and no generator {writer} to make "
                          "a random one: the bundled default model cannot be built")
     args = json.dumps(RANDOM_MODEL_ARGS, sort_keys=True)
-    key = sha256_bytes(b"".join((PACKAGE / n).read_bytes() for n in ("gguf_writer.py", "gguf.py")
+    key = sha256_bytes(b"".join((PACKAGE / n).read_bytes() for n in ("convert/synthetic.py", "formats/gguf_writer.py",
+                                                                  "formats/ggml.py", "formats/quants.py")
                                 if (PACKAGE / n).exists()) + args.encode())[:16]
     path = CACHE / "models" / key / RANDOM_MODEL_FILE
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        code = ("import json, sys; from bitnet_web.gguf_writer import write_random_bitnet; "
+        code = ("import json, sys; from bitnet_web.convert.synthetic import write_random_bitnet; "
                 "write_random_bitnet(sys.argv[1], **json.loads(sys.argv[2]))")
         env = dict(os.environ, PYTHONPATH=str(ROOT / "app"))
         run([models_python(), "-c", code, str(tmp), args], env=env)

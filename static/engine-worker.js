@@ -1,5 +1,5 @@
 // The engine worker's bootstrap: start Pyodide with numpy, unpack the bitnet_web package, and hand
-// every message to bitnet_web.ui.worker (Python). All app logic is in Python; this file only boots.
+// every message to bitnet_web.web.worker.main (Python). All app logic is in Python; this file only boots.
 //
 // Content-Security-Policy: a worker gets its policy from its own response headers (build.py's server
 // sends one without 'unsafe-eval': Pyodide needs only 'wasm-unsafe-eval'). Violations are kept in
@@ -32,5 +32,5 @@ const fail = (err) =>
   if (!response.ok) throw new Error(`bitnet_web.zip: HTTP ${response.status}`);
   pyodide.unpackArchive(await response.arrayBuffer(), "zip", { extractDir: "/home/pyodide" });
   pyodide.runPython("import sys; sys.path.insert(0, '/home/pyodide')");
-  pyodide.pyimport("bitnet_web.ui.worker").start(root.href, early);
+  pyodide.pyimport("bitnet_web.web.worker.main").start(root.href, early);
 })().catch(fail);

@@ -161,7 +161,7 @@ def _write_tokenizer(folder: Path, vocab_size: int) -> None:
         {"id": base + i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
          "normalized": False, "special": True} for i, s in enumerate(specials)]
     (folder / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
-    from bitnet_web.gguf_writer import BITNET_CHAT_TEMPLATE
+    from bitnet_web.convert.synthetic import BITNET_CHAT_TEMPLATE
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": specials[0], "eos_token": specials[1], "add_bos_token": True,
         "chat_template": BITNET_CHAT_TEMPLATE}))

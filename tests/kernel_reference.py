@@ -1,6 +1,6 @@
 """numpy references for the linear / norm / embedding kernels (helper K1).
 
-Written from shared/ground-truth.md, independently of the kernels and of `bitnet_web.quants`:
+Written from shared/ground-truth.md, independently of the kernels and of `bitnet_web.formats.quants`:
 the I2_S encoder here is a direct transcription of the layout text, so a mistake shared by the
 engine's encoder and its decoder cannot cancel out.
 """

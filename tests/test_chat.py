@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bitnet_web.chat import ChatTemplate, ChatTemplateError, render_tokens
-from bitnet_web.tokenizer import Tokenizer
+from bitnet_web.text.chat import ChatTemplate, ChatTemplateError, render_tokens
+from bitnet_web.text.tokenizer import Tokenizer
 
 jinja2 = pytest.importorskip("jinja2")
 

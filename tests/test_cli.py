@@ -19,10 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bitnet_web.gguf import Keys, describe, open_gguf
-from bitnet_web.gguf_writer import GGUFWriter, random_bitnet_writer, synthetic_vocab_metadata
-from bitnet_web.reference import ReferenceModel
-from bitnet_web.tokenizer import Tokenizer
+from bitnet_web.convert.synthetic import random_bitnet_writer, synthetic_vocab_metadata
+from bitnet_web.formats.ggml import Keys
+from bitnet_web.formats.gguf_reader import describe, open_gguf
+from bitnet_web.formats.gguf_writer import GGUFWriter
+from bitnet_web.model.reference import ReferenceModel
+from bitnet_web.text.tokenizer import Tokenizer
 
 MAX_TOL = 0.03  # of the reference's logit range, per position
 RMS_TOL = 0.04  # of the reference logits' RMS

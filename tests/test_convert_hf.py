@@ -13,9 +13,10 @@ pytest.importorskip("transformers")
 
 from hf_tiny import build_tiny_bitnet, load_tiny_bitnet, unpacked_linear_weights  # noqa: E402
 
-from bitnet_web.config import config_from_gguf  # noqa: E402
-from bitnet_web.convert_hf import ConvertError, convert, permute_for_interleaved_rope  # noqa: E402
-from bitnet_web.gguf import GGMLType, open_gguf  # noqa: E402
+from bitnet_web.convert.convert_hf import ConvertError, convert, permute_for_interleaved_rope  # noqa: E402
+from bitnet_web.formats.ggml import GGMLType  # noqa: E402
+from bitnet_web.formats.gguf_reader import open_gguf  # noqa: E402
+from bitnet_web.model.config import config_from_gguf  # noqa: E402
 
 GGUF_OF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
            "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",

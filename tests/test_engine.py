@@ -18,12 +18,13 @@ import pytest
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
 from bitnet_web import gpu  # noqa: E402
-from bitnet_web.config import ModelConfigError  # noqa: E402
+from bitnet_web.convert.synthetic import random_bitnet_writer  # noqa: E402
 from bitnet_web.engine import Engine, EngineError  # noqa: E402
-from bitnet_web.gguf import GGUFError, Keys, open_gguf  # noqa: E402
-from bitnet_web.gguf_writer import random_bitnet_writer  # noqa: E402
-from bitnet_web.reference import ReferenceModel  # noqa: E402
-from bitnet_web.sampler import SamplerSettings  # noqa: E402
+from bitnet_web.formats.ggml import GGUFError, Keys  # noqa: E402
+from bitnet_web.formats.gguf_reader import open_gguf
+from bitnet_web.model.config import ModelConfigError  # noqa: E402
+from bitnet_web.model.reference import ReferenceModel  # noqa: E402
+from bitnet_web.text.sampler import SamplerSettings  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -179,7 +180,7 @@ def test_queue_depth_does_not_change_tokens_or_bookkeeping(loaded, depth):
 def test_long_prefill_chunks_with_a_short_logits_buffer(tiny_path, ref):
     """Prefill chunks longer than the logits buffer (LOGITS_ROWS): queued chunks skip the head, and
     all-logits calls run in pieces of logits_rows; both must still match the reference."""
-    from bitnet_web.model import LOGITS_ROWS
+    from bitnet_web.model.forward import LOGITS_ROWS
 
     engine = Engine(prefill_chunk=100)
     try:

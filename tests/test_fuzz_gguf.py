@@ -34,26 +34,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bitnet_web.chat import ChatTemplate, ChatTemplateError
-from bitnet_web.config import ModelConfig, ModelConfigError, config_from_gguf
-from bitnet_web.gguf import (
+from bitnet_web.convert.synthetic import random_bitnet_writer, synthetic_vocab_metadata
+from bitnet_web.formats.ggml import (
     GGMLType,
     GGUFError,
-    GGUFFile,
     GGUFFormatError,
     GGUFLengthError,
     GGUFTruncatedError,
     GGUFValueType,
-    describe,
-    parse_header,
 )
-from bitnet_web.gguf_writer import (
-    GGUFWriter,
-    Typed,
-    random_bitnet_writer,
-    synthetic_vocab_metadata,
-)
-from bitnet_web.tokenizer import Tokenizer, TokenizerError
+from bitnet_web.formats.gguf_reader import GGUFFile, describe, parse_header
+from bitnet_web.formats.gguf_writer import GGUFWriter, Typed
+from bitnet_web.model.config import ModelConfig, ModelConfigError, config_from_gguf
+from bitnet_web.text.chat import ChatTemplate, ChatTemplateError
+from bitnet_web.text.tokenizer import Tokenizer, TokenizerError
 
 MEMORY_LIMIT = 16 << 20       # tracemalloc peak per input; seeds are <= ~110 KB
 HANG_LIMIT_S = 1.0            # CPU seconds per input; each takes ~10 ms, a hostile count loop took minutes

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_tokenizer import _llama3_dir, gguf_metadata_from_hf
 
-from bitnet_web.gguf_writer import synthetic_vocab_metadata
-from bitnet_web.tokenizer import StreamDecoder, Tokenizer, TokenizerError
+from bitnet_web.convert.synthetic import synthetic_vocab_metadata
+from bitnet_web.text.tokenizer import StreamDecoder, Tokenizer, TokenizerError
 
 tokenizers = pytest.importorskip("tokenizers")
 

@@ -7,20 +7,18 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from bitnet_web.gguf import (
+from bitnet_web.convert.synthetic import synthetic_vocab_metadata, write_random_bitnet
+from bitnet_web.formats.ggml import (
     GGMLType,
     GGUFError,
-    GGUFFile,
     GGUFFormatError,
     GGUFTruncatedError,
     GGUFUnsupportedError,
     GGUFValueType,
-    describe,
-    open_gguf,
-    parse_header,
 )
-from bitnet_web.gguf_writer import GGUFWriter, Typed, synthetic_vocab_metadata, write_random_bitnet
-from bitnet_web.quants import i2s_encode
+from bitnet_web.formats.gguf_reader import GGUFFile, describe, open_gguf, parse_header
+from bitnet_web.formats.gguf_writer import GGUFWriter, Typed
+from bitnet_web.formats.quants import i2s_encode
 
 # --- hand-built files: every byte placed explicitly, independent of our writer ----------------
 

@@ -5,15 +5,11 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from bitnet_web.config import config_from_gguf
-from bitnet_web.gguf import GGMLType, open_gguf
-from bitnet_web.gguf_writer import (
-    GGUFWriter,
-    bytes_to_unicode,
-    float_to_bf16_bits,
-    synthetic_vocab_metadata,
-    write_random_bitnet,
-)
+from bitnet_web.convert.synthetic import bytes_to_unicode, synthetic_vocab_metadata, write_random_bitnet
+from bitnet_web.formats.ggml import GGMLType
+from bitnet_web.formats.gguf_reader import open_gguf
+from bitnet_web.formats.gguf_writer import GGUFWriter, float_to_bf16_bits
+from bitnet_web.model.config import config_from_gguf
 
 TINY = dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512, vocab_size=1000)
 

@@ -36,13 +36,10 @@ from test_transformers_reference import (  # noqa: E402
     _reference,
 )
 
-from bitnet_web import hf_checkpoint  # noqa: E402
-from bitnet_web.chat import ChatTemplate  # noqa: E402
 from bitnet_web.cli import main as cli_main  # noqa: E402
-from bitnet_web.config import config_from_gguf  # noqa: E402
-from bitnet_web.convert_hf import convert  # noqa: E402
-from bitnet_web.engine import Engine  # noqa: E402
-from bitnet_web.hf_checkpoint import (  # noqa: E402
+from bitnet_web.convert import hf_checkpoint  # noqa: E402
+from bitnet_web.convert.convert_hf import convert  # noqa: E402
+from bitnet_web.convert.hf_checkpoint import (  # noqa: E402
     ConvertError,
     LossyTernarizationError,
     checkpoint_base_url,
@@ -52,9 +49,12 @@ from bitnet_web.hf_checkpoint import (  # noqa: E402
     load_folder,
     load_from_buffers,
 )
-from bitnet_web.quants import i2s_encode  # noqa: E402
-from bitnet_web.safetensors import SafetensorsError  # noqa: E402
-from bitnet_web.tokenizer import Tokenizer  # noqa: E402
+from bitnet_web.engine import Engine  # noqa: E402
+from bitnet_web.formats.quants import i2s_encode  # noqa: E402
+from bitnet_web.formats.safetensors import SafetensorsError  # noqa: E402
+from bitnet_web.model.config import config_from_gguf  # noqa: E402
+from bitnet_web.text.chat import ChatTemplate  # noqa: E402
+from bitnet_web.text.tokenizer import Tokenizer  # noqa: E402
 
 SHAPE = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512,
              num_hidden_layers=3, vocab_size=1000)

@@ -186,9 +186,9 @@ def random_ternary(rng, n: int, k: int) -> np.ndarray:
 
 
 def test_pack_ternary_rows_matches_quants_decode():
-    """Packed rows of fused tensors decode (with bitnet_web.quants) to the original values, and the
+    """Packed rows of fused tensors decode (with bitnet_web.formats.quants) to the original values, and the
     per-row scales are each tensor's trailer scale."""
-    from bitnet_web.quants import i2s_decode
+    from bitnet_web.formats.quants import i2s_decode
 
     rng = np.random.default_rng(1)
     shapes, scales = [(96, 256), (32, 256), (32, 256)], [0.75, 1.5, 0.125]

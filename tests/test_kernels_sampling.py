@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 from bitnet_web import gpu  # noqa: E402
 from bitnet_web.kernels.common import KernelCache  # noqa: E402
 from bitnet_web.kernels.sampling import GPUSampler  # noqa: E402
-from bitnet_web.sampler import (  # noqa: E402
+from bitnet_web.text.sampler import (  # noqa: E402
     GPU_PENALTY_WINDOW_MAX,
     GPU_TOP_K_MAX,
     Sampler,

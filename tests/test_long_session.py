@@ -13,9 +13,9 @@ import pytest
 
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
+from bitnet_web.convert.synthetic import random_bitnet_writer  # noqa: E402
 from bitnet_web.engine import Engine, EngineError, fit_chat_to_context  # noqa: E402
-from bitnet_web.gguf_writer import random_bitnet_writer  # noqa: E402
-from bitnet_web.sampler import SamplerSettings  # noqa: E402
+from bitnet_web.text.sampler import SamplerSettings  # noqa: E402
 
 CONTEXT = 128
 TINY = dict(dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256, vocab_size=300, context_length=CONTEXT,

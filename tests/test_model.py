@@ -27,11 +27,11 @@ import pytest
 
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
+from bitnet_web.convert.synthetic import write_random_bitnet  # noqa: E402
 from bitnet_web.engine import Engine, EngineError  # noqa: E402
-from bitnet_web.gguf import open_gguf  # noqa: E402
-from bitnet_web.gguf_writer import write_random_bitnet  # noqa: E402
-from bitnet_web.reference import ReferenceModel  # noqa: E402
-from bitnet_web.sampler import SamplerSettings  # noqa: E402
+from bitnet_web.formats.gguf_reader import open_gguf  # noqa: E402
+from bitnet_web.model.reference import ReferenceModel  # noqa: E402
+from bitnet_web.text.sampler import SamplerSettings  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

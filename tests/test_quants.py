@@ -7,8 +7,8 @@ numpy port of ggml-quants.c. Absmean: transformers' WeightQuant formula in torch
 import numpy as np
 import pytest
 
-from bitnet_web.gguf import GGMLType, GGUFError, GGUFFormatError
-from bitnet_web.quants import (
+from bitnet_web.formats.ggml import GGMLType, GGUFError, GGUFFormatError
+from bitnet_web.formats.quants import (
     i2s_arm_to_x86,
     i2s_check_layout,
     i2s_decode,

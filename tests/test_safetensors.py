@@ -16,7 +16,7 @@ import pytest
 import safetensors
 import safetensors.numpy
 
-from bitnet_web.safetensors import (
+from bitnet_web.formats.safetensors import (
     SafetensorsError,
     SafetensorsFile,
     ShardedSafetensors,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bitnet_web.sampler import Sampler, SamplerSettings, StopMatcher
+from bitnet_web.text.sampler import Sampler, SamplerSettings, StopMatcher
 
 
 def logits_of(probs) -> np.ndarray:

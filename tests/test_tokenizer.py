@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bitnet_web.tokenizer import (
+from bitnet_web.text.tokenizer import (
     SPM_SPACE,
     UNICODE_TO_BYTE,
     StreamDecoder,

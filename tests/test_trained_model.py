@@ -25,10 +25,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bitnet_web.config import config_from_gguf
-from bitnet_web.gguf import GGMLType, open_gguf
-from bitnet_web.reference import ReferenceModel
-from bitnet_web.tokenizer import Tokenizer
+from bitnet_web.formats.ggml import GGMLType
+from bitnet_web.formats.gguf_reader import open_gguf
+from bitnet_web.model.config import config_from_gguf
+from bitnet_web.model.reference import ReferenceModel
+from bitnet_web.text.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_PATH = Path(os.environ.get("BITNET_TRAINED_MODEL", REPO / "static/models/bitnet-pystdlib-27m-i2_s.gguf"))
@@ -209,7 +210,7 @@ def test_gpu_engine_greedy_matches_torch_model(prompt, tokenizer, torch_model, e
     """The product path: the exported GGUF through our WGSL engine (lavapipe in CI) against the
     PyTorch model in inference mode. Tokens must agree until the first step where PyTorch's own
     top-2 gap is a near-tie; logits over the whole sequence agree within LOGIT_TOL."""
-    from bitnet_web.sampler import SamplerSettings
+    from bitnet_web.text.sampler import SamplerSettings
 
     ids = tokenizer.encode(prompt, add_bos=True)
     pt_tokens = greedy_generate(torch_model, ids, N_GREEDY)

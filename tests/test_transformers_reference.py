@@ -31,9 +31,9 @@ pytest.importorskip("transformers")
 
 from hf_tiny import build_tiny_bitnet, load_tiny_bitnet  # noqa: E402
 
-from bitnet_web.convert_hf import convert  # noqa: E402
+from bitnet_web.convert.convert_hf import convert  # noqa: E402
 from bitnet_web.engine import Engine  # noqa: E402
-from bitnet_web.sampler import SamplerSettings  # noqa: E402
+from bitnet_web.text.sampler import SamplerSettings  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

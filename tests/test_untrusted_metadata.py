@@ -20,11 +20,12 @@ import pytest
 
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
-from bitnet_web.chat import ChatTemplate  # noqa: E402
-from bitnet_web.gguf import Keys, open_gguf  # noqa: E402
-from bitnet_web.gguf_writer import bytes_to_unicode, random_bitnet_writer, synthetic_vocab_metadata  # noqa: E402
-from bitnet_web.sampler import SamplerSettings  # noqa: E402
-from bitnet_web.tokenizer import StreamDecoder, Tokenizer, TokenType  # noqa: E402
+from bitnet_web.convert.synthetic import bytes_to_unicode, random_bitnet_writer, synthetic_vocab_metadata  # noqa: E402
+from bitnet_web.formats.ggml import Keys  # noqa: E402
+from bitnet_web.formats.gguf_reader import open_gguf
+from bitnet_web.text.chat import ChatTemplate  # noqa: E402
+from bitnet_web.text.sampler import SamplerSettings  # noqa: E402
+from bitnet_web.text.tokenizer import StreamDecoder, Tokenizer, TokenType  # noqa: E402
 
 VOCAB = 300
 IMG = "<img src=x onerror=alert(1)>"
@@ -96,9 +97,9 @@ def test_payload_templates_are_live_under_jinja(tmp_path, capfd, make_template):
 # same session import transformers, which imports jinja2).
 _NO_JINJA_SCRIPT = r"""
 import json, sys
-from bitnet_web.chat import ChatTemplate
-from bitnet_web.gguf import describe, open_gguf
-from bitnet_web.tokenizer import Tokenizer
+from bitnet_web.text.chat import ChatTemplate
+from bitnet_web.formats.gguf_reader import describe, open_gguf
+from bitnet_web.text.tokenizer import Tokenizer
 g = open_gguf(sys.argv[1])
 tok = Tokenizer.from_gguf(g.metadata)
 template = ChatTemplate.from_gguf(g.metadata)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
-from bitnet_web.tokenizer import StreamDecoder, Tokenizer  # noqa: E402
+from bitnet_web.text.tokenizer import StreamDecoder, Tokenizer  # noqa: E402
 
 PARAGRAPHS = [
     "The quick brown fox jumps over the lazy dog. It's 2025, and we've got 1,234,567 reasons to test.",

@@ -25,8 +25,8 @@ SHAPES = {
 
 
 def synthetic_model(shape: str) -> Path:
-    from .download import cache_dir
-    from .gguf_writer import write_random_bitnet
+    from .convert.synthetic import write_random_bitnet
+    from .sources import cache_dir
 
     arch = os.environ.get("BITNET_WEB_SYNTHETIC_ARCH", "bitnet-b1.58")
     dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab, ctx = SHAPES[shape]
@@ -97,7 +97,7 @@ def profile_summary(timings: list[tuple[str, float]]) -> dict:
 
 async def measure_async(engine, quick: bool = False) -> dict:
     """Prefill and decode speeds of a loaded engine (CPython and browser alike)."""
-    from .sampler import SamplerSettings
+    from .text.sampler import SamplerSettings
 
     model, device = engine.model, engine.device
     report: dict = {"device": device.adapter_name, "gpu_bytes_allocated": device.bytes_allocated}

@@ -43,8 +43,8 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from . import hf_checkpoint
-    from .gguf import describe, open_gguf
+    from .convert import hf_checkpoint
+    from .formats.gguf_reader import describe, open_gguf
 
     source = args.model or args.file
     if source is None:
@@ -59,8 +59,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    from .gguf import open_gguf
-    from .tokenizer import Tokenizer
+    from .formats.gguf_reader import open_gguf
+    from .text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_gguf(open_gguf(args.model).metadata)
     print(json.dumps(tokenizer.encode(args.text, add_bos=args.bos, allow_special=args.special)))
@@ -92,7 +92,7 @@ def _load_engine(args: argparse.Namespace):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .sampler import SamplerSettings
+    from .text.sampler import SamplerSettings
 
     settings = SamplerSettings(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
@@ -142,7 +142,7 @@ def cmd_logits(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from .convert_hf import convert
+    from .convert.convert_hf import convert
 
     convert(args.hf_dir, args.out, allow_lossy_ternarization=args.ternarize_lossy)
     print(f"wrote {args.out}", file=sys.stderr)
@@ -260,7 +260,7 @@ def _describe(exc: BaseException) -> str:
 
 
 def _is_user_error(exc: BaseException) -> bool:
-    from .gguf import GGUFError
+    from .formats.ggml import GGUFError
 
     names = {c.__name__ for c in type(exc).__mro__}
     return isinstance(exc, GGUFError | OSError | ValueError) or bool(

@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from . import gpu
-from .chat import ChatTemplate, render_tokens
-from .config import ModelConfig, config_from_gguf
-from .gguf import GGUFFile, open_gguf
-from .model import BitNetModel
-from .sampler import Sampler, SamplerSettings, StopMatcher
-from .tokenizer import StreamDecoder, Tokenizer
+from .formats.gguf_reader import GGUFFile, open_gguf
+from .model.config import ModelConfig, config_from_gguf
+from .model.forward import BitNetModel
+from .text.chat import ChatTemplate, render_tokens
+from .text.sampler import Sampler, SamplerSettings, StopMatcher
+from .text.tokenizer import StreamDecoder, Tokenizer
 
 ProgressCallback = Callable[[str, int, int], None]
 
@@ -146,7 +146,7 @@ class Engine:
 
         A folder path or a Hugging Face folder URL (.../ORG/REPO, .../resolve/main/) is a safetensors
         checkpoint, converted in memory by hf_checkpoint (`allow_lossy_ternarization`: see there)."""
-        from . import hf_checkpoint
+        from .convert import hf_checkpoint
 
         if isinstance(source, GGUFFile):
             gguf, name = source, "model"
@@ -157,7 +157,7 @@ class Engine:
         else:
             path = Path(source)
             if str(source).startswith(("http://", "https://")):
-                from .download import download_to_cache
+                from .sources import download_to_cache
 
                 path = download_to_cache(str(source), progress=progress)
             gguf, name = open_gguf(path), path.name

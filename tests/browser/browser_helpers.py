@@ -168,7 +168,7 @@ def worker_python(page, code: str) -> Any:
 def engine_importable() -> bool:
     try:
         import bitnet_web.engine  # noqa: F401
-        import bitnet_web.sampler  # noqa: F401
+        import bitnet_web.text.sampler  # noqa: F401
     except ImportError:
         return False
     return True
@@ -298,9 +298,9 @@ def _template_kind(engine) -> str:
 
 def _cpython_generate(path: str, request: str, settings: dict[str, Any]) -> str:
     """request: "turn" (system, history, text) or "summary" (text), built as the page builds it."""
-    from bitnet_web.sampler import SamplerSettings
-    from bitnet_web.ui.prompts import summary_messages, summary_prompt, turn_request
-    from bitnet_web.ui.settings import to_engine_settings
+    from bitnet_web.text.sampler import SamplerSettings
+    from bitnet_web.web.shared.prompts import summary_messages, summary_prompt, turn_request
+    from bitnet_web.web.shared.settings import to_engine_settings
 
     engine = _cpython_engine(path)
     engine.reset()

@@ -89,7 +89,7 @@ def site(dist_dir, test_files):
 @pytest.fixture(scope="session")
 def tiny_model(test_files) -> bytes:
     """A small random BitNet GGUF (fast for the engine on SwiftShader) for the download tests."""
-    from bitnet_web.gguf_writer import write_random_bitnet
+    from bitnet_web.convert.synthetic import write_random_bitnet
     path = test_files / "tiny.gguf"
     write_random_bitnet(str(path), dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256, vocab_size=300,
                         context_length=256, seed=1)

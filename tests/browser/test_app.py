@@ -30,8 +30,8 @@ from browser_helpers import (
 )
 from site_server import SiteServer
 
-from bitnet_web.gguf import open_gguf
-from bitnet_web.ui.settings import parse_form
+from bitnet_web.formats.gguf_reader import open_gguf
+from bitnet_web.web.shared.settings import parse_form
 
 pytestmark = pytest.mark.browser
 

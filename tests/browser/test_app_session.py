@@ -31,7 +31,7 @@ from browser_helpers import (
     set_settings,
 )
 
-from bitnet_web.ui.settings import parse_form
+from bitnet_web.web.shared.settings import parse_form
 
 pytestmark = pytest.mark.browser
 
@@ -124,8 +124,8 @@ def test_quota_shortfall_is_reported_before_downloading(app, egress):
 
 
 def test_model_metadata_is_shown_as_text(app, site, test_files):
-    from bitnet_web.gguf import Keys
-    from bitnet_web.gguf_writer import random_bitnet_writer
+    from bitnet_web.convert.synthetic import random_bitnet_writer
+    from bitnet_web.formats.ggml import Keys
 
     hostile = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
     writer = random_bitnet_writer(str(test_files / "hostile.gguf"), dim=128, n_layers=1, n_heads=2,

@@ -199,8 +199,8 @@ _DECODE_RUNNER = """
 import json
 import numpy as np
 from bitnet_web.engine import Engine
-from bitnet_web.gguf import GGUFFile
-from bitnet_web.gguf_writer import random_bitnet_writer
+from bitnet_web.formats.gguf_reader import GGUFFile
+from bitnet_web.convert.synthetic import random_bitnet_writer
 from bitnet_web.gpu.browser import recorded_programs
 
 # Untied head: greedy tokens vary (a tied random model repeats its input). head_dim 128: attention

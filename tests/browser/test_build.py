@@ -55,7 +55,7 @@ def test_package_zip_holds_the_package_and_shaders(dist_dir):
         got = {name: zf.read(name) for name in zf.namelist()}
     assert got.keys() == expected.keys()
     assert all(got[k] == expected[k] for k in expected)
-    assert "bitnet_web/ui/worker.py" in got
+    assert "bitnet_web/web/worker/main.py" in got
 
 
 def test_models_manifest(dist_dir):
@@ -131,7 +131,7 @@ def test_pyodide_version_is_written_once_in_build_py():
 
 def test_no_html_insertion_in_the_app():
     """Untrusted text (model output, file metadata, URLs) must only ever be set as text."""
-    sources = list((ROOT / "app" / "bitnet_web" / "ui").glob("*.py")) + list((ROOT / "static").rglob("*.js"))
+    sources = list((ROOT / "app" / "bitnet_web" / "web").rglob("*.py")) + list((ROOT / "static").rglob("*.js"))
     html_sinks = re.compile(r"\.(innerHTML|outerHTML)\s*=|insertAdjacentHTML\s*\(|document\.write\s*\(|"
                             r"setHTMLUnsafe|createContextualFragment")
     for path in sources:

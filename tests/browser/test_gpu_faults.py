@@ -38,13 +38,13 @@ from browser_helpers import (
     worker_python,
 )
 
-from bitnet_web.ui.settings import parse_form
+from bitnet_web.web.shared.settings import parse_form
 
 pytestmark = [pytest.mark.browser, needs_engine]
 
 TINY = dict(dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256, vocab_size=300)
 SHORT = {**GREEDY_FORM, "max_tokens": "3"}
-DESTROY_DEVICE = ("from bitnet_web.ui import worker as w\n"
+DESTROY_DEVICE = ("from bitnet_web.web.worker import main as w\n"
                   "device = w._worker.engine.device\n"
                   "device._device.destroy()  # the JS GPUDevice: a loss the app did not cause\n"
                   "id(device)")
@@ -83,7 +83,7 @@ def adapter_binding_limit(page) -> int:
 
 
 def test_model_beyond_the_binding_limit_is_refused_before_any_upload(app, site, test_files):
-    from bitnet_web.gguf_writer import write_random_bitnet
+    from bitnet_web.convert.synthetic import write_random_bitnet
 
     limit = adapter_binding_limit(app)
     head_dim = TINY["dim"] // TINY["n_heads"]
@@ -100,13 +100,13 @@ def test_model_beyond_the_binding_limit_is_refused_before_any_upload(app, site, 
     after = gpu_counts(app)
     assert {k: after[k] - before[k] for k in ("buffers", "pipelines", "writes")} == \
         {"buffers": 0, "pipelines": 0, "writes": 0}, "GPU objects were created for a model that was refused"
-    assert worker_python(app, "from bitnet_web.ui import worker as w\nw._worker.engine.model is None")
+    assert worker_python(app, "from bitnet_web.web.worker import main as w\nw._worker.engine.model is None")
     screenshot(app, "failure-binding-limit")
 
 
 def test_a_weight_over_a_lowered_limit_is_named_before_any_upload(app, site, tiny_path):
     limit = 8192  # the fused ffn_gate + ffn_up codes need 2 * 256 * 128 / 4 = 16384 bytes
-    worker_python(app, "from bitnet_web.ui import worker as w\n"
+    worker_python(app, "from bitnet_web.web.worker import main as w\n"
                        f"w._worker.engine = w._worker.engine_module.Engine(max_binding_size={limit})")
     try:
         before = gpu_counts(app)
@@ -118,7 +118,7 @@ def test_a_weight_over_a_lowered_limit_is_named_before_any_upload(app, site, tin
         after = gpu_counts(app)
         assert after["buffers"] == before["buffers"] and after["writes"] == before["writes"]
     finally:
-        worker_python(app, "from bitnet_web.ui import worker as w\n"
+        worker_python(app, "from bitnet_web.web.worker import main as w\n"
                            "w._worker.engine = w._worker.engine_module.Engine()")
 
 
@@ -152,7 +152,7 @@ def test_device_lost_during_generation_then_reload_without_a_page_refresh(app, s
     assert app_state(app)["source"] == "cache"
     assert len(site.requests_for("/_test/" + tiny_path.name)) == downloads, "the model was downloaded again"
     assert not notice(app)["visible"]
-    new_device = worker_python(app, "from bitnet_web.ui import worker as w\n"
+    new_device = worker_python(app, "from bitnet_web.web.worker import main as w\n"
                                     "d = w._worker.engine.device\n(id(d), d.lost_reason)")
     assert new_device[0] != old_device and new_device[1] is None
 
@@ -171,4 +171,4 @@ def test_device_lost_while_idle_is_reported_at_once(app):
     assert app_state(app)["model"] == "lost"
     assert "GPU device was lost" in notice(app)["text"]
     assert app.is_disabled("#prompt") and app.is_disabled("#send")
-    assert worker_python(app, "from bitnet_web.ui import worker as w\nw._worker.loaded_key") is None
+    assert worker_python(app, "from bitnet_web.web.worker import main as w\nw._worker.loaded_key") is None

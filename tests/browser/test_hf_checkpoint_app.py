@@ -1,4 +1,4 @@
-"""The chat page with a Hugging Face checkpoint folder URL (ui/hf_download.py), in one browser context:
+"""The chat page with a Hugging Face checkpoint folder URL (checkpoint_downloader.py), in one browser context:
 fetched with one progress bar over all its files, converted in the worker, a greedy reply equal to the
 CPython engine's for the same folder, one row in the cache manager, a reload that loads it from
 IndexedDB with no request for it, one delete for all its files, and errors that name the missing or
@@ -41,9 +41,9 @@ from browser_helpers import (
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: hf_tiny
 from hf_tiny import build_tiny_bitnet  # noqa: E402
 
-from bitnet_web.ui.hf_download import as_checkpoint, is_checkpoint_model, visible_entries  # noqa: E402
-from bitnet_web.ui.progress import format_bytes  # noqa: E402
-from bitnet_web.ui.settings import parse_form  # noqa: E402
+from bitnet_web.web.shared.checkpoints import as_checkpoint, is_checkpoint_model, visible_entries  # noqa: E402
+from bitnet_web.web.shared.progress import format_bytes  # noqa: E402
+from bitnet_web.web.shared.settings import parse_form  # noqa: E402
 
 pytestmark = pytest.mark.browser
 

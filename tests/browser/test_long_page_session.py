@@ -35,12 +35,12 @@ pytestmark = [pytest.mark.browser, needs_engine]
 
 TURNS = 40
 # Positive control: a kept PyProxy and a kept JS object must show up in the census.
-HOLD = ("import js\nfrom pyodide.ffi import create_proxy\nimport bitnet_web.ui.jsutil as j\n"
+HOLD = ("import js\nfrom pyodide.ffi import create_proxy\nimport bitnet_web.web.shared.jsutil as j\n"
         "j._census_control = (create_proxy(lambda: None), js.Object.new())")
-RELEASE = "import bitnet_web.ui.jsutil as j\nj._census_control[0].destroy()\ndel j._census_control"
-CENSUS = "import json\nfrom bitnet_web.ui.jsutil import proxy_census\njson.dumps(proxy_census())"
-START_CENSUS = "from bitnet_web.ui.jsutil import start_proxy_census\nstart_proxy_census()"
-GPU_STATE = ("import json\nfrom bitnet_web.ui import worker as w\nd = w._worker.engine.device\n"
+RELEASE = "import bitnet_web.web.shared.jsutil as j\nj._census_control[0].destroy()\ndel j._census_control"
+CENSUS = "import json\nfrom bitnet_web.web.shared.jsutil import proxy_census\njson.dumps(proxy_census())"
+START_CENSUS = "from bitnet_web.web.shared.jsutil import start_proxy_census\nstart_proxy_census()"
+GPU_STATE = ("import json\nfrom bitnet_web.web.worker import main as w\nd = w._worker.engine.device\n"
              "json.dumps({'live_buffers': d.live_buffers, 'bytes': d.bytes_allocated})")
 
 
@@ -114,7 +114,7 @@ def stop_reply(page, when: str) -> dict:
 # the worker and the engine cleared their abort flags when the generation began).
 STOP_RIGHT_BEHIND = """
 import asyncio, json
-from bitnet_web.ui import chat_app
+from bitnet_web.web.page import chat_app
 client = chat_app._app.client
 queue = asyncio.Queue()
 req = client.send("chat", messages=[{"role": "user", "content": "never answer this"}],

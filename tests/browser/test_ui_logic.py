@@ -8,11 +8,19 @@ import json
 import numpy as np
 import pytest
 
-from bitnet_web.ui import failures, protocol
-from bitnet_web.ui.download import content_length, describe_non_gguf, is_strong_etag, parse_content_range
-from bitnet_web.ui.progress import RateMeter, format_bytes, format_duration, progress_text, stats_line
-from bitnet_web.ui.prompts import clip_to_context, summary_messages, turn_request
-from bitnet_web.ui.settings import DEFAULTS, FIELDS, SettingsError, greedy, parse_form, parse_value, to_engine_settings
+from bitnet_web.web.shared import failures, protocol
+from bitnet_web.web.shared.progress import RateMeter, format_bytes, format_duration, progress_text, stats_line
+from bitnet_web.web.shared.prompts import clip_to_context, summary_messages, turn_request
+from bitnet_web.web.shared.settings import (
+    DEFAULTS,
+    FIELDS,
+    SettingsError,
+    greedy,
+    parse_form,
+    parse_value,
+    to_engine_settings,
+)
+from bitnet_web.web.worker.downloader import content_length, describe_non_gguf, is_strong_etag, parse_content_range
 
 # -- protocol ----------------------------------------------------------------------------------------
 
@@ -122,7 +130,7 @@ def test_settings_parse_and_bounds():
 
 
 def test_settings_reach_the_engine_dataclass():
-    sampler = pytest.importorskip("bitnet_web.sampler")
+    sampler = pytest.importorskip("bitnet_web.text.sampler")
     s = to_engine_settings(greedy(20), sampler.SamplerSettings)
     assert s.temperature == 0 and s.top_k == 1 and s.seed == 0
     s = to_engine_settings(parse_form({"seed": ""}), sampler.SamplerSettings)
@@ -155,9 +163,9 @@ def test_non_gguf_description_names_html():
 
 
 def test_header_info_counts_match_the_file(tmp_path):
-    from bitnet_web.gguf import open_gguf, parse_header
-    from bitnet_web.gguf_writer import write_random_bitnet
-    from bitnet_web.ui.modelinfo import header_info, info_rows
+    from bitnet_web.convert.synthetic import write_random_bitnet
+    from bitnet_web.formats.gguf_reader import open_gguf, parse_header
+    from bitnet_web.web.shared.modelinfo import header_info, info_rows
 
     path = tmp_path / "m.gguf"
     size = write_random_bitnet(str(path), dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256,

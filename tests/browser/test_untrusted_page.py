@@ -36,10 +36,10 @@ from browser_helpers import (
     set_settings,
 )
 
-from bitnet_web.gguf import Keys
-from bitnet_web.gguf_writer import bytes_to_unicode, random_bitnet_writer
-from bitnet_web.tokenizer import TokenType
-from bitnet_web.ui.settings import parse_form
+from bitnet_web.convert.synthetic import bytes_to_unicode, random_bitnet_writer
+from bitnet_web.formats.ggml import Keys
+from bitnet_web.text.tokenizer import TokenType
+from bitnet_web.web.shared.settings import parse_form
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import test_untrusted_metadata as hostile  # noqa: E402  (tests/: the CPython side's builder)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from browser_helpers import LOCAL_PREFIXES, cpython_summary, engine_importable, needs_engine, screenshot
 
-from bitnet_web.ui.settings import greedy
+from bitnet_web.web.shared.settings import greedy
 
 pytestmark = pytest.mark.browser
 

@@ -13,7 +13,7 @@ import sys
 
 from bitnet_web import gpu
 from bitnet_web.engine import Engine
-from bitnet_web.model import BitNetModel
+from bitnet_web.model.forward import BitNetModel
 
 
 def main() -> None:

@@ -32,13 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "app"))
 
 from bitnet_web import gpu  # noqa: E402
 from bitnet_web.engine import Engine  # noqa: E402
+from bitnet_web.formats.quants import i2s_encode  # noqa: E402
 from bitnet_web.kernels import attention as attention_mod  # noqa: E402
 from bitnet_web.kernels import linear  # noqa: E402
 from bitnet_web.kernels.attention import Attention  # noqa: E402
 from bitnet_web.kernels.common import KernelCache, StepParams  # noqa: E402
 from bitnet_web.kernels.kv_cache import KVCache  # noqa: E402
 from bitnet_web.kernels.linear import TernaryLinear, TernaryMatrix, TernaryShapeError  # noqa: E402
-from bitnet_web.quants import i2s_encode  # noqa: E402
 
 TABLE: list[str] = []
 REPS, ROUNDS, CONTEXT, TOKENS = 10, 4, 4096, 1  # --smoke lowers them (TOKENS divides the engine's sizes)

@@ -29,12 +29,14 @@ sys.path.insert(0, str(REPO_ROOT / "app"))
 from model import BitNetConfig, BitNetLM, greedy_generate  # noqa: E402
 from train import CHECKPOINT_FORMAT, unpack_codes  # noqa: E402
 
-from bitnet_web.config import config_from_gguf  # noqa: E402
-from bitnet_web.gguf import GGMLType, Keys, open_gguf  # noqa: E402
-from bitnet_web.gguf_writer import GGUFWriter, bitnet_model_metadata  # noqa: E402
-from bitnet_web.quants import i2s_decode  # noqa: E402
-from bitnet_web.reference import ReferenceModel  # noqa: E402
-from bitnet_web.tokenizer import Tokenizer  # noqa: E402
+from bitnet_web.convert.synthetic import bitnet_model_metadata  # noqa: E402
+from bitnet_web.formats.ggml import GGMLType, Keys  # noqa: E402
+from bitnet_web.formats.gguf_reader import open_gguf  # noqa: E402
+from bitnet_web.formats.gguf_writer import GGUFWriter  # noqa: E402
+from bitnet_web.formats.quants import i2s_decode  # noqa: E402
+from bitnet_web.model.config import config_from_gguf  # noqa: E402
+from bitnet_web.model.reference import ReferenceModel  # noqa: E402
+from bitnet_web.text.tokenizer import Tokenizer  # noqa: E402
 
 ARCH = "bitnet-b1.58"
 DEFAULT_NAME = "bitnet-pystdlib-27m-i2_s"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import gpu
-from ..sampler import GPU_PENALTY_WINDOW_MAX, GPU_TOP_K_MAX, SamplerSettings
+from ..text.sampler import GPU_PENALTY_WINDOW_MAX, GPU_TOP_K_MAX, SamplerSettings
 from .common import KernelCache, ceil_div
 
 SORT_WIDTH = 1024  # pairs sorted per workgroup (8 KB of workgroup memory)

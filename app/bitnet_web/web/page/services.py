@@ -7,7 +7,7 @@ from typing import Any
 
 import js
 
-from .progress import format_bytes
+from ..shared.progress import format_bytes
 
 CUSTOM = "custom"
 
@@ -109,7 +109,7 @@ async def register_service_worker(root_url: str) -> str:
     if container is None:
         return "Offline use unavailable (no service worker support in this context)"
     try:
-        from .jsutil import js_obj
+        from ..shared.jsutil import js_obj
         await container.register(root_url + "sw.js", js_obj({"scope": root_url}))
         await container.ready
     except Exception as e:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the page imports this module without numpy; only the worker parses GGUF
-    from ..gguf import GGUFFile
+    from ...formats.gguf_reader import GGUFFile
 
 _TEXT_LIMIT = 200  # a hostile file may carry megabytes of "name"
 
@@ -29,7 +29,7 @@ def _int(value: object) -> int | None:
 
 def header_info(gguf: GGUFFile, file_size: int | None) -> dict[str, Any]:
     """What the page shows about a model before (or without) the engine: from the header alone."""
-    from ..gguf import Keys
+    from ...formats.ggml import Keys
 
     md = gguf.metadata
     arch = gguf.architecture

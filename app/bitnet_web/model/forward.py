@@ -29,19 +29,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import gpu
+from .. import gpu
+from ..formats.ggml import GGMLType
+from ..formats.gguf_reader import GGUFFile
+from ..formats.quants import i2s_encode, ternarize
+from ..kernels.attention import Attention, AttentionScratch
+from ..kernels.common import KernelCache, StepParams
+from ..kernels.embedding import Argmax, EmbeddingLookup, F16Matrix, Int8Matrix, LMHead
+from ..kernels.kv_cache import KVCache
+from ..kernels.linear import NormTernaryLinear, TernaryMatrix
+from ..kernels.norm import RMSNorm
+from ..kernels.rope import RopeKV, RopeTable
+from ..kernels.sampling import GPUSampler
+from ..text.sampler import SamplerSettings
 from .config import ModelConfig
-from .gguf import GGMLType, GGUFFile
-from .kernels.attention import Attention, AttentionScratch
-from .kernels.common import KernelCache, StepParams
-from .kernels.embedding import Argmax, EmbeddingLookup, F16Matrix, Int8Matrix, LMHead
-from .kernels.kv_cache import KVCache
-from .kernels.linear import NormTernaryLinear, TernaryMatrix
-from .kernels.norm import RMSNorm
-from .kernels.rope import RopeKV, RopeTable
-from .kernels.sampling import GPUSampler
-from .quants import i2s_encode, ternarize
-from .sampler import SamplerSettings
 
 ProgressCallback = Callable[[str, int, int], None]
 

@@ -30,7 +30,7 @@ from typing import Any
 import js
 from pyodide.ffi import JsException, JsProxy, create_once_callable, create_proxy
 
-from .jsutil import error_message, error_name, js_obj, sha256_hex
+from ..shared.jsutil import error_message, error_name, js_obj, sha256_hex
 
 DB_NAME = "bitnet-web-models"
 DB_VERSION = 1

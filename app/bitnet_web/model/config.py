@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .gguf import GGMLType, GGUFError, GGUFFile, Keys
+from ..formats.ggml import GGMLType, GGUFError, Keys
+from ..formats.gguf_reader import GGUFFile
 
 ARCH_TRAITS: dict[str, dict[str, object]] = {
     # arch: activation, rope_style, sub-norms required (True) or optional (None)

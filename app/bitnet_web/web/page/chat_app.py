@@ -21,15 +21,15 @@ from typing import Any
 
 import js
 
-from . import page
+from ..shared.checkpoints import LOSSY_FIELD, as_checkpoint
+from ..shared.failures import describe
+from ..shared.modelinfo import info_rows
+from ..shared.progress import RateMeter, fraction, progress_text, stats_line
+from ..shared.prompts import turn_request
+from ..shared.settings import DEFAULT_SYSTEM_PROMPT, FIELDS, SettingsError, parse_form
+from . import services
 from .client import EngineClient, shared_client, site_root
 from .dom import Listeners, append_text, by_id, clear, el, render_failure, set_text, show
-from .failures import describe
-from .hf_download import LOSSY_FIELD, as_checkpoint
-from .modelinfo import info_rows
-from .progress import RateMeter, fraction, progress_text, stats_line
-from .prompts import turn_request
-from .settings import DEFAULT_SYSTEM_PROMPT, FIELDS, SettingsError, parse_form
 
 LAST_MODEL_KEY = "bitnet-web:last-model"
 
@@ -61,7 +61,7 @@ class ChatApp:
     async def start(self) -> None:
         self._state(engine="starting", model="none", busy="0")
         self._status("Checking WebGPU…")
-        kind, gpu_text = await page.probe_webgpu()
+        kind, gpu_text = await services.probe_webgpu()
         asyncio.ensure_future(self._offline())
         if kind is not None:
             self._state(engine="failed")
@@ -73,7 +73,7 @@ class ChatApp:
         self._build_settings()
         self._bind()
         try:
-            self.manifest = await page.fetch_json(self.root_url + "models/models.json")
+            self.manifest = await services.fetch_json(self.root_url + "models/models.json")
         except Exception as e:
             self._notice("download", f"The model list could not be read: {e}")
         self._fill_model_select()
@@ -109,7 +109,7 @@ class ChatApp:
         set_text(self.n["status"], text)
 
     async def _offline(self) -> None:
-        text = await page.register_service_worker(self.root_url)
+        text = await services.register_service_worker(self.root_url)
         set_text(self.n["offline-status"], text)
         self.n["offline-status"].setAttribute("data-ready", "1" if text == "Available offline" else "0")
 
@@ -145,7 +145,7 @@ class ChatApp:
         clear(select)
         known = set()
         for entry in self.manifest.get("models", []):
-            d = page.model_descriptor(entry, self.root_url)
+            d = services.model_descriptor(entry, self.root_url)
             known.add(d["key"])
             label = entry.get("name") or d["url"]
             if entry.get("bundled"):
@@ -155,39 +155,39 @@ class ChatApp:
             if entry["key"] not in known:
                 select.append(el("option", f"Cached: {entry.get('name') or entry['key']}",
                                  attrs={"value": entry["key"]}))
-        select.append(el("option", "Custom URL…", attrs={"value": page.CUSTOM}))
+        select.append(el("option", "Custom URL…", attrs={"value": services.CUSTOM}))
         self._on_model_change()
 
     def _on_model_change(self) -> None:
         value = str(self.n["model-select"].value)
-        show(self.n["custom-url-row"], value == page.CUSTOM)
+        show(self.n["custom-url-row"], value == services.CUSTOM)
         entry = next((m for m in self.manifest.get("models", [])
-                      if page.model_descriptor(m, self.root_url)["key"] == value), None)
+                      if services.model_descriptor(m, self.root_url)["key"] == value), None)
         set_text(self.n["model-desc"], (entry or {}).get("description") or "")
 
     def _pick_start_model(self) -> None:
         last = js.localStorage.getItem(LAST_MODEL_KEY)
         complete = {e["key"] for e in self.cached if e.get("complete")}
-        bundled = {page.model_descriptor(m, self.root_url)["key"] for m in self.manifest.get("models", [])
+        bundled = {services.model_descriptor(m, self.root_url)["key"] for m in self.manifest.get("models", [])
                    if m.get("bundled")}
         if last is not None and (str(last) in complete or str(last) in bundled):
             self.n["model-select"].value = str(last)
         elif self.manifest.get("models"):
             default = next((m for m in self.manifest["models"] if m.get("id") == self.manifest.get("default")),
                            self.manifest["models"][0])
-            self.n["model-select"].value = page.model_descriptor(default, self.root_url)["key"]
+            self.n["model-select"].value = services.model_descriptor(default, self.root_url)["key"]
         self._on_model_change()
 
     def _selected_model(self) -> dict[str, Any]:
         value = str(self.n["model-select"].value)
-        if value == page.CUSTOM:
+        if value == services.CUSTOM:
             # a folder URL (Hugging Face checkpoint) or a GGUF file URL
-            model = as_checkpoint(page.custom_descriptor(str(self.n["custom-url"].value)))
+            model = as_checkpoint(services.custom_descriptor(str(self.n["custom-url"].value)))
             if model.get("format") == "hf" and by_id("lossy-ternarize").checked:
                 model[LOSSY_FIELD] = True  # explicit opt-in, labelled EXPERIMENTAL, LOSSY in the page
             return model
         for entry in self.manifest.get("models", []):
-            d = page.model_descriptor(entry, self.root_url)
+            d = services.model_descriptor(entry, self.root_url)
             if d["key"] == value:
                 return d
         for entry in self.cached:
@@ -209,7 +209,7 @@ class ChatApp:
         cached = next((e for e in self.cached if e["key"] == model["key"]), None)
         if not (cached and cached.get("complete")):
             needed = (model.get("size") or model.get("size_hint") or 0) - (cached or {}).get("stored", 0)
-            shortfall = await page.storage_shortfall(needed)
+            shortfall = await services.storage_shortfall(needed)
             if shortfall:
                 self._show_error({"kind": "quota", "message": shortfall})
                 self._state(model="error")
@@ -436,7 +436,7 @@ class ChatApp:
             self._render_cache(await self.client.list_models())
 
     def _render_cache(self, msg: dict[str, Any]) -> None:
-        from .progress import format_bytes
+        from ..shared.progress import format_bytes
         self.cached = msg.get("entries") or []
         box = self.n["cache-list"]
         self.cache_listeners.clear()
@@ -470,7 +470,7 @@ class ChatApp:
             self._render_cache(await self.client.delete_model(key))
 
     async def _persist(self, quiet: bool = False) -> None:
-        granted = await page.request_persistence()
+        granted = await services.request_persistence()
         text = {True: "Stored models are kept (persistent storage granted).",
                 False: "The browser may evict stored models when space runs low (persistent storage "
                        "was not granted).",
@@ -519,7 +519,7 @@ class ChatApp:
         if any(str(o.value) == key for o in select.options):
             select.value = key
         elif key:
-            select.value = page.CUSTOM
+            select.value = services.CUSTOM
             self.n["custom-url"].value = key
         self._on_model_change()
         await self.load_selected()

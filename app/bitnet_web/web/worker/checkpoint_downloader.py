@@ -1,10 +1,6 @@
-"""Hugging Face checkpoint folders in the app: recognised on the page, fetched, cached and converted in the worker.
+"""Hugging Face checkpoint folders in the worker: fetched, cached and converted (the page side: shared/checkpoints.py).
 
-Page (main thread, no numpy): `as_checkpoint(descriptor)` turns a model URL that names a folder
-(https://huggingface.co/ORG/NAME, .../tree/REV, a .../resolve/REV/ base, any URL ending in '/') into a
-checkpoint descriptor: key and url are the folder's base URL (ending in '/'), format 'hf'.
-
-Worker: `CheckpointDownloader(store, emit).load(model)` -> (group meta, GGUFFile, "cache" | "network").
+ `CheckpointDownloader(store, emit).load(model)` -> (group meta, GGUFFile, "cache" | "network").
   1. config.json is fetched first and checked (`hf_checkpoint.check_config`): a missing config.json or an
      unsupported model is refused before any weights are fetched.
   2. A HEAD request per file decides what the folder holds (model.safetensors.index.json -> its shards,
@@ -28,11 +24,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..hf_urls import checkpoint_base_url, checkpoint_name
-from .download import DownloadCancelled, DownloadError
+from ...convert.hf_urls import checkpoint_name
+from ..shared.checkpoints import FORMAT, LOSSY_FIELD, part_keys
+from .downloader import DownloadCancelled, DownloadError
 
-FORMAT = "hf"
-LOSSY_FIELD = "allow_lossy_ternarization"  # in the page's model descriptor: the person's explicit opt-in
 PROGRESS_EVERY_S = 0.1
 _MISSING = object()  # a HEAD answer of 404 / 410 for an optional file
 
@@ -48,33 +43,8 @@ class EngineMissingError(Exception):
 
 
 # -------------------------------------------------------------------------------------------------
-# Page side and listing (pure Python)
+# Listing
 # -------------------------------------------------------------------------------------------------
-
-def as_checkpoint(descriptor: dict[str, Any]) -> dict[str, Any]:
-    """The page's model descriptor for a URL: a checkpoint folder's if the URL names one, else unchanged."""
-    base = checkpoint_base_url(str(descriptor.get("url") or ""))
-    if base is None:
-        return descriptor
-    return {**descriptor, "key": base, "url": base, "name": checkpoint_name(base), "format": FORMAT}
-
-
-def is_checkpoint_model(model: dict[str, Any]) -> bool:
-    """True for a checkpoint descriptor, also one rebuilt from a cache entry (its url is the base URL)."""
-    url = str(model.get("url") or "")
-    return model.get("format") == FORMAT or (bool(url) and checkpoint_base_url(url) == url)
-
-
-def part_keys(group: dict[str, Any]) -> list[str]:
-    """The cache keys of a group's files."""
-    return [group["key"] + f["name"] for f in group.get("files") or []]
-
-
-def visible_entries(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Cache entries as the cache manager lists them: a checkpoint's files are inside its group's row."""
-    parts = {k for e in entries if e.get("format") == FORMAT for k in part_keys(e)}
-    return [e for e in entries if e["key"] not in parts]
-
 
 async def delete_entry(store: Any, key: str) -> None:
     """Delete a cache entry; for a checkpoint group, its files first (so no file outlives its group)."""
@@ -123,7 +93,7 @@ class CheckpointDownloader:
 
     async def load(self, model: dict[str, Any]) -> tuple[dict[str, Any], Any, str]:
         """(group meta, GGUFFile, "cache" | "network") for a checkpoint descriptor."""
-        from .model_store import CorruptEntryError
+        from .store import CorruptEntryError
 
         for attempt in (1, 2):  # a damaged or evicted file is fetched once more
             group, source = await self.ensure_cached(model)
@@ -145,7 +115,7 @@ class CheckpointDownloader:
                 except Exception:
                     pass  # the conversion error is the one to report
             raise
-        from .modelinfo import header_info
+        from ..shared.modelinfo import header_info
         group["header"] = header_info(gguf, group.get("total"))
         if allow_lossy and not group.get(LOSSY_FIELD) and group["header"].get("lossy"):
             group[LOSSY_FIELD] = True
@@ -156,7 +126,7 @@ class CheckpointDownloader:
     # -- fetching ---------------------------------------------------------------------------------
 
     async def ensure_cached(self, model: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        from .jsutil import WebLock
+        from ..shared.jsutil import WebLock
 
         def waiting() -> None:
             self.emit({"event": "log", "message": "another tab is downloading this model: waiting for it"})
@@ -193,7 +163,7 @@ class CheckpointDownloader:
 
     async def _plan(self, group: dict[str, Any], model: dict[str, Any]) -> None:
         """Fetch and check config.json, find the weight files, learn every file's size."""
-        from ..hf_checkpoint import (
+        from ...convert.hf_checkpoint import (
             CONFIG_FILE,
             INDEX_FILE,
             OPTIONAL_FILES,
@@ -203,7 +173,7 @@ class CheckpointDownloader:
             check_config,
             files_to_fetch,
         )
-        from ..safetensors import SafetensorsError
+        from ...formats.safetensors import SafetensorsError
 
         base = group["url"]
         why = {CONFIG_FILE: f"there is no {CONFIG_FILE}, so {base} is not a Hugging Face checkpoint folder",
@@ -254,8 +224,8 @@ class CheckpointDownloader:
         import js
         from pyodide.ffi import JsException
 
-        from .download import content_length
-        from .jsutil import error_message, js_obj
+        from ..shared.jsutil import error_message, js_obj
+        from .downloader import content_length
 
         if self.cancel_requested:
             raise self._cancelled()
@@ -276,7 +246,7 @@ class CheckpointDownloader:
 
     async def _fetch(self, group: dict[str, Any], f: dict[str, Any]) -> dict[str, Any]:
         """One file into its own cache entry through ModelDownloader; progress over the whole checkpoint."""
-        from .download import ModelDownloader
+        from .downloader import ModelDownloader
 
         if self.cancel_requested:
             raise self._cancelled()
@@ -336,7 +306,7 @@ class CheckpointDownloader:
         """Every file of a complete group as a numpy uint8 array, checked chunk by chunk."""
         import numpy as np
 
-        from .model_store import CorruptEntryError
+        from .store import CorruptEntryError
 
         total = sum(int(f["size"]) for f in group["files"])
         done = 0
@@ -365,7 +335,7 @@ class CheckpointDownloader:
         return buffers
 
     def _convert(self, group: dict[str, Any], buffers: dict[str, Any], allow_lossy: bool) -> Any:
-        from ..hf_checkpoint import CheckpointFiles, load_files
+        from ...convert.hf_checkpoint import CheckpointFiles, load_files
 
         files = CheckpointFiles(group["name"], buffers=buffers, source=group["url"])
         gguf = load_files(files, allow_lossy_ternarization=allow_lossy,

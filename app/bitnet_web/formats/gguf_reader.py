@@ -20,171 +20,34 @@ Length fields are checked against the bytes that remain before anything is alloc
 from __future__ import annotations
 
 import struct
-from enum import IntEnum
 from typing import NamedTuple
 
 import numpy as np
 
-GGUF_MAGIC = b"GGUF"
-GGUF_DEFAULT_ALIGNMENT = 32
-SUPPORTED_VERSIONS = (2, 3)
-GGML_MAX_DIMS = 4
-# Arrays of arrays are legal GGUF, but real files nest at most once; a hostile file could nest
-# thousands deep (12 bytes per level) and exhaust Python's recursion limit.
-GGUF_MAX_ARRAY_NESTING = 16
-
-
-# ---------------------------------------------------------------------------------------------
-# Errors
-# ---------------------------------------------------------------------------------------------
-
-class GGUFError(Exception):
-    """Any problem with a GGUF file. Messages name the byte offset and the field."""
-
-
-class GGUFTruncatedError(GGUFError):
-    """The file ends before a field it announces."""
-
-
-class GGUFFormatError(GGUFError):
-    """The bytes are not a valid GGUF file (bad magic, lying lengths, overlapping tensors...)."""
-
-
-class GGUFUnsupportedError(GGUFError):
-    """A valid file using something this reader does not handle (version 1, unknown tensor type)."""
-
-
-class GGUFLengthError(GGUFTruncatedError, GGUFFormatError):
-    """A length or count field claims more bytes than remain: a truncated file or a lying field.
-
-    Raised before anything proportional to the claimed length is allocated.
-    """
+from . import quants
+from .ggml import (
+    GGML_BLOCK_SIZES,
+    GGML_MAX_DIMS,
+    GGUF_DEFAULT_ALIGNMENT,
+    GGUF_MAGIC,
+    GGUF_MAX_ARRAY_NESTING,
+    MIN_VALUE_BYTES,
+    SUPPORTED_VERSIONS,
+    VALUE_DTYPES,
+    GGMLType,
+    GGUFError,
+    GGUFFormatError,
+    GGUFLengthError,
+    GGUFTruncatedError,
+    GGUFUnsupportedError,
+    GGUFValueType,
+    Keys,
+    tensor_nbytes,
+)
 
 
 class _NeedMore(Exception):
     """Internal: the prefix ends before the field; more of the download is needed."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Type tables
-# ---------------------------------------------------------------------------------------------
-
-class GGUFValueType(IntEnum):
-    UINT8 = 0
-    INT8 = 1
-    UINT16 = 2
-    INT16 = 3
-    UINT32 = 4
-    INT32 = 5
-    FLOAT32 = 6
-    BOOL = 7
-    STRING = 8
-    ARRAY = 9
-    UINT64 = 10
-    INT64 = 11
-    FLOAT64 = 12
-
-
-# Fixed-size value types -> little-endian numpy dtype.
-VALUE_DTYPES: dict[GGUFValueType, np.dtype] = {
-    GGUFValueType.UINT8: np.dtype("<u1"),
-    GGUFValueType.INT8: np.dtype("<i1"),
-    GGUFValueType.UINT16: np.dtype("<u2"),
-    GGUFValueType.INT16: np.dtype("<i2"),
-    GGUFValueType.UINT32: np.dtype("<u4"),
-    GGUFValueType.INT32: np.dtype("<i4"),
-    GGUFValueType.FLOAT32: np.dtype("<f4"),
-    GGUFValueType.BOOL: np.dtype("<u1"),
-    GGUFValueType.UINT64: np.dtype("<u8"),
-    GGUFValueType.INT64: np.dtype("<i8"),
-    GGUFValueType.FLOAT64: np.dtype("<f8"),
-}
-
-# Smallest encoding of one value of each type, used to reject lying array lengths before reading.
-MIN_VALUE_BYTES: dict[GGUFValueType, int] = {
-    **{t: d.itemsize for t, d in VALUE_DTYPES.items()},
-    GGUFValueType.STRING: 8,            # u64 length, empty string
-    GGUFValueType.ARRAY: 4 + 8,         # u32 element type + u64 count, empty array
-}
-
-
-class GGMLType(IntEnum):
-    F32 = 0
-    F16 = 1
-    Q8_0 = 8
-    BF16 = 30
-    TQ1_0 = 34
-    TQ2_0 = 35
-    I2_S = 36      # bitnet.cpp fork only: upstream ggml does not know 36
-
-
-QK_K = 256
-# type -> (values per block, bytes per block). I2_S is not block-quantized in this sense: it packs
-# 4 values per byte and appends one float32 scale plus padding per TENSOR (see tensor_nbytes).
-GGML_BLOCK_SIZES: dict[GGMLType, tuple[int, int]] = {
-    GGMLType.F32: (1, 4),
-    GGMLType.F16: (1, 2),
-    GGMLType.BF16: (1, 2),
-    GGMLType.Q8_0: (32, 2 + 32),                          # f16 d + 32 x int8
-    GGMLType.TQ1_0: (QK_K, (QK_K - 4 * QK_K // 64) // 5 + QK_K // 64 + 2),   # qs[48] + qh[4] + f16 d
-    GGMLType.TQ2_0: (QK_K, QK_K // 4 + 2),                # qs[64] + f16 d
-    GGMLType.I2_S: (4, 1),                                # + 32 bytes per tensor
-}
-I2S_TAIL_BYTES = 32   # float32 scale + 28 bytes padding after the packed codes
-
-
-def tensor_nbytes(ggml_type: GGMLType, n_elements: int) -> int:
-    """Bytes a tensor of `n_elements` values occupies (without alignment padding)."""
-    block, type_size = GGML_BLOCK_SIZES[ggml_type]
-    n = n_elements // block * type_size
-    if ggml_type == GGMLType.I2_S:
-        n += I2S_TAIL_BYTES
-    return n
-
-
-# ---------------------------------------------------------------------------------------------
-# Metadata keys (one namespace; "{arch}" is replaced by general.architecture)
-# ---------------------------------------------------------------------------------------------
-
-class Keys:
-    ARCHITECTURE = "general.architecture"
-    NAME = "general.name"
-    ALIGNMENT = "general.alignment"
-    FILE_TYPE = "general.file_type"
-    QUANTIZATION_VERSION = "general.quantization_version"
-
-    VOCAB_SIZE = "{arch}.vocab_size"
-    CONTEXT_LENGTH = "{arch}.context_length"
-    EMBEDDING_LENGTH = "{arch}.embedding_length"
-    BLOCK_COUNT = "{arch}.block_count"
-    FEED_FORWARD_LENGTH = "{arch}.feed_forward_length"
-    HEAD_COUNT = "{arch}.attention.head_count"
-    HEAD_COUNT_KV = "{arch}.attention.head_count_kv"
-    KEY_LENGTH = "{arch}.attention.key_length"
-    VALUE_LENGTH = "{arch}.attention.value_length"
-    LAYERNORM_RMS_EPS = "{arch}.attention.layer_norm_rms_epsilon"
-    ROPE_DIMENSION_COUNT = "{arch}.rope.dimension_count"
-    ROPE_FREQ_BASE = "{arch}.rope.freq_base"
-
-    TOKENIZER_MODEL = "tokenizer.ggml.model"
-    TOKENIZER_PRE = "tokenizer.ggml.pre"
-    TOKENS = "tokenizer.ggml.tokens"
-    TOKEN_TYPE = "tokenizer.ggml.token_type"
-    SCORES = "tokenizer.ggml.scores"
-    MERGES = "tokenizer.ggml.merges"
-    BOS_ID = "tokenizer.ggml.bos_token_id"
-    EOS_ID = "tokenizer.ggml.eos_token_id"
-    EOT_ID = "tokenizer.ggml.eot_token_id"
-    UNK_ID = "tokenizer.ggml.unknown_token_id"
-    PAD_ID = "tokenizer.ggml.padding_token_id"
-    ADD_BOS = "tokenizer.ggml.add_bos_token"
-    ADD_EOS = "tokenizer.ggml.add_eos_token"
-    CHAT_TEMPLATE = "tokenizer.chat_template"
-
-    @staticmethod
-    def arch(key: str, arch: str) -> str:
-        """Fill in the architecture prefix: Keys.arch(Keys.BLOCK_COUNT, 'bitnet-b1.58')."""
-        return key.format(arch=arch)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -463,7 +326,6 @@ class GGUFFile:
             return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(info.shape)
         if t == GGMLType.Q8_0:
             return _q8_0_decode(raw, info.n_elements).reshape(info.shape)
-        from . import quants
         if t == GGMLType.I2_S:
             values, scale = self.ternary(name)
             return values.astype(np.float32) * np.float32(scale)
@@ -475,7 +337,6 @@ class GGUFFile:
 
     def ternary(self, name: str) -> tuple[np.ndarray, float]:
         """(int8 values -1/0/+1 in shape, per-tensor scale) of an I2_S, TQ1_0 or TQ2_0 tensor."""
-        from . import quants
         info = self._info(name)
         raw = self.tensor_bytes(name)
         where = f"{self.source}: tensor {name!r} at byte offset {info.offset}"
@@ -487,7 +348,6 @@ class GGUFFile:
 
     def i2s_scale(self, name: str) -> float:
         """The per-tensor float32 scale of an I2_S tensor, checked finite (cheap: reads 4 bytes)."""
-        from . import quants
         info = self._info(name)
         where = f"{self.source}: tensor {name!r} at byte offset {info.offset}"
         return quants.i2s_scale(self.tensor_bytes(name), info.n_elements, where=where)

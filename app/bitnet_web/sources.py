@@ -1,6 +1,6 @@
 """Model download for the CLI (CPython): cached on disk, resumed with HTTP Range after an interruption.
 
-The browser has its own downloader (ui/), which stores into IndexedDB; this one writes
+The browser has its own downloader (web/worker/), which stores into IndexedDB; this one writes
 `~/.cache/bitnet-web/models/<name>`, keeping a `.part` file until the size matches the server's.
 """
 

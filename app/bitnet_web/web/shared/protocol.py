@@ -9,7 +9,7 @@ Page -> worker: {"op": ..., "id": int, ...}
   list_models                            -> models
   delete_model  key                      -> models
   load          model {key,url,name,size,sha256}, id -> progress*, header?, loaded | error
-                (a checkpoint folder also has format "hf" and maybe allow_lossy_ternarization: hf_download)
+                (a checkpoint folder also has format "hf" and maybe allow_lossy_ternarization: shared/checkpoints.py)
   cancel_load                            (the running load ends with error kind "cancelled")
   chat          messages, settings, id   -> piece*, done | error
   complete      prompt, settings, id     -> piece*, done | error

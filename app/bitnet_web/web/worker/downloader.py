@@ -17,7 +17,7 @@ One `ModelDownloader.ensure_cached(model)` call ends with a complete cache entry
 - `cancel()` (Cancel, or Delete in the cache manager) ends the transfer with DownloadCancelled;
   writes to an entry deleted meanwhile (any tab) fail with model_store.EntryDeletedError.
 
-Model format "raw" (a checkpoint's JSON and safetensors files, ui/hf_download.py): no GGUF checks.
+Model format "raw" (a checkpoint's JSON and safetensors files, web/worker/checkpoint_downloader.py): no GGUF checks.
 
 Test hooks (browser tests set them in the worker with Playwright's Worker.evaluate):
 `self.bitnetWebTestHooks = {chunkBytes: N}` stores chunks of N bytes (multi-chunk files from small
@@ -171,7 +171,7 @@ class ModelDownloader:
 
         Holds a Web Lock on the model's key: a second tab loading the same model waits for the
         first to finish and then finds it cached, instead of writing the same entry at once."""
-        from .jsutil import WebLock
+        from ..shared.jsutil import WebLock
 
         def waiting() -> None:
             self.emit({"event": "log", "message": "another tab is downloading this model: waiting for it"})
@@ -223,7 +223,7 @@ class ModelDownloader:
                 delay = RESUME_BACKOFF_S[min(attempts - 1, len(RESUME_BACKOFF_S) - 1)]
                 self.emit({"event": "log", "message": f"{e}; resuming at byte {meta['stored']:,} "
                                                       f"in {delay:g} s (retry {attempts})"})
-                from .jsutil import sleep_promise
+                from ..shared.jsutil import sleep_promise
                 await sleep_promise(delay)
                 if self.cancel_requested:
                     raise self._cancelled() from None
@@ -240,7 +240,7 @@ class ModelDownloader:
         data_end = meta.get("data_end")
         if meta.get("header") is not None and (data_end is None or int(data_end) <= int(meta["stored"])):
             return
-        from ..gguf import GGUFTruncatedError
+        from ...formats.ggml import GGUFTruncatedError
         await self.store.delete(meta["key"])  # a damaged file: nothing of it is worth keeping
         if meta.get("header") is None:
             raise GGUFTruncatedError(f"{meta['url']}: the GGUF header could not be read from the "
@@ -253,7 +253,7 @@ class ModelDownloader:
         import js
         from pyodide.ffi import JsException
 
-        from .jsutil import error_message, js_obj
+        from ..shared.jsutil import error_message, js_obj
 
         url = model["url"]
         start = int(meta["stored"])
@@ -337,9 +337,9 @@ class ModelDownloader:
         import js
         from pyodide.ffi import JsException
 
-        from .jsutil import error_message
+        from ..shared.jsutil import error_message
 
-        # format "raw" (a checkpoint's JSON and safetensors files, ui/hf_download.py): no GGUF checks
+        # format "raw" (a checkpoint's JSON and safetensors files, web/worker/checkpoint_downloader.py): no GGUF checks
         gguf = model.get("format") != "raw"
         pending = restart_fields
         if pending is not None and not gguf:
@@ -422,7 +422,7 @@ class ModelDownloader:
         self._progress(int(meta["stored"]), meta["total"], force=True)
 
     async def _stored_prefix(self, meta: dict[str, Any]) -> bytes:
-        from .model_store import CorruptEntryError
+        from .store import CorruptEntryError
         try:
             return await self.store.read_prefix(meta, HEADER_LIMIT)
         except CorruptEntryError as e:
@@ -436,8 +436,9 @@ class ModelDownloader:
         """Parse the header from the bytes so far; True once parsed (and announced)."""
         import numpy as np
 
-        from ..gguf import GGUFTruncatedError, parse_header
-        from .modelinfo import header_info
+        from ...formats.ggml import GGUFTruncatedError
+        from ...formats.gguf_reader import parse_header
+        from ..shared.modelinfo import header_info
 
         data = np.frombuffer(bytes(prefix), dtype=np.uint8)
         gguf = parse_header(data, meta["total"])
@@ -485,7 +486,7 @@ async def _check_quota(needed: int) -> None:
         return
     free = int(quota) - int(usage)
     if needed > free:
-        from .progress import format_bytes
+        from ..shared.progress import format_bytes
         raise QuotaError(f"the model needs {format_bytes(needed)} more of browser storage but only "
                          f"{format_bytes(max(0, free))} is available (quota {format_bytes(int(quota))})")
 

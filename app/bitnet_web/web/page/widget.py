@@ -6,7 +6,7 @@ Embed (see README "Embed the widget"):
     <div id="tldr"></div>
     <script type="py" config='{"interpreter": "BASE/pyodide/pyodide.mjs",
                                "files": {"BASE/bitnet_web.zip": "./*"}}'>
-    from bitnet_web.ui.widget import mount_tldr
+    from bitnet_web.web.page.widget import mount_tldr
     mount_tldr("#tldr", root="BASE/")
     </script>
 
@@ -21,13 +21,13 @@ from typing import Any
 
 import js
 
-from . import page
+from ..shared.failures import describe
+from ..shared.progress import progress_text, stats_line
+from ..shared.prompts import clip_to_context, summary_messages, summary_prompt
+from ..shared.settings import greedy
+from . import services
 from .client import EngineClient, shared_client, site_root
 from .dom import Listeners, append_text, clear, el, set_text
-from .failures import describe
-from .progress import progress_text, stats_line
-from .prompts import clip_to_context, summary_messages, summary_prompt
-from .settings import greedy
 
 MAX_TOKEN_CHOICES = (16, 32, 64, 128, 256)
 
@@ -76,7 +76,7 @@ class TldrWidget:
         self._state("error")
 
     async def start(self) -> None:
-        kind, text = await page.probe_webgpu()
+        kind, text = await services.probe_webgpu()
         if kind is not None:
             self._fail(kind, text)
             return
@@ -85,7 +85,7 @@ class TldrWidget:
         if ready["event"] == "error":
             self._fail(ready.get("kind", "worker_start"), ready.get("message", ""))
             return
-        asyncio.ensure_future(page.register_service_worker(self.root_url))
+        asyncio.ensure_future(services.register_service_worker(self.root_url))
         self.client.listeners.append(self._on_worker_event)
         if await self._load_model():
             self.button.disabled = False
@@ -117,9 +117,9 @@ class TldrWidget:
 
     async def _model(self) -> dict[str, Any] | None:
         if self.model_url:
-            return page.custom_descriptor(str(js.URL.new(self.model_url, self.root_url).href))
+            return services.custom_descriptor(str(js.URL.new(self.model_url, self.root_url).href))
         try:
-            manifest = await page.fetch_json(self.root_url + "models/models.json")
+            manifest = await services.fetch_json(self.root_url + "models/models.json")
         except Exception as e:
             self._fail("download", f"the model list could not be read: {e}")
             return None
@@ -128,7 +128,7 @@ class TldrWidget:
         if entry is None:
             self._fail("download", "the model list is empty")
             return None
-        return page.model_descriptor(entry, self.root_url)
+        return services.model_descriptor(entry, self.root_url)
 
     async def summarize(self) -> None:
         if self.busy or self.client is None:

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..formats.ggml import GGMLType
+from ..formats.gguf_reader import GGUFFile
+from ..formats.quants import ternarize
 from .config import ModelConfig, config_from_gguf
-from .gguf import GGMLType, GGUFFile
-from .quants import ternarize
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 import js
 from pyodide.ffi import create_proxy
 
-from . import protocol
+from ..shared import protocol
 
 FINAL_EVENTS = {"ready", "models", "loaded", "done", "error", "fatal"}
 

@@ -22,18 +22,13 @@ import js
 import numpy as np
 from pyodide.ffi import create_proxy
 
-from . import protocol
-from .download import ModelDownloader, testing_hooks
-from .failures import describe, failure_event
-from .hf_download import (
-    CheckpointDownloader,
-    EngineMissingError,
-    delete_entry,
-    is_checkpoint_model,
-    visible_entries,
-)
-from .model_store import CorruptEntryError, ModelStore
-from .settings import to_engine_settings
+from ..shared import protocol
+from ..shared.checkpoints import is_checkpoint_model, visible_entries
+from ..shared.failures import describe, failure_event
+from ..shared.settings import to_engine_settings
+from .checkpoint_downloader import CheckpointDownloader, EngineMissingError, delete_entry
+from .downloader import ModelDownloader, testing_hooks
+from .store import CorruptEntryError, ModelStore
 
 PROGRESS_EVERY_S = 0.1
 
@@ -168,7 +163,7 @@ class EngineWorker:
         def emit(event: dict[str, Any]) -> None:
             self.post({**event, "id": req_id})
 
-        if is_checkpoint_model(model):  # a Hugging Face checkpoint folder: fetched and converted by hf_download
+        if is_checkpoint_model(model):  # a Hugging Face checkpoint folder: checkpoint_downloader
             self.downloader = CheckpointDownloader(store, emit)
             meta, gguf, source = await self.downloader.load(model)
             if self.engine_module is None or testing_hooks().get("skipEngine"):
@@ -292,7 +287,7 @@ class EngineWorker:
             self.post(_error("busy", "a model is loading", req_id))
             return
         self.generate_task = asyncio.current_task()
-        sampler = importlib.import_module("bitnet_web.sampler")
+        sampler = importlib.import_module("bitnet_web.text.sampler")
         settings = to_engine_settings(settings_dict, sampler.SamplerSettings)
         max_tokens = int(settings_dict.get("max_tokens") or 256)
         async for piece in start(self.engine, settings, max_tokens):
@@ -355,8 +350,8 @@ def _stats_dict(stats: Any) -> dict[str, Any]:
 
 
 def _header_from_bytes(data: np.ndarray) -> dict[str, Any]:
-    from ..gguf import GGUFFile
-    from .modelinfo import header_info
+    from ...formats.gguf_reader import GGUFFile
+    from ..shared.modelinfo import header_info
     return header_info(GGUFFile.from_buffer(data), len(data))
 
 
@@ -364,7 +359,7 @@ def _import_engine() -> tuple[Any, str | None]:
     try:
         return importlib.import_module("bitnet_web.engine"), None
     except ModuleNotFoundError as e:
-        if e.name in ("bitnet_web.engine", "bitnet_web.sampler"):
+        if e.name in ("bitnet_web.engine", "bitnet_web.text.sampler"):
             return None, None  # not written yet: the app works up to showing the model's header
         return None, f"the engine failed to import: {e}"
     except Exception as e:

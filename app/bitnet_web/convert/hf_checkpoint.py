@@ -42,18 +42,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .gguf import GGMLType, GGUFError, GGUFFile, GGUFValueType, Keys
-from .gguf_writer import (
-    TOKEN_TYPE_CONTROL,
-    TOKEN_TYPE_NORMAL,
-    GGUFWriter,
-    Typed,
-    bitnet_model_metadata,
-    synthetic_vocab_metadata,
-)
+from ..formats.ggml import GGMLType, GGUFError, GGUFValueType, Keys
+from ..formats.gguf_reader import GGUFFile
+from ..formats.gguf_writer import GGUFWriter, Typed
+from ..formats.quants import ternarize
+from ..formats.safetensors import SafetensorsError, SafetensorsFile, ShardedSafetensors, open_safetensors, parse_index
 from .hf_urls import checkpoint_base_url, checkpoint_name
-from .quants import ternarize
-from .safetensors import SafetensorsError, SafetensorsFile, ShardedSafetensors, open_safetensors, parse_index
+from .synthetic import TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL, bitnet_model_metadata, synthetic_vocab_metadata
 
 ProgressCallback = Callable[[str, int, int], None]
 
@@ -653,7 +648,7 @@ def _is_not_found(exc: BaseException) -> bool:
 
 def download_checkpoint(url: str, progress: ProgressCallback | None = None) -> CheckpointFiles:
     """Download (or find in the cache) the files of a checkpoint folder URL (CPython)."""
-    from .download import DownloadError, cached_path, download_to_cache
+    from ..sources import DownloadError, cached_path, download_to_cache
 
     base = checkpoint_base_url(url)
     if base is None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .gguf import GGMLType, GGUFError, GGUFFormatError
+from .ggml import GGMLType, GGUFError, GGUFFormatError
 
 I2S_BLOCK = 128            # values per x86 block (32 bytes)
 I2S_BLOCK_ARM = 64         # values per ARM block (16 bytes)

@@ -41,7 +41,7 @@ OPAQUE_DTYPE_SIZES: dict[str, int] = {"F8_E4M3": 1, "F8_E5M2": 1, "C64": 8}
 class SafetensorsError(ValueError):
     """A .safetensors file or index that cannot be read; the message names file, tensor and offset."""
 
-    failure_kind = "bad_model"      # how the browser UI classifies it (ui/failures.py)
+    failure_kind = "bad_model"      # how the browser UI classifies it (web/shared/failures.py)
 
 
 class TensorEntry(NamedTuple):

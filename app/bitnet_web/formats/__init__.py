@@ -1,0 +1,1 @@
+"""File formats, numpy + stdlib only: GGUF/GGML constants (ggml), GGUF reader and writer, quant codecs, safetensors."""
