@@ -43,7 +43,7 @@ def build_text(target_tokens: int, tok: Tokenizer, seed: int = 0) -> str:
         chunk = f"{para} {words} {rng.randint(0, 10**9)}\n\n"
         parts.append(chunk)
         count += len(tok.encode(chunk))
-    tok._word_cache.clear()  # the estimate above must not warm the cache for the measurement
+    tok._algorithm._word_cache.clear()  # the estimate above must not warm the cache for the measurement
     return "".join(parts)
 
 

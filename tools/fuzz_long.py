@@ -104,7 +104,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("fuzz-failures"), help="where failing inputs go")
     args = parser.parse_args()
 
-    from bitnet_web.text.tokenizer import _llama3_regex
+    from bitnet_web.text.bpe import _llama3_regex
     _llama3_regex()                                  # compiled once, outside the per-input bounds
     fg.seeds()
     categories = gguf_categories()

@@ -124,6 +124,18 @@ def tensor_nbytes(ggml_type: GGMLType, n_elements: int) -> int:
     return n
 
 
+class TokenType(IntEnum):
+    """`tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`)."""
+
+    UNDEFINED = 0
+    NORMAL = 1
+    UNKNOWN = 2
+    CONTROL = 3
+    USER_DEFINED = 4
+    UNUSED = 5
+    BYTE = 6
+
+
 # ---------------------------------------------------------------------------------------------
 # Metadata keys (one namespace; "{arch}" is replaced by general.architecture)
 # ---------------------------------------------------------------------------------------------
