@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bitnet_web.text.sampler import Sampler, SamplerSettings, StopMatcher
+from bitnet_web.text.sampler import Sampler, SamplerSettings
+from bitnet_web.text.stops import StopMatcher
 
 
 def logits_of(probs) -> np.ndarray:

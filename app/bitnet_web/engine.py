@@ -26,7 +26,8 @@ from .formats.gguf_reader import GGUFFile, open_gguf
 from .model.config import ModelConfig, config_from_gguf
 from .model.forward import BitNetModel
 from .text.chat import ChatTemplate, render_tokens
-from .text.sampler import Sampler, SamplerSettings, StopMatcher
+from .text.sampler import Sampler, SamplerSettings
+from .text.stops import StopMatcher
 from .text.tokenizer import StreamDecoder, Tokenizer
 
 ProgressCallback = Callable[[str, int, int], None]

@@ -1,4 +1,4 @@
-"""The sampler, which takes logits and returns a token; and the stop-string matcher.
+"""The sampler, which takes logits and returns a token (stop strings: stops.py).
 
 Order of operations follows llama.cpp's default chain: repetition penalty -> top-k -> top-p ->
 min-p -> temperature -> draw. Top-p and min-p therefore look at the temperature-1 distribution,
@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["GPU_PENALTY_WINDOW_MAX", "GPU_TOP_K_MAX", "Sampler", "SamplerSettings", "StopMatcher", "StopResult",
-           "choose", "uniform"]
+__all__ = ["GPU_PENALTY_WINDOW_MAX", "GPU_TOP_K_MAX", "Sampler", "SamplerSettings", "choose", "uniform"]
 
 # Largest top_k the GPU sampler handles (its per-workgroup candidate lists), and the longest
 # repetition-penalty window (its ring of recent tokens); beyond them, or with top_k = 0, tokens
@@ -198,69 +196,3 @@ def uniform(seed: int, n: int) -> float:
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - np.max(x))
     return e / e.sum()
-
-
-class StopResult(NamedTuple):
-    text: str  # safe to show now
-    stopped: bool  # a stop string was found; `text` is everything before it
-
-
-class StopMatcher:
-    """Cuts generated text at the first stop string, without ever showing part of one.
-
-    Text is fed piece by piece; a suffix that could still grow into a stop string is held back until
-    the next piece settles it. After a match, everything else is discarded.
-    """
-
-    def __init__(self, stop_strings: Iterable[str]) -> None:
-        stops = tuple(stop_strings)
-        for i, stop in enumerate(stops):
-            if not isinstance(stop, str) or not stop:
-                raise ValueError(f"stop_strings[{i}] must be a non-empty string, got {stop!r}")
-        self.stop_strings = stops
-        self._held = ""
-        self.stopped = False
-
-    def push(self, piece: str) -> StopResult:
-        if self.stopped:
-            return StopResult("", True)
-        text = self._held + piece
-        first = self._first_match(text)
-        # A suffix that may still grow into a stop string; if it starts before the match found,
-        # that longer stop string could still end up first, so wait for more text.
-        partial_at = len(text) - self._partial_suffix(text)
-        if first != -1 and first <= partial_at:
-            self._held = ""
-            self.stopped = True
-            return StopResult(text[:first], True)
-        self._held = text[partial_at:]
-        return StopResult(text[:partial_at], False)
-
-    def flush(self) -> str:
-        """End of generation: the held-back text, up to a stop string it holds (then `stopped`)."""
-        text = "" if self.stopped else self._held
-        self._held = ""
-        first = self._first_match(text)
-        if first != -1:
-            self.stopped = True
-            return text[:first]
-        return text
-
-    def _first_match(self, text: str) -> int:
-        """Where the earliest stop string in `text` starts, or -1."""
-        first = -1
-        for stop in self.stop_strings:
-            at = text.find(stop)
-            if at != -1 and (first == -1 or at < first):
-                first = at
-        return first
-
-    def _partial_suffix(self, text: str) -> int:
-        """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
-        best = 0
-        for stop in self.stop_strings:
-            for length in range(min(len(stop) - 1, len(text)), best, -1):
-                if text.endswith(stop[:length]):
-                    best = length
-                    break
-        return best
