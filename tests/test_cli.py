@@ -29,16 +29,26 @@ from bitnet_web.text.tokenizer import Tokenizer
 MAX_TOL = 0.03  # of the reference's logit range, per position
 RMS_TOL = 0.04  # of the reference logits' RMS
 VOCAB = 1000
-TINY = dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=384, vocab_size=VOCAB, context_length=256,
-            untied=True, seed=21)
+TINY = dict(
+    dim=256,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    ffn_dim=384,
+    vocab_size=VOCAB,
+    context_length=256,
+    untied=True,
+    seed=21,
+)
 PROMPT_IDS = [7, 400, 401, 88, 901, 15, 16]
 
 
 def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     env = dict(os.environ, XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"))
     env.pop("BITNET_WEB_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "bitnet_web", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "bitnet_web", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def assert_ok(result: subprocess.CompletedProcess) -> None:
@@ -66,12 +76,13 @@ def ref(model_path) -> ReferenceModel:
 def assert_greedy(ref: ReferenceModel, prompt: list[int], generated: list[int]) -> None:
     """Each generated token is the reference's argmax (teacher-forced) unless the reference's top-2
     gap there is within the tolerance."""
-    logits = ref.logits(prompt + generated[:-1])[len(prompt) - 1:]
+    logits = ref.logits(prompt + generated[:-1])[len(prompt) - 1 :]
     chosen = logits[np.arange(len(generated)), generated]
     assert (chosen >= logits.max(axis=1) - MAX_TOL * np.ptp(logits)).all(), (generated, logits.argmax(axis=1))
 
 
 # inspect -------------------------------------------------------------------------------------------
+
 
 def test_inspect_model_prints_its_summary(model_path):
     result = cli("inspect", model_path)
@@ -104,9 +115,11 @@ TEXT = "Hello, world! Ünïcödé 1234 — tabs\tand  spaces"
 SPECIAL = "<|eot_id|>"
 
 
-@pytest.mark.parametrize("flags, text", [([], TEXT), (["--bos"], TEXT), ([], TEXT + SPECIAL),
-                                         (["--special"], TEXT + SPECIAL)],
-                         ids=["plain", "bos", "special_as_text", "special"])
+@pytest.mark.parametrize(
+    "flags, text",
+    [([], TEXT), (["--bos"], TEXT), ([], TEXT + SPECIAL), (["--special"], TEXT + SPECIAL)],
+    ids=["plain", "bos", "special_as_text", "special"],
+)
 def test_tokenize_matches_tokenizer(vocab_only_path, flags, text):
     result = cli("tokenize", "--model", vocab_only_path, "--text", text, *flags)
     assert_ok(result)
@@ -141,12 +154,19 @@ def test_tokenize_llama3_vocab_matches_hf(folder):
         types[a["id"]] = 3 if a["special"] else 4  # CONTROL / USER_DEFINED
     path = str(folder / "llama3-vocab.gguf")
     writer = GGUFWriter(path)
-    writer.add_dict({
-        Keys.ARCHITECTURE: "llama", Keys.TOKENIZER_MODEL: "gpt2", Keys.TOKENS: tokens, Keys.TOKEN_TYPE: types,
-        Keys.SCORES: np.zeros(n, dtype=np.float32),
-        Keys.MERGES: [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]],
-        Keys.BOS_ID: 128000, Keys.EOS_ID: 128001, Keys.ADD_BOS: True,
-    })
+    writer.add_dict(
+        {
+            Keys.ARCHITECTURE: "llama",
+            Keys.TOKENIZER_MODEL: "gpt2",
+            Keys.TOKENS: tokens,
+            Keys.TOKEN_TYPE: types,
+            Keys.SCORES: np.zeros(n, dtype=np.float32),
+            Keys.MERGES: [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]],
+            Keys.BOS_ID: 128000,
+            Keys.EOS_ID: 128001,
+            Keys.ADD_BOS: True,
+        }
+    )
     writer.write()
     text = TEXT + SPECIAL
     result = cli("tokenize", "--model", path, "--text", text, "--bos", "--special")
@@ -157,9 +177,11 @@ def test_tokenize_llama3_vocab_matches_hf(folder):
 
 # generate and logits -------------------------------------------------------------------------------
 
+
 def test_generate_tokens_json_equals_reference_greedy(model_path, ref):
-    result = cli("generate", "--model", model_path, "--tokens", ",".join(map(str, PROMPT_IDS)),
-                 "--max-tokens", "12", "--json")
+    result = cli(
+        "generate", "--model", model_path, "--tokens", ",".join(map(str, PROMPT_IDS)), "--max-tokens", "12", "--json"
+    )
     assert_ok(result)
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 1, result.stdout
@@ -187,7 +209,7 @@ def test_generate_prompt_streams_the_reference_text(model_path, ref):
         sequence.append(int(row.argmax()))
     result = cli("generate", "--model", model_path, "--prompt", prompt, "--max-tokens", str(n_tokens))
     assert_ok(result)
-    assert result.stdout == tokenizer.decode(sequence[len(ids):]) + "\n"
+    assert result.stdout == tokenizer.decode(sequence[len(ids) :]) + "\n"
     stderr = result.stderr.splitlines()  # no progress when stderr is not a terminal: only the stats
     assert len(stderr) == 1 and stderr[0].startswith(f"[{n_tokens} tokens"), result.stderr
     assert "stop: max_tokens" in stderr[0]
@@ -196,8 +218,7 @@ def test_generate_prompt_streams_the_reference_text(model_path, ref):
 def test_logits_out_equals_reference(model_path, ref, folder):
     ids = [3, 999, 500, 501, 502, 0, 42, 77, 640, 128, 129, 130]
     out = folder / "logits.npy"
-    result = cli("logits", "--model", model_path, "--tokens", ",".join(map(str, ids)), "--out", str(out),
-                 "-q")
+    result = cli("logits", "--model", model_path, "--tokens", ",".join(map(str, ids)), "--out", str(out), "-q")
     assert_ok(result)
     assert result.stdout == "" and result.stderr == ""
     got = np.load(out)
@@ -209,13 +230,14 @@ def test_logits_out_equals_reference(model_path, ref, folder):
 
 # bad input: one line on stderr, no traceback, non-zero exit ---------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def bad_files(folder, model_path, vocab_only_path) -> dict[str, str]:
     data = Path(model_path).read_bytes()
     files = {
         "not_gguf": b"hello, this is not a model\n" * 10,
         "truncated_header": data[:3000],  # inside the tokenizer arrays
-        "truncated_data": data[:len(data) // 2],  # header whole, tensor data cut
+        "truncated_data": data[: len(data) // 2],  # header whole, tensor data cut
         "empty": b"",
     }
     paths = {"vocab_only": vocab_only_path}  # parses, but has no model in it
@@ -232,15 +254,20 @@ BAD_INVOCATIONS = {
     "not_gguf": (["inspect", "{not_gguf}"], "not a GGUF file"),
     "empty_file": (["generate", "--model", "{empty}", "--tokens", "1"], "empty.gguf"),
     "truncated_header": (["generate", "--model", "{truncated_header}", "--tokens", "1"], "truncated"),
-    "truncated_data": (["logits", "--model", "{truncated_data}", "--tokens", "1", "--out", "{folder}/x.npy"],
-                       "past the end of the file"),
-    "vocab_only_generate": (["generate", "--model", "{vocab_only}", "--tokens", "1"],
-                            r"cannot build a bitnet-b1\.58 model, \d+ problem\(s\): missing .*; missing "
-                            r"tensor token_embd\.weight"),
-    "tokens_not_integers": (["generate", "--model", "{model}", "--tokens", "1,x,3"],
-                            "comma-separated integers"),
-    "tokens_empty": (["logits", "--model", "{model}", "--tokens", "", "--out", "{folder}/x.npy"],
-                     "at least one token id"),
+    "truncated_data": (
+        ["logits", "--model", "{truncated_data}", "--tokens", "1", "--out", "{folder}/x.npy"],
+        "past the end of the file",
+    ),
+    "vocab_only_generate": (
+        ["generate", "--model", "{vocab_only}", "--tokens", "1"],
+        r"cannot build a bitnet-b1\.58 model, \d+ problem\(s\): missing .*; missing "
+        r"tensor token_embd\.weight",
+    ),
+    "tokens_not_integers": (["generate", "--model", "{model}", "--tokens", "1,x,3"], "comma-separated integers"),
+    "tokens_empty": (
+        ["logits", "--model", "{model}", "--tokens", "", "--out", "{folder}/x.npy"],
+        "at least one token id",
+    ),
     "no_prompt": (["generate", "--model", "{model}"], "--prompt"),
     "unknown_command": (["frobnicate"], "invalid choice"),
 }
@@ -262,8 +289,15 @@ def test_bad_input_prints_one_line(case, bad_files, model_path, folder):
 
 # --model with a Hugging Face checkpoint folder URL, served by a local http.server thread ------------
 
-HF_SHAPE = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                intermediate_size=384, vocab_size=VOCAB, seed=5)
+HF_SHAPE = dict(
+    hidden_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=384,
+    vocab_size=VOCAB,
+    seed=5,
+)
 
 
 @pytest.fixture(scope="module")

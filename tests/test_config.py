@@ -29,14 +29,21 @@ def replace_tensor(writer, name, shape=None, ggml_type=None):
         if t.name == name:
             shape, ggml_type = shape or t.shape, ggml_type or t.ggml_type
             n = math.prod(shape)
-            writer.tensors[i] = t._replace(shape=shape, ggml_type=ggml_type, n_elements=n,
-                                           n_bytes=tensor_nbytes(ggml_type, n))
+            writer.tensors[i] = t._replace(
+                shape=shape, ggml_type=ggml_type, n_elements=n, n_bytes=tensor_nbytes(ggml_type, n)
+            )
 
 
 def test_2b4t_shapes():
     cfg = header_config(random_bitnet_writer("unused", **B2_4T))
-    assert (cfg.arch, cfg.dim, cfg.n_layers, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads) == \
-        ("bitnet-b1.58", 2560, 30, 6912, 20, 5)
+    assert (cfg.arch, cfg.dim, cfg.n_layers, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads) == (
+        "bitnet-b1.58",
+        2560,
+        30,
+        6912,
+        20,
+        5,
+    )
     assert cfg.head_dim == 128 and cfg.rope_dim == 128 and cfg.vocab_size == 128256
     assert cfg.context_length == 4096 and cfg.rope_theta == 500000.0
     assert cfg.norm_eps == pytest.approx(1e-5)
@@ -45,9 +52,15 @@ def test_2b4t_shapes():
     assert cfg.q_dim == 2560 and cfg.kv_dim == 640
 
 
-@pytest.mark.parametrize("arch,activation,rope", [
-    ("bitnet-b1.58", "relu2", "neox"), ("bitnet-25", "relu2", "neox"),
-    ("bitnet", "silu", "neox"), ("llama", "silu", "interleaved")])
+@pytest.mark.parametrize(
+    "arch,activation,rope",
+    [
+        ("bitnet-b1.58", "relu2", "neox"),
+        ("bitnet-25", "relu2", "neox"),
+        ("bitnet", "silu", "neox"),
+        ("llama", "silu", "interleaved"),
+    ],
+)
 @pytest.mark.parametrize("untied", [False, True])
 def test_architectures(arch, activation, rope, untied):
     cfg = header_config(random_bitnet_writer("unused", arch=arch, untied=untied, **TINY))
@@ -78,8 +91,12 @@ def test_bitnet_requires_sub_norms():
 
 def test_missing_keys_all_listed():
     w = random_bitnet_writer("unused", **TINY)
-    for key in ("bitnet-b1.58.block_count", "bitnet-b1.58.feed_forward_length",
-                "bitnet-b1.58.attention.layer_norm_rms_epsilon", "bitnet-b1.58.context_length"):
+    for key in (
+        "bitnet-b1.58.block_count",
+        "bitnet-b1.58.feed_forward_length",
+        "bitnet-b1.58.attention.layer_norm_rms_epsilon",
+        "bitnet-b1.58.context_length",
+    ):
         del w.metadata[key]
     with pytest.raises(ModelConfigError) as e:
         header_config(w)
@@ -119,8 +136,7 @@ def test_missing_architecture():
 
 
 def test_widths_must_be_multiples_of_128():
-    w = random_bitnet_writer("unused", dim=192, n_layers=1, n_heads=3, n_kv_heads=1, ffn_dim=320,
-                             vocab_size=300)
+    w = random_bitnet_writer("unused", dim=192, n_layers=1, n_heads=3, n_kv_heads=1, ffn_dim=320, vocab_size=300)
     with pytest.raises(ModelConfigError) as e:
         header_config(w)
     assert "embedding_length = 192 is not a multiple of 128" in str(e.value)

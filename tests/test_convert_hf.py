@@ -18,18 +18,41 @@ from bitnet_web.formats.ggml import GGMLType  # noqa: E402
 from bitnet_web.formats.gguf_reader import open_gguf  # noqa: E402
 from bitnet_web.model.config import config_from_gguf  # noqa: E402
 
-GGUF_OF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-           "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-           "mlp.down_proj": "ffn_down"}
-NORM_OF = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-           "self_attn.attn_sub_norm": "attn_sub_norm", "mlp.ffn_sub_norm": "ffn_sub_norm"}
+GGUF_OF = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+NORM_OF = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.attn_sub_norm": "attn_sub_norm",
+    "mlp.ffn_sub_norm": "ffn_sub_norm",
+}
 
 SHAPES = {
     "default": dict(),
-    "wide": dict(hidden_size=384, intermediate_size=768, num_attention_heads=6, num_key_value_heads=2,
-                 num_hidden_layers=1, vocab_size=700),
-    "narrow-bf16": dict(hidden_size=128, intermediate_size=384, num_attention_heads=2, num_key_value_heads=1,
-                        num_hidden_layers=3, vocab_size=400, dtype="bfloat16"),
+    "wide": dict(
+        hidden_size=384,
+        intermediate_size=768,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+        vocab_size=700,
+    ),
+    "narrow-bf16": dict(
+        hidden_size=128,
+        intermediate_size=384,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_hidden_layers=3,
+        vocab_size=400,
+        dtype="bfloat16",
+    ),
 }
 
 
@@ -66,13 +89,15 @@ def test_norms_and_embedding_equal_transformers(converted):
     np.testing.assert_array_equal(g.tensor("output_norm.weight"), state["model.norm.weight"])
     for i in range(model.config.num_hidden_layers):
         for hf, ours in NORM_OF.items():
-            np.testing.assert_array_equal(g.tensor(f"blk.{i}.{ours}.weight"),
-                                          state[f"model.layers.{i}.{hf}.weight"])
+            np.testing.assert_array_equal(g.tensor(f"blk.{i}.{ours}.weight"), state[f"model.layers.{i}.{hf}.weight"])
     cfg = config_from_gguf(g)
     assert cfg.tied_embeddings and "output.weight" not in g.tensors
     assert (cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim) == (
-        model.config.hidden_size, model.config.num_attention_heads, model.config.num_key_value_heads,
-        model.config.intermediate_size)
+        model.config.hidden_size,
+        model.config.num_attention_heads,
+        model.config.num_key_value_heads,
+        model.config.intermediate_size,
+    )
     assert cfg.rope_theta == 500000.0 and cfg.activation == "relu2"
 
 
@@ -114,8 +139,9 @@ def test_bitlinear_scale_divides(tmp_path):
     with torch.no_grad():
         ref = module(torch.from_numpy(x)).numpy()
     values, scale = g.ternary("blk.0.attn_v.weight")
-    np.testing.assert_allclose(act_quant_matmul(values, scale, x.astype(np.float64)), ref, rtol=1e-4,
-                               atol=1e-4 * np.abs(ref).max())
+    np.testing.assert_allclose(
+        act_quant_matmul(values, scale, x.astype(np.float64)), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max()
+    )
 
 
 def test_unpacked_float_weights_ternarized_by_absmean(tmp_path):
@@ -123,10 +149,11 @@ def test_unpacked_float_weights_ternarized_by_absmean(tmp_path):
     convert(folder, tmp_path / "m.gguf")
     g = open_gguf(str(tmp_path / "m.gguf"))
     from safetensors.numpy import load_file
+
     state = load_file(str(folder / "model.safetensors"))
     for hf_short, ours_short in GGUF_OF.items():
         w = torch.from_numpy(state[f"model.layers.0.{hf_short}.weight"])
-        inv = 1.0 / w.abs().mean().clamp(min=1e-5)           # transformers' WeightQuant
+        inv = 1.0 / w.abs().mean().clamp(min=1e-5)  # transformers' WeightQuant
         ref = (w * inv).round().clamp(-1, 1).numpy().astype(np.int8)
         values, scale = g.ternary(f"blk.0.{ours_short}.weight")
         np.testing.assert_array_equal(values, ref)
@@ -183,6 +210,7 @@ def test_synthetic_vocab_without_tokenizer(tiny):
 
 def test_tokenizer_json_metadata(tmp_path):
     from tokenizers import Tokenizer
+
     folder = build_tiny_bitnet(tmp_path / "hf", num_hidden_layers=1, with_tokenizer=True)
     convert(folder, tmp_path / "m.gguf")
     md = open_gguf(str(tmp_path / "m.gguf")).metadata
@@ -217,6 +245,7 @@ def test_bad_checkpoints(tmp_path):
         convert(tmp_path / "missing", tmp_path / "x.gguf")
 
     from safetensors.numpy import load_file, save_file
+
     state = load_file(str(folder / "model.safetensors"))
     broken = dict(state)
     broken["model.layers.0.mlp.up_proj.weight"] = broken["model.layers.0.mlp.up_proj.weight"] | 0b11
@@ -231,6 +260,7 @@ def test_bad_checkpoints(tmp_path):
 
 def test_untied_lm_head(tmp_path):
     from safetensors.numpy import load_file, save_file
+
     folder = build_tiny_bitnet(tmp_path / "hf", num_hidden_layers=1)
     state = load_file(str(folder / "model.safetensors"))
     head = np.random.default_rng(2).standard_normal((1000, 256)).astype(np.float32)

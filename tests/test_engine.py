@@ -31,8 +31,9 @@ pytestmark = pytest.mark.gpu
 MAX_TOL = 0.03  # of the reference's logit range (see tests/test_model.py)
 VOCAB = 1000
 # Untied head: with a tied one, random models mostly repeat their input token and greedy tests say little.
-TINY = dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=384, vocab_size=VOCAB, context_length=256,
-            untied=True, seed=5)
+TINY = dict(
+    dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=384, vocab_size=VOCAB, context_length=256, untied=True, seed=5
+)
 PROMPT = [5, 300, 301, 77, 900, 12, 13, 14]
 GREEDY = SamplerSettings(temperature=0)  # the engine decodes this on the GPU (argmax, pipelined)
 TOP1 = SamplerSettings(temperature=1.0, top_k=1)  # also greedy, but sampled on the CPU from read-back logits
@@ -69,7 +70,7 @@ def loaded(engine, tiny_path) -> Engine:
 def teacher_forced_logits(ref: ReferenceModel, prompt: list[int], generated: list[int]) -> np.ndarray:
     """The reference's logits before each generated token: [len(generated), vocab]."""
     logits = ref.logits(prompt + generated)
-    return logits[len(prompt) - 1: len(prompt) - 1 + len(generated)]
+    return logits[len(prompt) - 1 : len(prompt) - 1 + len(generated)]
 
 
 def assert_greedy(ref: ReferenceModel, prompt: list[int], generated: list[int]) -> None:
@@ -79,7 +80,8 @@ def assert_greedy(ref: ReferenceModel, prompt: list[int], generated: list[int]) 
         best = int(row.argmax())
         assert token == best or row[token] >= row[best] - tol, (
             f"step {step}: generated {token} (reference logit {row[token]:.3f}) but the reference's argmax "
-            f"is {best} ({row[best]:.3f}), more than {tol:.3f} higher")
+            f"is {best} ({row[best]:.3f}), more than {tol:.3f} higher"
+        )
 
 
 def generate(engine: Engine, settings: SamplerSettings = GREEDY, **kwargs) -> tuple[str, list[int]]:
@@ -87,8 +89,9 @@ def generate(engine: Engine, settings: SamplerSettings = GREEDY, **kwargs) -> tu
     return text, list(engine.generated_tokens)
 
 
-@pytest.mark.parametrize("settings,on_gpu,choice", [(GREEDY, True, "gpu_argmax"), (TOP1, True, "gpu_sample"),
-                                                    (TOP1, False, "cpu_sample")])
+@pytest.mark.parametrize(
+    "settings,on_gpu,choice", [(GREEDY, True, "gpu_argmax"), (TOP1, True, "gpu_sample"), (TOP1, False, "cpu_sample")]
+)
 def test_greedy_generation_equals_reference_greedy(loaded, ref, settings, on_gpu, choice):
     loaded.gpu_sampling = on_gpu
     try:
@@ -110,14 +113,15 @@ def test_seeded_sampling_is_reproducible(loaded, ref):
     loaded.reset()
     second = generate(loaded, settings, tokens=PROMPT, max_tokens=16)
     assert first == second
-    other = generate(loaded, SamplerSettings(temperature=5.0, top_k=40, top_p=0.95, seed=99), tokens=PROMPT,
-                     max_tokens=16)
+    other = generate(
+        loaded, SamplerSettings(temperature=5.0, top_k=40, top_p=0.95, seed=99), tokens=PROMPT, max_tokens=16
+    )
     # Two seeds agree on all 16 draws with probability prod(sum p^2) over the steps: make sure that is
     # negligible for this model before asserting they differ.
     logits = teacher_forced_logits(ref, PROMPT, first[1]).astype(np.float64) / settings.temperature
     p = np.exp(logits - logits.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
-    assert np.prod((p ** 2).sum(axis=1) / 0.95 ** 2) < 1e-6
+    assert np.prod((p**2).sum(axis=1) / 0.95**2) < 1e-6
     assert other[1] != first[1]
     # Every sampled token lies in the reference's top-k (up to near-ties at the k-th logit).
     kth = np.sort(logits * settings.temperature, axis=1)[:, -settings.top_k]
@@ -125,12 +129,16 @@ def test_seeded_sampling_is_reproducible(loaded, ref):
     assert (chosen >= kth - MAX_TOL * np.ptp(logits * settings.temperature)).all()
 
 
-@pytest.mark.parametrize("settings", [SamplerSettings(temperature=5.0, top_k=40, top_p=0.95, seed=1234),
-                                      SamplerSettings(temperature=0.8, top_k=64, top_p=0.9, min_p=0.01, seed=7),
-                                      SamplerSettings(temperature=2.0, top_k=3, top_p=1.0, seed=2**50 + 3),
-                                      SamplerSettings(temperature=1.0, top_k=40, repetition_penalty=1.3,
-                                                      repeat_last_n=16, seed=11),
-                                      SamplerSettings(temperature=0.0, repetition_penalty=1.5, repeat_last_n=64)])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        SamplerSettings(temperature=5.0, top_k=40, top_p=0.95, seed=1234),
+        SamplerSettings(temperature=0.8, top_k=64, top_p=0.9, min_p=0.01, seed=7),
+        SamplerSettings(temperature=2.0, top_k=3, top_p=1.0, seed=2**50 + 3),
+        SamplerSettings(temperature=1.0, top_k=40, repetition_penalty=1.3, repeat_last_n=16, seed=11),
+        SamplerSettings(temperature=0.0, repetition_penalty=1.5, repeat_last_n=64),
+    ],
+)
 def test_gpu_sampling_draws_the_cpu_samplers_tokens(loaded, settings):
     """Both paths use the stream sampler.uniform(seed, n) and the same cuts: the GPU (queued steps,
     nothing read back but ids) must give the CPU sampler's tokens for the same seed."""
@@ -168,7 +176,7 @@ def test_queue_depth_does_not_change_tokens_or_bookkeeping(loaded, depth):
             loaded.reset()
             part = generate(loaded, settings, tokens=PROMPT, max_tokens=10)
             assert part[1] == expected
-            assert loaded.model.cached_tokens[:len(PROMPT) + 9] == PROMPT + part[1][:9]
+            assert loaded.model.cached_tokens[: len(PROMPT) + 9] == PROMPT + part[1][:9]
             follow = generate(loaded, settings, tokens=PROMPT + part[1] + [7], max_tokens=3)
             assert loaded.last_stats.n_reused_tokens >= len(PROMPT) + 9
             loaded.reset()
@@ -233,7 +241,7 @@ def test_multi_turn_chat_reuses_the_cached_prefix(loaded, tiny_path):
     reply1, _ = generate(loaded, messages=turn1, max_tokens=6)
     turn2 = turn1 + [{"role": "assistant", "content": reply1}, {"role": "user", "content": "And then?"}]
     prompt2 = loaded.encode_chat(turn2)
-    assert prompt2[:len(prompt1)] == prompt1  # the chat contract: a new turn extends the old prompt
+    assert prompt2[: len(prompt1)] == prompt1  # the chat contract: a new turn extends the old prompt
     reply2, tokens2 = generate(loaded, messages=turn2, max_tokens=8)
     stats = loaded.last_stats
     assert stats.n_prompt_tokens == len(prompt2)
@@ -266,11 +274,12 @@ def test_stop_string_ends_the_reply_before_it(loaded):
     assert stop and full_text.index(stop) > 0
     text, _ = generate(loaded, tokens=PROMPT, max_tokens=16, stop_strings=[stop])
     assert loaded.last_stats.stop_reason == "stop_string"
-    assert text == full_text[:full_text.index(stop)]
+    assert text == full_text[: full_text.index(stop)]
     assert loaded.last_stats.n_generated < 16
 
 
 # Bad input: a clear error, and the engine loads a good model afterwards -----------------------------
+
 
 def write_variant(folder, name: str, change) -> str:
     path = str(folder / f"{name}.gguf")
@@ -283,6 +292,7 @@ def write_variant(folder, name: str, change) -> str:
 def drop_tensor(name: str):
     def change(writer) -> None:
         writer.tensors = [t for t in writer.tensors if t.name != name]
+
     return change
 
 
@@ -294,16 +304,21 @@ def nan_scale(writer) -> None:
     index = next(i for i, t in enumerate(writer.tensors) if t.name == "blk.1.ffn_up.weight")
     pending = writer.tensors[index]
     raw = np.asarray(pending.source(), dtype=np.uint8).copy()
-    raw[pending.n_elements // 4: pending.n_elements // 4 + 4] = np.frombuffer(np.float32(np.nan).tobytes(),
-                                                                             np.uint8)
+    raw[pending.n_elements // 4 : pending.n_elements // 4 + 4] = np.frombuffer(np.float32(np.nan).tobytes(), np.uint8)
     writer.tensors[index] = pending._replace(source=raw)
 
 
 BAD_FILES = {
-    "shapes_contradict_config": (contradict_ffn_length, ModelConfigError,
-                                 r"blk\.0\.ffn_gate\.weight has shape \[384, 256\], expected \[512, 256\]"),
-    "missing_tensor": (drop_tensor("blk.1.ffn_down.weight"), ModelConfigError,
-                       r"missing tensor blk\.1\.ffn_down\.weight"),
+    "shapes_contradict_config": (
+        contradict_ffn_length,
+        ModelConfigError,
+        r"blk\.0\.ffn_gate\.weight has shape \[384, 256\], expected \[512, 256\]",
+    ),
+    "missing_tensor": (
+        drop_tensor("blk.1.ffn_down.weight"),
+        ModelConfigError,
+        r"missing tensor blk\.1\.ffn_down\.weight",
+    ),
     "nan_weight_scale": (nan_scale, GGUFError, r"blk\.1\.ffn_up\.weight"),
 }
 
@@ -328,8 +343,10 @@ def test_bad_model_file_is_a_clear_error_and_the_engine_recovers(engine, tiny_pa
     assert_recovers(engine, tiny_path, ref)
 
 
-@pytest.mark.parametrize("request_kind", ["ids_out_of_range", "negative_id", "empty_ids", "empty_prompt",
-                                          "logits_out_of_range", "logits_empty"])
+@pytest.mark.parametrize(
+    "request_kind",
+    ["ids_out_of_range", "negative_id", "empty_ids", "empty_prompt", "logits_out_of_range", "logits_empty"],
+)
 def test_bad_request_is_a_clear_error_and_the_engine_still_works(loaded, ref, request_kind):
     call, message = {
         "ids_out_of_range": (lambda: generate(loaded, tokens=[1, VOCAB]), r"out of range 0\.\.999: \[1000\]"),

@@ -49,12 +49,17 @@ from bitnet_web.model.config import ModelConfig, ModelConfigError, config_from_g
 from bitnet_web.text.chat import ChatTemplate, ChatTemplateError
 from bitnet_web.text.tokenizer import Tokenizer, TokenizerError
 
-MEMORY_LIMIT = 16 << 20       # tracemalloc peak per input; seeds are <= ~110 KB
-HANG_LIMIT_S = 1.0            # CPU seconds per input; each takes ~10 ms, a hostile count loop took minutes
+MEMORY_LIMIT = 16 << 20  # tracemalloc peak per input; seeds are <= ~110 KB
+HANG_LIMIT_S = 1.0  # CPU seconds per input; each takes ~10 ms, a hostile count loop took minutes
 
 # Examples per fuzz test in CI: a few thousand cases in total, deterministic.
-FUZZ_SETTINGS = settings(max_examples=250, derandomize=True, database=None, deadline=None,
-                         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ_SETTINGS = settings(
+    max_examples=250,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,19 +67,28 @@ FUZZ_SETTINGS = settings(max_examples=250, derandomize=True, database=None, dead
 # ---------------------------------------------------------------------------------------------
 
 ALL_VALUE_TYPES = {
-    "t.u8": Typed(GGUFValueType.UINT8, 200), "t.i8": Typed(GGUFValueType.INT8, -5),
-    "t.u16": Typed(GGUFValueType.UINT16, 60000), "t.i16": Typed(GGUFValueType.INT16, -30000),
-    "t.u32": Typed(GGUFValueType.UINT32, 4_000_000_000), "t.i32": Typed(GGUFValueType.INT32, -7),
-    "t.f32": Typed(GGUFValueType.FLOAT32, 0.5), "t.bool": True, "t.str": "héllo ✓ 世界 <b>",
-    "t.u64": Typed(GGUFValueType.UINT64, 2**63 + 5), "t.i64": Typed(GGUFValueType.INT64, -(2**62)),
+    "t.u8": Typed(GGUFValueType.UINT8, 200),
+    "t.i8": Typed(GGUFValueType.INT8, -5),
+    "t.u16": Typed(GGUFValueType.UINT16, 60000),
+    "t.i16": Typed(GGUFValueType.INT16, -30000),
+    "t.u32": Typed(GGUFValueType.UINT32, 4_000_000_000),
+    "t.i32": Typed(GGUFValueType.INT32, -7),
+    "t.f32": Typed(GGUFValueType.FLOAT32, 0.5),
+    "t.bool": True,
+    "t.str": "héllo ✓ 世界 <b>",
+    "t.u64": Typed(GGUFValueType.UINT64, 2**63 + 5),
+    "t.i64": Typed(GGUFValueType.INT64, -(2**62)),
     "t.f64": Typed(GGUFValueType.FLOAT64, float("nan")),
     "t.arr_u8": Typed(GGUFValueType.UINT8, [1, 2, 255], True),
     "t.arr_i16": Typed(GGUFValueType.INT16, [-1, 2], True),
     "t.arr_u64": Typed(GGUFValueType.UINT64, [2**64 - 1, 0], True),
     "t.arr_f64": Typed(GGUFValueType.FLOAT64, [1e300, -0.0], True),
-    "t.arr_i32": np.arange(-3, 40, dtype=np.int32), "t.arr_f32": np.linspace(0, 1, 7, dtype=np.float32),
-    "t.arr_bool": np.array([True, False, True]), "t.arr_str": ["a", "", "ĠHello", "\u00ff\u4e16"],
-    "t.nested": [[1, 2, 3], [4], []], "t.nested_str": [["x", "y"], ["z"]],
+    "t.arr_i32": np.arange(-3, 40, dtype=np.int32),
+    "t.arr_f32": np.linspace(0, 1, 7, dtype=np.float32),
+    "t.arr_bool": np.array([True, False, True]),
+    "t.arr_str": ["a", "", "ĠHello", "\u00ff\u4e16"],
+    "t.nested": [[1, 2, 3], [4], []],
+    "t.nested_str": [["x", "y"], ["z"]],
     "t.nested3": [[[1], [2, 3]], [[4]]],
     "t.empty_str_arr": Typed(GGUFValueType.STRING, [], True),
     "t.empty_u8_arr": Typed(GGUFValueType.UINT8, [], True),
@@ -107,8 +121,9 @@ def _vocab_writer(path: str) -> GGUFWriter:
 
 
 def _model_writer(path: str) -> GGUFWriter:
-    return random_bitnet_writer(path, dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=128,
-                                vocab_size=260, context_length=64, seed=3)
+    return random_bitnet_writer(
+        path, dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=128, vocab_size=260, context_length=64, seed=3
+    )
 
 
 SEED_BUILDERS = {"model": _model_writer, "vocab": _vocab_writer, "all_types": _all_types_writer}
@@ -118,7 +133,7 @@ SEED_BUILDERS = {"model": _model_writer, "vocab": _vocab_writer, "all_types": _a
 class Field:
     start: int
     size: int
-    kind: str       # magic version count str_len str vtype scalar etype arr_len elems n_dims dim ggml_type...
+    kind: str  # magic version count str_len str vtype scalar etype arr_len elems n_dims dim ggml_type...
     label: str
 
     @property
@@ -132,7 +147,7 @@ class Layout:
     header_size: int
     data_offset: int
     alignment: int
-    tensor_ends: tuple[int, ...]       # absolute end of each tensor's data
+    tensor_ends: tuple[int, ...]  # absolute end of each tensor's data
 
     def of_kind(self, *kinds: str) -> list[Field]:
         return [f for f in self.fields if f.kind in kinds]
@@ -143,6 +158,7 @@ class Layout:
 
 class Case:
     """One fuzz input; its repr (what hypothesis prints for a failing example) is the label only."""
+
     __slots__ = ("data", "label")
 
     def __init__(self, data: bytes, label: str):
@@ -191,7 +207,7 @@ def walk_layout(data: bytes) -> Layout:
 
     def string(label: str) -> bytes:
         n = u64("str_len", f"length of {label}")
-        return data[take("str", n, label):pos]
+        return data[take("str", n, label) : pos]
 
     def value(vtype: int, label: str) -> object:
         if vtype in _SCALAR_SIZES:
@@ -315,7 +331,7 @@ def check_parsed(g: GGUFFile, data: bytes) -> None:
         DOWNSTREAM["chat template: ChatTemplateError"] += 1
 
 
-DOWNSTREAM: Counter = Counter()     # what the readers of parsed files made of them (for tools/fuzz_long.py)
+DOWNSTREAM: Counter = Counter()  # what the readers of parsed files made of them (for tools/fuzz_long.py)
 
 
 def check_input(data: bytes) -> str:
@@ -328,7 +344,7 @@ def check_input(data: bytes) -> str:
     else:
         tracemalloc.start()
         base = 0
-    start = time.process_time()      # CPU time of this process: other processes' load does not count
+    start = time.process_time()  # CPU time of this process: other processes' load does not count
     try:
         try:
             g = GGUFFile.from_buffer(buf)
@@ -350,7 +366,7 @@ def check_input(data: bytes) -> str:
     return outcome
 
 
-WORST = {"seconds": 0.0, "peak_bytes": 0}   # over all inputs checked so far (tools/fuzz_long.py prints it)
+WORST = {"seconds": 0.0, "peak_bytes": 0}  # over all inputs checked so far (tools/fuzz_long.py prints it)
 
 
 def canonical(v: object) -> object:
@@ -365,9 +381,14 @@ def canonical(v: object) -> object:
 
 
 def same_file(a: GGUFFile, b: GGUFFile) -> bool:
-    return (a.version == b.version and a.header_size == b.header_size and a.data_offset == b.data_offset
-            and a.tensors == b.tensors and list(a.metadata) == list(b.metadata)
-            and all(canonical(a.metadata[k]) == canonical(b.metadata[k]) for k in a.metadata))
+    return (
+        a.version == b.version
+        and a.header_size == b.header_size
+        and a.data_offset == b.data_offset
+        and a.tensors == b.tensors
+        and list(a.metadata) == list(b.metadata)
+        and all(canonical(a.metadata[k]) == canonical(b.metadata[k]) for k in a.metadata)
+    )
 
 
 def full_outcome(data: bytes) -> GGUFFile | GGUFError:
@@ -418,15 +439,19 @@ def header_byte_flips(draw) -> Case:
 def field_overwrites(draw) -> Case:
     """One integer field (counts, lengths, value/element types, n_dims, dims, tensor types) rewritten."""
     seed = seeds()[draw(seed_names)]
-    fields = seed.layout.of_kind("version", "count", "str_len", "arr_len", "vtype", "etype", "n_dims", "dim",
-                                 "ggml_type")
+    fields = seed.layout.of_kind(
+        "version", "count", "str_len", "arr_len", "vtype", "etype", "n_dims", "dim", "ggml_type"
+    )
     f = draw(st.sampled_from(fields))
     if f.size == 8:
         old = struct.unpack_from("<Q", seed.data, f.start)[0]
-        new = draw(st.one_of(st.sampled_from(U64_SPECIAL + [len(seed.data), len(seed.data) - f.end,
-                                                             len(seed.data) - f.end + 1]),
-                             st.integers(0, 2**64 - 1),
-                             st.integers(-3, 3).map(lambda d, o=old: max(0, o + d))))
+        new = draw(
+            st.one_of(
+                st.sampled_from(U64_SPECIAL + [len(seed.data), len(seed.data) - f.end, len(seed.data) - f.end + 1]),
+                st.integers(0, 2**64 - 1),
+                st.integers(-3, 3).map(lambda d, o=old: max(0, o + d)),
+            )
+        )
         return Case(put(seed.data, f.start, "<Q", new), f"{seed.name} {f.label}: {old} -> {new}")
     old = struct.unpack_from("<I", seed.data, f.start)[0]
     new = draw(st.one_of(st.sampled_from(U32_SPECIAL), st.integers(0, 2**32 - 1)))
@@ -438,8 +463,12 @@ def lying_lengths(draw) -> tuple[Case, Field]:
     """A count or length field claiming more than the whole file."""
     seed = seeds()[draw(seed_names)]
     f = draw(st.sampled_from(seed.layout.of_kind(*LENGTH_KINDS)))
-    new = draw(st.one_of(st.sampled_from([len(seed.data) + 1, 2**32, 2**40, 2**62, 2**63, 2**64 - 1]),
-                         st.integers(len(seed.data) + 1, 2**64 - 1)))
+    new = draw(
+        st.one_of(
+            st.sampled_from([len(seed.data) + 1, 2**32, 2**40, 2**62, 2**63, 2**64 - 1]),
+            st.integers(len(seed.data) + 1, 2**64 - 1),
+        )
+    )
     return Case(put(seed.data, f.start, "<Q", new), f"{seed.name} {f.label} = {new}"), f
 
 
@@ -454,10 +483,24 @@ def tensor_offset_changes(draw) -> Case:
     old = struct.unpack_from("<Q", seed.data, f.start)[0]
     other = draw(st.sampled_from(rels))
     past_end = -(-(len(seed.data) - seed.layout.data_offset) // align) * align
-    new = draw(st.sampled_from([
-        other, other + align, max(other - align, 0), other + 1, old + 1, old + align // 2,
-        past_end, past_end - align, 2**64 - align, 2**63, 2**64 - 1, 0,
-    ]))
+    new = draw(
+        st.sampled_from(
+            [
+                other,
+                other + align,
+                max(other - align, 0),
+                other + 1,
+                old + 1,
+                old + align // 2,
+                past_end,
+                past_end - align,
+                2**64 - align,
+                2**63,
+                2**64 - 1,
+                0,
+            ]
+        )
+    )
     return Case(put(seed.data, f.start, "<Q", new), f"{seed.name} {f.label}: {old} -> {new}")
 
 
@@ -470,22 +513,31 @@ def splices(draw) -> Case:
         extra = draw(st.binary(min_size=1, max_size=16))
         return Case(seed.data[:at] + extra + seed.data[at:], f"{seed.name} {extra!r} inserted at {at}")
     n = draw(st.integers(1, 16))
-    return Case(seed.data[:at] + seed.data[at + n:], f"{seed.name} {n} bytes deleted at {at}")
+    return Case(seed.data[:at] + seed.data[at + n :], f"{seed.name} {n} bytes deleted at {at}")
 
 
 # Values of every GGUF type, for replacing a metadata value with a wrongly typed or absurd one.
-_INT_RANGES = {GGUFValueType.UINT8: (0, 2**8 - 1), GGUFValueType.INT8: (-2**7, 2**7 - 1),
-               GGUFValueType.UINT16: (0, 2**16 - 1), GGUFValueType.INT16: (-2**15, 2**15 - 1),
-               GGUFValueType.UINT32: (0, 2**32 - 1), GGUFValueType.INT32: (-2**31, 2**31 - 1),
-               GGUFValueType.UINT64: (0, 2**64 - 1), GGUFValueType.INT64: (-2**63, 2**63 - 1)}
+_INT_RANGES = {
+    GGUFValueType.UINT8: (0, 2**8 - 1),
+    GGUFValueType.INT8: (-(2**7), 2**7 - 1),
+    GGUFValueType.UINT16: (0, 2**16 - 1),
+    GGUFValueType.INT16: (-(2**15), 2**15 - 1),
+    GGUFValueType.UINT32: (0, 2**32 - 1),
+    GGUFValueType.INT32: (-(2**31), 2**31 - 1),
+    GGUFValueType.UINT64: (0, 2**64 - 1),
+    GGUFValueType.INT64: (-(2**63), 2**63 - 1),
+}
 
 
 def typed_values() -> st.SearchStrategy[object]:
     ints = [st.integers(lo, hi).map(lambda v, t=t: Typed(t, v)) for t, (lo, hi) in _INT_RANGES.items()]
-    int_arrays = [st.lists(st.integers(lo, hi), max_size=6).map(lambda v, t=t: Typed(t, v, True))
-                  for t, (lo, hi) in _INT_RANGES.items()]
+    int_arrays = [
+        st.lists(st.integers(lo, hi), max_size=6).map(lambda v, t=t: Typed(t, v, True))
+        for t, (lo, hi) in _INT_RANGES.items()
+    ]
     return st.one_of(
-        *ints, *int_arrays,
+        *ints,
+        *int_arrays,
         st.floats(width=32).map(lambda v: Typed(GGUFValueType.FLOAT32, v)),
         st.floats().map(lambda v: Typed(GGUFValueType.FLOAT64, v)),
         st.booleans(),
@@ -499,10 +551,16 @@ def typed_values() -> st.SearchStrategy[object]:
     )
 
 
-EXTRA_KEYS = ["general.alignment", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.pre",
-              "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.add_space_prefix",
-              "bitnet-b1.58.attention.key_length", "bitnet-b1.58.attention.value_length",
-              "general.description"]
+EXTRA_KEYS = [
+    "general.alignment",
+    "tokenizer.ggml.eot_token_id",
+    "tokenizer.ggml.pre",
+    "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.add_space_prefix",
+    "bitnet-b1.58.attention.key_length",
+    "bitnet-b1.58.attention.value_length",
+    "general.description",
+]
 
 
 def rebuild(seed: Seed, metadata: dict[str, object]) -> bytes:
@@ -512,7 +570,7 @@ def rebuild(seed: Seed, metadata: dict[str, object]) -> bytes:
     w.tensors = seed.writer.tensors
     head = w.header_bytes()
     align = seed.layout.alignment
-    return head + b"\0" * (-len(head) % align) + seed.data[seed.layout.data_offset:]
+    return head + b"\0" * (-len(head) % align) + seed.data[seed.layout.data_offset :]
 
 
 @st.composite
@@ -563,7 +621,7 @@ def chained_mutations(draw) -> Case:
 # Tests
 # ---------------------------------------------------------------------------------------------
 
-OUTCOMES: Counter = Counter()       # per category, for the summary test and tools/fuzz_long.py
+OUTCOMES: Counter = Counter()  # per category, for the summary test and tools/fuzz_long.py
 
 
 def run_case(category: str, data: bytes, label: str) -> str:
@@ -628,6 +686,7 @@ def _fuzz(category: str):
     @given(case=MUTATIONS[category])
     def test(case):
         run_case(category, case.data, case.label)
+
     return test
 
 
@@ -683,7 +742,8 @@ def test_incremental_parse_agrees_with_whole_file(case, data):
     else:
         if got is not None:
             assert (isinstance(full, GGUFFile) and same_file(got, full)) or (
-                isinstance(full, GGUFFormatError) and "past the end" in str(full)), label
+                isinstance(full, GGUFFormatError) and "past the end" in str(full)
+            ), label
     # Streaming: chunks of a drawn size until parse_header gives an answer.
     step = data.draw(st.integers(256, 8192), label="chunk")
     total = data.draw(st.sampled_from([None, len(raw)]), label="total")
@@ -709,10 +769,16 @@ def test_hostile_counts_are_bounded():
     """Regressions: arrays nested thousands deep raised RecursionError; an empty tensor with a huge
     dim made tensor() raise numpy's ValueError; a block_count of 2^64 - 1 made config_from_gguf loop
     over every layer (minutes, gigabytes). All are now typed errors."""
-    level = struct.pack("<IQ", GGUFValueType.ARRAY, 1)       # element type ARRAY, one element
+    level = struct.pack("<IQ", GGUFValueType.ARRAY, 1)  # element type ARRAY, one element
     deep = level * 5000 + struct.pack("<IQ", 0, 0)
-    raw = (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1) + b"a"
-           + struct.pack("<I", GGUFValueType.ARRAY) + deep)
+    raw = (
+        b"GGUF"
+        + struct.pack("<IQQ", 3, 0, 1)
+        + struct.pack("<Q", 1)
+        + b"a"
+        + struct.pack("<I", GGUFValueType.ARRAY)
+        + deep
+    )
     assert run_case("regression", raw, "nested 5000 deep") == "GGUFFormatError"
     with pytest.raises(GGUFFormatError, match="nested more than"):
         GGUFFile.from_buffer(raw)

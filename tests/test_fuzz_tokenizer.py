@@ -25,8 +25,9 @@ from bitnet_web.text.tokenizer import StreamDecoder, Tokenizer, TokenizerError
 
 tokenizers = pytest.importorskip("tokenizers")
 
-FUZZ = settings(max_examples=300, derandomize=True, database=None, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=300, derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def load_llama3() -> Tokenizer:
@@ -61,6 +62,7 @@ def find_interesting_ids(tok: Tokenizer, byte_token: dict[int, int]) -> list[int
 
 
 # The properties, as functions (tools/fuzz_long.py runs them with other strategies and budgets).
+
 
 def check_round_trip(tok: Tokenizer, hf, text: str) -> None:
     ids = tok.encode(text)
@@ -112,11 +114,60 @@ def hf():
 # Pieces that stress the pre-tokenizer and BPE: contractions, digits, whitespace kinds, control
 # characters, combining marks, ZWJ sequences, RTL, astral characters, noncharacters, special-token text.
 STRESS_PIECES = [
-    "'s", "'S", "'ſ", "'ll", "'", "123456", "1", "\u0661\u0662", " ", "  ", "\t", "\n", "\r\n", "\r",
-    "\x0b", "\x0c", "\x85", "\xa0", "\u2028", "\u3000", "\x00", "\x1c", "\x7f", "\u200b", "\u200d",
-    "e\u0301", "\u0301", "👨‍👩‍👧", "🇩🇪", "𝔘𝔫𝔦", "\U0010ffff", "\ufffe", "\uffff", "\ufeff", "\ufffd",
-    "שלום", "مرحبا", "漢字", "ｶﾀｶﾅ", "ß", "İ", "Ǆ", "<|eot_id|>", "<|begin_of_text|>", "<|eot_",
-    "<|reserved_special_token_0|>", "<script>", "Hello", " world", "a", "Z", ".", "...", "!?",
+    "'s",
+    "'S",
+    "'ſ",
+    "'ll",
+    "'",
+    "123456",
+    "1",
+    "\u0661\u0662",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\r\n",
+    "\r",
+    "\x0b",
+    "\x0c",
+    "\x85",
+    "\xa0",
+    "\u2028",
+    "\u3000",
+    "\x00",
+    "\x1c",
+    "\x7f",
+    "\u200b",
+    "\u200d",
+    "e\u0301",
+    "\u0301",
+    "👨‍👩‍👧",
+    "🇩🇪",
+    "𝔘𝔫𝔦",
+    "\U0010ffff",
+    "\ufffe",
+    "\uffff",
+    "\ufeff",
+    "\ufffd",
+    "שלום",
+    "مرحبا",
+    "漢字",
+    "ｶﾀｶﾅ",
+    "ß",
+    "İ",
+    "Ǆ",
+    "<|eot_id|>",
+    "<|begin_of_text|>",
+    "<|eot_",
+    "<|reserved_special_token_0|>",
+    "<script>",
+    "Hello",
+    " world",
+    "a",
+    "Z",
+    ".",
+    "...",
+    "!?",
 ]
 unicode_text = st.one_of(
     st.text(max_size=40),
@@ -131,8 +182,7 @@ def test_unicode_round_trips_and_matches_hf(tok, hf, text):
     check_round_trip(tok, hf, text)
 
 
-BYTES_DECODED = st.tuples(st.binary(max_size=64),
-                          st.sampled_from(["surrogateescape", "replace", "ignore", "latin-1"]))
+BYTES_DECODED = st.tuples(st.binary(max_size=64), st.sampled_from(["surrogateescape", "replace", "ignore", "latin-1"]))
 
 
 @FUZZ
@@ -169,9 +219,15 @@ def test_stream_decoder_concatenation_equals_decode(tok, interesting_ids, data, 
     check_stream(tok, data.draw(id_sequences(tok, interesting_ids, 24)), skip_special)
 
 
-BAD_IDS = {"-1": lambda v: -1, "-2^63": lambda v: -(2**63), "vocab_size": lambda v: v,
-           "vocab_size+1": lambda v: v + 1, "2^31": lambda v: 2**31, "2^64": lambda v: 2**64,
-           "10^30": lambda v: 10**30}
+BAD_IDS = {
+    "-1": lambda v: -1,
+    "-2^63": lambda v: -(2**63),
+    "vocab_size": lambda v: v,
+    "vocab_size+1": lambda v: v + 1,
+    "2^31": lambda v: 2**31,
+    "2^64": lambda v: 2**64,
+    "10^30": lambda v: 10**30,
+}
 NOT_IDS = [1.5, 1.0, "3", None, b"\x01", [1], True]
 
 
@@ -179,8 +235,13 @@ NOT_IDS = [1.5, 1.0, "3", None, b"\x01", [1], True]
 def test_out_of_range_ids_raise_a_clear_error(tok, which):
     bad = BAD_IDS[which](tok.vocab_size)
     message = rf"token id {bad} is outside the vocabulary \(0\.\.{tok.vocab_size - 1}\)"
-    for call in (lambda: tok.decode([5, bad]), lambda: tok.token_bytes(bad), lambda: tok.is_special(bad),
-                 lambda: StreamDecoder(tok).push(bad), lambda: tok.token_text(bad)):
+    for call in (
+        lambda: tok.decode([5, bad]),
+        lambda: tok.token_bytes(bad),
+        lambda: tok.is_special(bad),
+        lambda: StreamDecoder(tok).push(bad),
+        lambda: tok.token_text(bad),
+    ):
         with pytest.raises(TokenizerError, match=message):
             call()
 
@@ -188,9 +249,8 @@ def test_out_of_range_ids_raise_a_clear_error(tok, which):
 @pytest.mark.parametrize("bad", NOT_IDS, ids=repr)
 def test_non_integer_ids_raise_a_clear_error(tok, bad):
     """Regression: 1.5 or "3" raised TypeError from list indexing; 1.0 decoded as token 1 once cached."""
-    tok.decode([1])   # token 1 in the cache
-    for call in (lambda: tok.decode([bad]), lambda: tok.token_bytes(bad),
-                 lambda: StreamDecoder(tok).push(bad)):
+    tok.decode([1])  # token 1 in the cache
+    for call in (lambda: tok.decode([bad]), lambda: tok.token_bytes(bad), lambda: StreamDecoder(tok).push(bad)):
         with pytest.raises(TokenizerError, match="is not an integer"):
             call()
 
@@ -209,6 +269,7 @@ def test_long_words_match_hf(tok, hf, alphabet):
     HF's ids. (It replaced a quadratic loop: 4000 random letters took 2.5 s, 40000 would take minutes;
     now 0.03 s and 0.4 s.)"""
     import random
+
     rng = random.Random(len(alphabet))
     for n in (65, 300, 3000):
         text = "".join(rng.choice(alphabet) for _ in range(n))
@@ -221,22 +282,23 @@ WRONG_TYPES = [
     ("tokenizer.ggml.model", 5, "'tokenizer.ggml.model': expected a string, got int 5"),
     ("tokenizer.ggml.tokens", "abc", "'tokenizer.ggml.tokens': expected an array of strings, got str"),
     ("tokenizer.ggml.tokens", np.arange(3, dtype=np.int32), "expected an array of strings, got ndarray"),
-    ("tokenizer.ggml.merges", np.array([1, 2], dtype=np.uint8),
-     "'tokenizer.ggml.merges': expected an array of strings"),
+    (
+        "tokenizer.ggml.merges",
+        np.array([1, 2], dtype=np.uint8),
+        "'tokenizer.ggml.merges': expected an array of strings",
+    ),
     ("tokenizer.ggml.merges", 0, "'tokenizer.ggml.merges': expected an array of strings, got int 0"),
     ("tokenizer.ggml.token_type", ["a", "b"], "'tokenizer.ggml.token_type': expected an array of integers"),
     ("tokenizer.ggml.token_type", [[1], [2]], "'tokenizer.ggml.token_type': expected an array of integers"),
     ("tokenizer.ggml.scores", ["x"], "'tokenizer.ggml.scores': expected an array of numbers"),
-    ("tokenizer.ggml.add_bos_token", np.array([], dtype=np.uint8),
-     "'tokenizer.ggml.add_bos_token': expected a bool"),
+    ("tokenizer.ggml.add_bos_token", np.array([], dtype=np.uint8), "'tokenizer.ggml.add_bos_token': expected a bool"),
     ("tokenizer.ggml.add_space_prefix", "yes", "'tokenizer.ggml.add_space_prefix': expected a bool"),
     ("tokenizer.ggml.bos_token_id", 1.5, "'tokenizer.ggml.bos_token_id': expected an integer token id"),
     ("tokenizer.ggml.eos_token_id", "3", "'tokenizer.ggml.eos_token_id': expected an integer token id"),
 ]
 
 
-@pytest.mark.parametrize(("key", "value", "message"), WRONG_TYPES,
-                         ids=[f"{k}={v!r}"[:40] for k, v, _ in WRONG_TYPES])
+@pytest.mark.parametrize(("key", "value", "message"), WRONG_TYPES, ids=[f"{k}={v!r}"[:40] for k, v, _ in WRONG_TYPES])
 def test_wrongly_typed_tokenizer_metadata_is_a_tokenizer_error(key, value, message):
     """Regression (found by fuzzing GGUF metadata): these raised numpy's ValueError or TypeError."""
     md = synthetic_vocab_metadata(300)

@@ -40,8 +40,15 @@ def tinfo(name: str | bytes, ne: tuple[int, ...], ggml_type: int, offset: int) -
     return gstr(name) + struct.pack(f"<I{len(ne)}Q", len(ne), *ne) + struct.pack("<IQ", ggml_type, offset)
 
 
-def build(kvs: list[bytes], infos: list[bytes], data: bytes = b"", *, version: int = 3,
-          alignment: int = 32, magic: bytes = b"GGUF") -> bytes:
+def build(
+    kvs: list[bytes],
+    infos: list[bytes],
+    data: bytes = b"",
+    *,
+    version: int = 3,
+    alignment: int = 32,
+    magic: bytes = b"GGUF",
+) -> bytes:
     head = magic + struct.pack("<IQQ", version, len(infos), len(kvs)) + b"".join(kvs) + b"".join(infos)
     pad = -len(head) % alignment
     return head + b"\0" * pad + data
@@ -49,8 +56,11 @@ def build(kvs: list[bytes], infos: list[bytes], data: bytes = b"", *, version: i
 
 def one_f32_tensor_file(values=(1.0, 2.0, 3.0, 4.0)) -> bytes:
     data = np.array(values, dtype="<f4").tobytes()
-    return build([kv("general.architecture", GGUFValueType.STRING, gstr("test"))],
-                 [tinfo("w", (len(values),), GGMLType.F32, 0)], data)
+    return build(
+        [kv("general.architecture", GGUFValueType.STRING, gstr("test"))],
+        [tinfo("w", (len(values),), GGMLType.F32, 0)],
+        data,
+    )
 
 
 def test_hand_built_file_parses():
@@ -70,14 +80,22 @@ def test_version_2_accepted():
 # --- every metadata type, cross-checked with the gguf package ----------------------------------
 
 ALL_TYPES_METADATA = {
-    "u8": Typed(GGUFValueType.UINT8, 200), "i8": Typed(GGUFValueType.INT8, -5),
-    "u16": Typed(GGUFValueType.UINT16, 60000), "i16": Typed(GGUFValueType.INT16, -30000),
-    "u32": Typed(GGUFValueType.UINT32, 4_000_000_000), "i32": Typed(GGUFValueType.INT32, -2_000_000_000),
-    "f32": Typed(GGUFValueType.FLOAT32, 0.5), "bool": True,
-    "str": "héllo ✓ 世界", "u64": Typed(GGUFValueType.UINT64, 2**63 + 5),
-    "i64": Typed(GGUFValueType.INT64, -(2**62)), "f64": Typed(GGUFValueType.FLOAT64, 1e-300),
-    "arr_i32": np.arange(-3, 1000, dtype=np.int32), "arr_f32": np.linspace(0, 1, 7, dtype=np.float32),
-    "arr_bool": np.array([True, False, True]), "arr_str": ["a", "", "ĠHello", "\u00ff\u4e16"],
+    "u8": Typed(GGUFValueType.UINT8, 200),
+    "i8": Typed(GGUFValueType.INT8, -5),
+    "u16": Typed(GGUFValueType.UINT16, 60000),
+    "i16": Typed(GGUFValueType.INT16, -30000),
+    "u32": Typed(GGUFValueType.UINT32, 4_000_000_000),
+    "i32": Typed(GGUFValueType.INT32, -2_000_000_000),
+    "f32": Typed(GGUFValueType.FLOAT32, 0.5),
+    "bool": True,
+    "str": "héllo ✓ 世界",
+    "u64": Typed(GGUFValueType.UINT64, 2**63 + 5),
+    "i64": Typed(GGUFValueType.INT64, -(2**62)),
+    "f64": Typed(GGUFValueType.FLOAT64, 1e-300),
+    "arr_i32": np.arange(-3, 1000, dtype=np.int32),
+    "arr_f32": np.linspace(0, 1, 7, dtype=np.float32),
+    "arr_bool": np.array([True, False, True]),
+    "arr_str": ["a", "", "ĠHello", "\u00ff\u4e16"],
     "arr_u8": Typed(GGUFValueType.UINT8, [1, 2, 255], True),
     "nested": [[1, 2, 3], [4], []],
     "nested_str": [["x", "y"], ["z"]],
@@ -117,7 +135,7 @@ def test_metadata_agrees_with_gguf_package_reader(tmp_path):
     reader = gguf.GGUFReader(str(path))
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key.startswith("nested"):
-            continue       # the gguf package flattens nested arrays; checked in the roundtrip test
+            continue  # the gguf package flattens nested arrays; checked in the roundtrip test
         ref = field.contents()
         got = ours[key]
         if isinstance(got, np.ndarray):
@@ -171,7 +189,7 @@ def test_tensor_bytes_are_zero_copy_views(tmp_path):
     raw = g.tensor_bytes("w")
     assert np.shares_memory(raw, g.data)
     assert np.shares_memory(g.tensor("w"), g.data)
-    buf = np.frombuffer(bytearray(one_f32_tensor_file()), dtype=np.uint8)   # the Pyodide case
+    buf = np.frombuffer(bytearray(one_f32_tensor_file()), dtype=np.uint8)  # the Pyodide case
     g2 = GGUFFile.from_buffer(buf)
     assert np.shares_memory(g2.tensor_bytes("w"), buf)
     assert np.shares_memory(g2.metadata["general.architecture"] and g2.tensor("w"), buf)
@@ -211,16 +229,16 @@ def test_custom_alignment(tmp_path):
 
 # --- incremental parsing -----------------------------------------------------------------------
 
+
 def test_parse_header_incremental(tmp_path):
     path = tmp_path / "m.gguf"
-    write_random_bitnet(str(path), dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256,
-                        vocab_size=300)
+    write_random_bitnet(str(path), dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256, vocab_size=300)
     data = path.read_bytes()
     full = open_gguf(str(path))
     for total in (len(data), None):
         for cut in list(range(0, full.header_size, 97)) + [full.header_size - 1]:
             assert parse_header(data[:cut], total) is None, cut
-        g = parse_header(data[:full.header_size], total)
+        g = parse_header(data[: full.header_size], total)
         assert g is not None and g.header_size == full.header_size
         assert g.metadata.keys() == full.metadata.keys()
         assert g.metadata["tokenizer.ggml.tokens"] == full.metadata["tokenizer.ggml.tokens"]
@@ -233,18 +251,17 @@ def test_parse_header_incremental(tmp_path):
 
 
 def test_parse_header_rejects_lies_early_when_total_size_known():
-    raw = build([kv("tokenizer.ggml.tokens", GGUFValueType.ARRAY,
-                    struct.pack("<IQ", GGUFValueType.STRING, 10**9))], [])
+    raw = build([kv("tokenizer.ggml.tokens", GGUFValueType.ARRAY, struct.pack("<IQ", GGUFValueType.STRING, 10**9))], [])
     with pytest.raises(GGUFFormatError, match="claims 1000000000 elements"):
         parse_header(raw, total_size=100_000)
-    assert parse_header(raw, total_size=None) is None   # unknown size: wait for more bytes
+    assert parse_header(raw, total_size=None) is None  # unknown size: wait for more bytes
 
 
 # --- bad input: one test each ---------------------------------------------------------------
 
+
 def test_empty_and_truncated_header():
-    raw = build([kv_u32("general.alignment", 32), kv("k", GGUFValueType.STRING, gstr("value"))], [],
-                alignment=1)
+    raw = build([kv_u32("general.alignment", 32), kv("k", GGUFValueType.STRING, gstr("value"))], [], alignment=1)
     for cut in (0, 3, 10, 30, len(raw) - 2):
         with pytest.raises(GGUFTruncatedError, match="byte offset"):
             GGUFFile.from_buffer(raw[:cut])
@@ -281,8 +298,9 @@ def test_unknown_version():
 
 
 def test_absurd_array_length_rejected_before_allocating():
-    raw = build([kv("tokenizer.ggml.scores", GGUFValueType.ARRAY,
-                    struct.pack("<IQ", GGUFValueType.FLOAT32, 2**61))], [])
+    raw = build(
+        [kv("tokenizer.ggml.scores", GGUFValueType.ARRAY, struct.pack("<IQ", GGUFValueType.FLOAT32, 2**61))], []
+    )
     tracemalloc.start()
     with pytest.raises(GGUFFormatError, match=r"'tokenizer\.ggml\.scores' at byte offset \d+ claims"):
         GGUFFile.from_buffer(raw)
@@ -292,8 +310,9 @@ def test_absurd_array_length_rejected_before_allocating():
 
 
 def test_absurd_string_array_length():
-    raw = build([kv("tokenizer.ggml.tokens", GGUFValueType.ARRAY,
-                    struct.pack("<IQ", GGUFValueType.STRING, 10**12))], [])
+    raw = build(
+        [kv("tokenizer.ggml.tokens", GGUFValueType.ARRAY, struct.pack("<IQ", GGUFValueType.STRING, 10**12))], []
+    )
     with pytest.raises(GGUFFormatError, match="claims 1000000000000 elements"):
         GGUFFile.from_buffer(raw)
 
@@ -354,7 +373,7 @@ def test_duplicate_metadata_keys():
 
 
 def test_unsupported_tensor_type_names_tensor_and_id():
-    raw = build([], [tinfo("blk.0.attn_q.weight", (32,), 2, 0)], b"\0" * 64)   # 2 = Q4_0
+    raw = build([], [tinfo("blk.0.attn_q.weight", (32,), 2, 0)], b"\0" * 64)  # 2 = Q4_0
     with pytest.raises(GGUFUnsupportedError, match=r"'blk\.0\.attn_q\.weight' has GGML type id 2"):
         GGUFFile.from_buffer(raw)
     raw = build([], [tinfo("x", (32,), 39, 0)], b"\0" * 64)
@@ -405,7 +424,7 @@ def test_nan_inf_i2s_scale_found_on_validation(bad):
     raw_t = i2s_encode(np.ones(128, dtype=np.int8), 1.0)
     raw_t[32:36] = np.array([bad], dtype="<f4").view(np.uint8)
     raw = build([], [tinfo("blk.0.ffn_up.weight", (128,), GGMLType.I2_S, 0)], raw_t.tobytes())
-    g = GGUFFile.from_buffer(raw)        # header parsing does not touch tensor data
+    g = GGUFFile.from_buffer(raw)  # header parsing does not touch tensor data
     where = rf"tensor 'blk\.0\.ffn_up\.weight' at byte offset {g.data_offset}: I2_S scale"
     with pytest.raises(GGUFFormatError, match=where):
         g.validate_tensors()
@@ -414,6 +433,7 @@ def test_nan_inf_i2s_scale_found_on_validation(bad):
 
 
 # --- describe ----------------------------------------------------------------------------------
+
 
 def test_describe_vocab_only(tmp_path):
     path = tmp_path / "vocab.gguf"

@@ -15,13 +15,29 @@ TINY = dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512, vocab_siz
 
 # ground-truth.md: model keys (prefix = architecture) and tokenizer keys of the 2B-4T file.
 GROUND_TRUTH_ARCH_KEYS = {
-    "vocab_size", "context_length", "embedding_length", "block_count", "feed_forward_length",
-    "rope.dimension_count", "attention.head_count", "attention.head_count_kv",
-    "attention.layer_norm_rms_epsilon", "rope.freq_base"}
+    "vocab_size",
+    "context_length",
+    "embedding_length",
+    "block_count",
+    "feed_forward_length",
+    "rope.dimension_count",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.layer_norm_rms_epsilon",
+    "rope.freq_base",
+}
 GROUND_TRUTH_TOKENIZER_KEYS = {
-    "tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores",
-    "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-    "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token", "tokenizer.chat_template"}
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.scores",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.padding_token_id",
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.chat_template",
+}
 
 
 def test_gguf_package_reads_our_standard_types(tmp_path):
@@ -81,7 +97,7 @@ def test_tensor_sources_callable_and_chunks(tmp_path):
     w.add_tensor("a", (2, 3), GGMLType.F32, late)
     w.add_tensor("b", (8,), GGMLType.F16, chunks())
     w.add_tensor("c", (4,), GGMLType.F32, np.ones(4, np.float32).tobytes())
-    assert calls == []                        # nothing generated before write()
+    assert calls == []  # nothing generated before write()
     w.write()
     assert calls == ["late", "chunks"]
     g = open_gguf(str(path))
@@ -104,10 +120,11 @@ def test_wrong_tensor_size_rejected(tmp_path):
 
 
 def test_streaming_keeps_memory_small(tmp_path):
-    dim, vocab = 1024, 32768                   # 64 MiB F16 embedding, streamed in chunks
+    dim, vocab = 1024, 32768  # 64 MiB F16 embedding, streamed in chunks
     tracemalloc.start()
-    write_random_bitnet(str(tmp_path / "m.gguf"), dim=dim, n_layers=1, n_heads=8, n_kv_heads=8,
-                        ffn_dim=1024, vocab_size=vocab)
+    write_random_bitnet(
+        str(tmp_path / "m.gguf"), dim=dim, n_layers=1, n_heads=8, n_kv_heads=8, ffn_dim=1024, vocab_size=vocab
+    )
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert (tmp_path / "m.gguf").stat().st_size > dim * vocab * 2
@@ -152,7 +169,7 @@ def test_metadata_keys_as_ground_truth(tmp_path):
     path = tmp_path / "k.gguf"
     write_random_bitnet(str(path), **TINY)
     md = open_gguf(str(path)).metadata
-    arch_keys = {k[len("bitnet-b1.58."):] for k in md if k.startswith("bitnet-b1.58.")}
+    arch_keys = {k[len("bitnet-b1.58.") :] for k in md if k.startswith("bitnet-b1.58.")}
     assert arch_keys == GROUND_TRUTH_ARCH_KEYS
     assert {k for k in md if k.startswith("tokenizer.")} == GROUND_TRUTH_TOKENIZER_KEYS
     assert md["general.architecture"] == "bitnet-b1.58" and md["general.file_type"] == 40
@@ -190,8 +207,9 @@ def test_2b4t_shaped_model_streams(tmp_path):
     """The exact 2B-4T shapes (1.18 GB): written with little memory, header as ground truth."""
     path = tmp_path / "big.gguf"
     tracemalloc.start()
-    size = write_random_bitnet(str(path), dim=2560, n_layers=30, n_heads=20, n_kv_heads=5, ffn_dim=6912,
-                               vocab_size=128256)
+    size = write_random_bitnet(
+        str(path), dim=2560, n_layers=30, n_heads=20, n_kv_heads=5, ffn_dim=6912, vocab_size=128256
+    )
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 200 << 20

@@ -56,8 +56,14 @@ from bitnet_web.model.config import config_from_gguf  # noqa: E402
 from bitnet_web.text.chat import ChatTemplate  # noqa: E402
 from bitnet_web.text.tokenizer import Tokenizer  # noqa: E402
 
-SHAPE = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512,
-             num_hidden_layers=3, vocab_size=1000)
+SHAPE = dict(
+    hidden_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=512,
+    num_hidden_layers=3,
+    vocab_size=1000,
+)
 IDS = np.random.default_rng(11).integers(0, 1000, SEQ_LEN).tolist()
 
 
@@ -70,6 +76,7 @@ def _ternarize_and_pack(state: dict, keys: list[str], linear_class: str) -> None
     """transformers' offline form of each Linear in `state`: WeightQuant's absmean ternarization, packed by
     pack_weights along dim 0, with a float32 weight_scale (absmean, or 1/absmean for BitLinear)."""
     from transformers.integrations.bitnet import pack_weights
+
     for key in keys:
         w = state[f"{key}.weight"].float()
         absmean = w.abs().mean().clamp(min=1e-5)
@@ -84,13 +91,17 @@ def _online_reference(folder):
     embedding (and LM head) rounded to F16 as the GGUF stores them. transformers takes the mode only
     from config.json, so a sibling folder gets the weights (linked) and a config saying so."""
     from transformers import AutoModelForCausalLM
+
     online = folder.with_name(folder.name + "-online")
     if not online.exists():
         online.mkdir()
         (online / "model.safetensors").symlink_to(folder / "model.safetensors")
         config = json.loads((folder / "config.json").read_text())
-        config["quantization_config"] = {"quant_method": "bitnet", "linear_class": "autobitlinear",
-                                         "quantization_mode": "online"}
+        config["quantization_config"] = {
+            "quant_method": "bitnet",
+            "linear_class": "autobitlinear",
+            "quantization_mode": "online",
+        }
         (online / "config.json").write_text(json.dumps(config))
     model = AutoModelForCausalLM.from_pretrained(str(online), dtype=torch.float32)
     return _round_embeddings(model.eval())
@@ -98,8 +109,9 @@ def _online_reference(folder):
 
 def _round_embeddings(model):
     with torch.no_grad():
-        for weight in {id(w): w for w in (model.get_input_embeddings().weight,
-                                          model.get_output_embeddings().weight)}.values():
+        for weight in {
+            id(w): w for w in (model.get_input_embeddings().weight, model.get_output_embeddings().weight)
+        }.values():
             weight.copy_(weight.half().float())
     return model
 
@@ -115,9 +127,9 @@ def engine():
 def folders(tmp_path_factory):
     """(a) GGUF path, (b) packed folder, (c) bf16 master-weight folder: one random model."""
     from safetensors.torch import load_file, save_file
+
     root = tmp_path_factory.mktemp("hf")
-    master = build_tiny_bitnet(root / "master", packed=False, dtype="bfloat16", with_tokenizer=True, seed=7,
-                               **SHAPE)
+    master = build_tiny_bitnet(root / "master", packed=False, dtype="bfloat16", with_tokenizer=True, seed=7, **SHAPE)
     packed = root / "packed"
     packed.mkdir()
     state = load_file(str(master / "model.safetensors"))
@@ -127,8 +139,11 @@ def folders(tmp_path_factory):
     state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
     save_file(state, str(packed / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((master / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "bitnet", "linear_class": "autobitlinear",
-                                     "quantization_mode": "offline"}
+    config["quantization_config"] = {
+        "quant_method": "bitnet",
+        "linear_class": "autobitlinear",
+        "quantization_mode": "offline",
+    }
     config["dtype"] = "float32"
     (packed / "config.json").write_text(json.dumps(config))
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -141,6 +156,7 @@ def folders(tmp_path_factory):
 # ---------------------------------------------------------------------------------------------
 # Same model, three forms
 # ---------------------------------------------------------------------------------------------
+
 
 def test_packed_folder_in_memory_is_the_converted_file(folders):
     gguf_path, packed, _ = folders
@@ -170,10 +186,11 @@ def test_master_weights_ternarize_to_the_packed_values(folders):
 def test_fast_repack_equals_reference_encoding():
     """Packed HF bytes -> I2_S directly equals transformers' unpacking followed by quants.i2s_encode."""
     from transformers.integrations.bitnet import unpack_weights
+
     rng = np.random.default_rng(3)
     for out_f, in_f in ((4, 128), (256, 384), (640, 256)):
         codes = rng.integers(0, 3, size=(out_f // 4, in_f, 4)).astype(np.uint8)
-        packed = (codes[..., 0] | codes[..., 1] << 2 | codes[..., 2] << 4 | codes[..., 3] << 6)
+        packed = codes[..., 0] | codes[..., 1] << 2 | codes[..., 2] << 4 | codes[..., 3] << 6
         packed = packed.astype(np.uint8)
         values = unpack_weights(torch.from_numpy(packed), dtype=torch.float32).numpy().astype(np.int8)
         expected = i2s_encode(values, 0.625)
@@ -199,9 +216,9 @@ def test_engine_logits_same_for_gguf_packed_and_master(engine, folders):
 def test_folders_match_transformers(engine, folders, form):
     _, packed, master = folders
     if form == "packed":
-        folder, reference = packed, _reference(packed)          # AutoBitLinear, offline (unpacks)
+        folder, reference = packed, _reference(packed)  # AutoBitLinear, offline (unpacks)
     else:
-        folder, reference = master, _online_reference(master)   # AutoBitLinear, online (absmean)
+        folder, reference = master, _online_reference(master)  # AutoBitLinear, online (absmean)
     result = _compare(engine, reference, folder, IDS)
     assert result["close"], result
     assert result["decisive_positions"] > SEQ_LEN // 2, result
@@ -212,17 +229,29 @@ def test_folders_match_transformers(engine, folders, form):
 # Llama layouts
 # ---------------------------------------------------------------------------------------------
 
+
 def _build_tiny_llama(folder, *, bitnet: bool, seed: int = 5):
     """A random LlamaForCausalLM (untied head). bitnet=True: a Llama-layout BitNet, Linears packed with
     1/absmean scales and quantization_config {quant_method: bitnet} (transformers' default BitLinear);
     bitnet=False: an ordinary fp32 Llama (for the lossy path)."""
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
+
     folder.mkdir(parents=True)
-    config = LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=997, eos_token_id=998,
-                         rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    config = LlamaConfig(
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=997,
+        eos_token_id=998,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     gen = torch.Generator().manual_seed(seed)
@@ -232,7 +261,7 @@ def _build_tiny_llama(folder, *, bitnet: bool, seed: int = 5):
             value = torch.randn(tensor.shape, generator=gen)
         elif name.endswith("norm.weight"):
             value = torch.rand(tensor.shape, generator=gen) * 0.4 + 0.8
-        else:   # gain ~1 per Linear: without sub-norms, std 0.02 would leave attention nearly invisible
+        else:  # gain ~1 per Linear: without sub-norms, std 0.02 would leave attention nearly invisible
             value = torch.randn(tensor.shape, generator=gen) * (1.5 / tensor.shape[1] ** 0.5)
         state[name] = value.contiguous()
     cfg = config.to_dict()
@@ -257,9 +286,10 @@ def llama_folders(tmp_path_factory):
 def test_llama_layout_bitnet_matches_transformers(engine, llama_folders, tmp_path):
     from transformers import LlamaForCausalLM
     from transformers.integrations.bitnet import BitLinear
+
     folder, _ = llama_folders
     reference = _round_embeddings(LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval())
-    assert isinstance(reference.model.layers[0].self_attn.q_proj, BitLinear)   # weight_scale divides
+    assert isinstance(reference.model.layers[0].self_attn.q_proj, BitLinear)  # weight_scale divides
     result = _compare(engine, reference, folder, IDS)
     assert engine.config.arch == "llama" and not engine.config.tied_embeddings
     assert result["close"], result
@@ -287,23 +317,25 @@ def test_plain_llama_lossy_ternarization(engine, llama_folders, tmp_path):
     assert "LOSSY" in gguf.metadata["general.description"]
     assert config_from_gguf(gguf).arch == "llama"
     path = tmp_path / "lossy.gguf"
-    gguf.data.tofile(path)              # the in-memory GGUF, handed to _compare as a file
+    gguf.data.tofile(path)  # the in-memory GGUF, handed to _compare as a file
     result = _compare(engine, _online_reference(plain), path, IDS)
     assert result["close"], result
     assert result["greedy_agree_on_decisive"], result
     engine.load(str(plain), allow_lossy_ternarization=True)
-    assert "LOSSY" in engine.gguf.metadata["general.description"]     # what engine.info shows
+    assert "LOSSY" in engine.gguf.metadata["general.description"]  # what engine.info shows
 
 
 # ---------------------------------------------------------------------------------------------
 # Sharded checkpoints, buffers, URLs
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def sharded(folders, tmp_path_factory):
     """The packed model re-saved as several shards with an index, by huggingface_hub."""
     hub = pytest.importorskip("huggingface_hub")
     from safetensors.torch import load_file
+
     _, packed, _ = folders
     folder = tmp_path_factory.mktemp("shards") / "packed"
     folder.mkdir()
@@ -322,7 +354,7 @@ def test_files_to_fetch(sharded):
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
     names = files_to_fetch(index)
     shards = sorted(p.name for p in sharded.glob("model-*.safetensors"))
-    assert names[-len(shards):] == shards and "model.safetensors.index.json" in names
+    assert names[-len(shards) :] == shards and "model.safetensors.index.json" in names
     assert "model.safetensors" not in names
     assert set(names) - hf_checkpoint.OPTIONAL_FILES <= {p.name for p in sharded.iterdir()}
 
@@ -330,8 +362,11 @@ def test_files_to_fetch(sharded):
 def test_sharded_buffers_equal_single_file(folders, sharded):
     _, packed, _ = folders
     single = load_folder(packed)
-    buffers = {k: v for k, v in _buffers(sharded).items() if k in files_to_fetch(
-        json.loads((sharded / "model.safetensors.index.json").read_text()))}
+    buffers = {
+        k: v
+        for k, v in _buffers(sharded).items()
+        if k in files_to_fetch(json.loads((sharded / "model.safetensors.index.json").read_text()))
+    }
     from_shards = load_from_buffers(buffers, name=packed.name)
     np.testing.assert_array_equal(from_shards.data, single.data)
     missing = dict(buffers)
@@ -341,15 +376,25 @@ def test_sharded_buffers_equal_single_file(folders, sharded):
 
 
 def test_checkpoint_base_url():
-    assert checkpoint_base_url("https://huggingface.co/microsoft/bitnet-b1.58-2B-4T") == \
-        "https://huggingface.co/microsoft/bitnet-b1.58-2B-4T/resolve/main/"
-    assert checkpoint_base_url("https://huggingface.co/microsoft/bitnet-b1.58-2B-4T/resolve/main/") == \
-        "https://huggingface.co/microsoft/bitnet-b1.58-2B-4T/resolve/main/"
-    assert checkpoint_base_url("https://huggingface.co/org/repo/tree/v2/sub") == \
-        "https://huggingface.co/org/repo/resolve/v2/sub/"
+    assert (
+        checkpoint_base_url("https://huggingface.co/microsoft/bitnet-b1.58-2B-4T")
+        == "https://huggingface.co/microsoft/bitnet-b1.58-2B-4T/resolve/main/"
+    )
+    assert (
+        checkpoint_base_url("https://huggingface.co/microsoft/bitnet-b1.58-2B-4T/resolve/main/")
+        == "https://huggingface.co/microsoft/bitnet-b1.58-2B-4T/resolve/main/"
+    )
+    assert (
+        checkpoint_base_url("https://huggingface.co/org/repo/tree/v2/sub")
+        == "https://huggingface.co/org/repo/resolve/v2/sub/"
+    )
     assert checkpoint_base_url("http://127.0.0.1:8000/models/tiny/") == "http://127.0.0.1:8000/models/tiny/"
-    for file_url in ("https://huggingface.co/microsoft/bitnet-b1.58-2B-4T-gguf/resolve/main/ggml-model-i2_s.gguf",
-                     "https://example.com/models/tiny", "file:///tmp/x/", "https://huggingface.co/org"):
+    for file_url in (
+        "https://huggingface.co/microsoft/bitnet-b1.58-2B-4T-gguf/resolve/main/ggml-model-i2_s.gguf",
+        "https://example.com/models/tiny",
+        "file:///tmp/x/",
+        "https://huggingface.co/org",
+    ):
         assert checkpoint_base_url(file_url) is None, file_url
 
 
@@ -386,13 +431,15 @@ def test_folder_urls_download_and_load(folders, sharded, http_root):
     # Second time from the cache: the server is not needed any more.
     shutil.rmtree(root / "single")
     again = hf_checkpoint.load(url + "single/")
-    np.testing.assert_array_equal(again.tensor_bytes("blk.0.ffn_up.weight"),
-                                  expected.tensor_bytes("blk.0.ffn_up.weight"))
+    np.testing.assert_array_equal(
+        again.tensor_bytes("blk.0.ffn_up.weight"), expected.tensor_bytes("blk.0.ffn_up.weight")
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 def test_cli_with_folder(engine, folders, llama_folders, tmp_path, capsys):
@@ -418,6 +465,7 @@ def test_cli_with_folder(engine, folders, llama_folders, tmp_path, capsys):
 # Bad checkpoints
 # ---------------------------------------------------------------------------------------------
 
+
 def _edited(folder, tmp_path, config_edit=None, files=None) -> dict[str, np.ndarray]:
     buffers = _buffers(folder)
     if config_edit is not None:
@@ -428,18 +476,26 @@ def _edited(folder, tmp_path, config_edit=None, files=None) -> dict[str, np.ndar
     return buffers
 
 
-@pytest.mark.parametrize("edit, error, pattern", [
-    (lambda c: c.update(model_type="mistral"), ConvertError, r"model_type 'mistral' is not supported"),
-    (lambda c: c["quantization_config"].update(quant_method="gptq"), ConvertError, r"quant_method 'gptq'"),
-    (lambda c: c["quantization_config"].update(use_rms_norm=True), ConvertError, r"use_rms_norm"),
-    (lambda c: c["quantization_config"].update(modules_to_not_convert=["model.layers.0.mlp.up_proj"]),
-     ConvertError, r"modules_to_not_convert"),
-    (lambda c: c.update(rope_scaling={"rope_type": "llama3", "factor": 8.0}), ConvertError,
-     r"RoPE scaling 'llama3' is not supported"),
-    (lambda c: c.update(intermediate_size=640), ConvertError,
-     r"mlp\.gate_proj\.weight has shape \[128, 256\]"),
-    (lambda c: c.pop("hidden_size"), ConvertError, r"config\.json: missing 'hidden_size'"),
-])
+@pytest.mark.parametrize(
+    "edit, error, pattern",
+    [
+        (lambda c: c.update(model_type="mistral"), ConvertError, r"model_type 'mistral' is not supported"),
+        (lambda c: c["quantization_config"].update(quant_method="gptq"), ConvertError, r"quant_method 'gptq'"),
+        (lambda c: c["quantization_config"].update(use_rms_norm=True), ConvertError, r"use_rms_norm"),
+        (
+            lambda c: c["quantization_config"].update(modules_to_not_convert=["model.layers.0.mlp.up_proj"]),
+            ConvertError,
+            r"modules_to_not_convert",
+        ),
+        (
+            lambda c: c.update(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+            ConvertError,
+            r"RoPE scaling 'llama3' is not supported",
+        ),
+        (lambda c: c.update(intermediate_size=640), ConvertError, r"mlp\.gate_proj\.weight has shape \[128, 256\]"),
+        (lambda c: c.pop("hidden_size"), ConvertError, r"config\.json: missing 'hidden_size'"),
+    ],
+)
 def test_bad_config(folders, tmp_path, edit, error, pattern):
     _, packed, _ = folders
     with pytest.raises(error, match=pattern):
@@ -468,8 +524,9 @@ def test_chat_template_sources(folders):
     _, packed, _ = folders
     buffers = _buffers(packed)
     gguf = load_from_buffers(buffers)
-    assert gguf.metadata["tokenizer.chat_template"] == json.loads(bytes(buffers["tokenizer_config.json"]))[
-        "chat_template"]
+    assert (
+        gguf.metadata["tokenizer.chat_template"] == json.loads(bytes(buffers["tokenizer_config.json"]))["chat_template"]
+    )
     jinja = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     jinja_bytes = np.frombuffer(jinja.encode(), np.uint8)
     with_file = load_from_buffers(dict(buffers, **{"chat_template.jinja": jinja_bytes}))

@@ -42,6 +42,7 @@ def kernels(device):
 
 # --- numpy references ---------------------------------------------------------------------------------
 
+
 def ref_rope(x: np.ndarray, positions: np.ndarray, rope_dim: int, theta: float, style: str) -> np.ndarray:
     """x [T, H, D] float -> rotated copy, float64 angles (the test's own formula, not the module's)."""
     x = x.astype(np.float64)
@@ -78,6 +79,7 @@ def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: int) -> np.n
 
 # --- helpers ------------------------------------------------------------------------------------------
 
+
 def read_f32(device, buffer, count: int, offset: int = 0) -> np.ndarray:
     return device.read_sync(buffer, offset * 4, count * 4).view(np.float32)
 
@@ -92,8 +94,23 @@ def f32_buffer(device, array: np.ndarray | None, n_floats: int, label: str):
 class Layer:
     """One layer's buffers and ops, as model.py will wire them."""
 
-    def __init__(self, device, kernels, *, n_heads, n_kv_heads, head_dim, max_tokens, max_context,
-                 rope_dim=None, theta=10000.0, style="neox", initial_capacity=256, n_layers=1, fused=False):
+    def __init__(
+        self,
+        device,
+        kernels,
+        *,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        max_tokens,
+        max_context,
+        rope_dim=None,
+        theta=10000.0,
+        style="neox",
+        initial_capacity=256,
+        n_layers=1,
+        fused=False,
+    ):
         self.device = device
         self.params = StepParams(device)
         self.cache = KVCache(device, n_layers, n_kv_heads, head_dim, max_context, initial_capacity)
@@ -102,11 +119,30 @@ class Layer:
         self.qkv = f32_buffer(device, None, max_tokens * width, "qkv")
         self.q = f32_buffer(device, None, max_tokens * n_heads * head_dim, "q")
         self.out = f32_buffer(device, None, max_tokens * n_heads * head_dim, "attn out")
-        self.rope = RopeKV(kernels, self.params, self.cache, 0, self.table, self.qkv, self.q, n_heads=n_heads,
-                           style=style, max_tokens=max_tokens)
+        self.rope = RopeKV(
+            kernels,
+            self.params,
+            self.cache,
+            0,
+            self.table,
+            self.qkv,
+            self.q,
+            n_heads=n_heads,
+            style=style,
+            max_tokens=max_tokens,
+        )
         self.fused = fused
-        self.attention = Attention(kernels, self.params, self.cache, 0, self.q, self.out, n_heads=n_heads,
-                                   max_tokens=max_tokens, rope=self.rope if fused else None)
+        self.attention = Attention(
+            kernels,
+            self.params,
+            self.cache,
+            0,
+            self.q,
+            self.out,
+            n_heads=n_heads,
+            max_tokens=max_tokens,
+            rope=self.rope if fused else None,
+        )
 
     def step(self, qkv: np.ndarray, pos: int, *, run_attention=True, pass_pos=True) -> None:
         """One model step: RoPE + KV append + attention (with `fused`, all recorded by Attention)."""
@@ -125,12 +161,13 @@ class Layer:
 def split_qkv(qkv, n_heads, n_kv_heads, head_dim):
     n_tokens = qkv.shape[0]
     q = qkv[:, : n_heads * head_dim].reshape(n_tokens, n_heads, head_dim)
-    k = qkv[:, n_heads * head_dim: (n_heads + n_kv_heads) * head_dim].reshape(n_tokens, n_kv_heads, head_dim)
-    v = qkv[:, (n_heads + n_kv_heads) * head_dim:].reshape(n_tokens, n_kv_heads, head_dim)
+    k = qkv[:, n_heads * head_dim : (n_heads + n_kv_heads) * head_dim].reshape(n_tokens, n_kv_heads, head_dim)
+    v = qkv[:, (n_heads + n_kv_heads) * head_dim :].reshape(n_tokens, n_kv_heads, head_dim)
     return q, k, v
 
 
 # --- RoPE -----------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("style", ["neox", "interleaved"])
 @pytest.mark.parametrize("head_dim, rope_dim", [(64, 64), (128, 128), (64, 32)])
@@ -138,8 +175,19 @@ def split_qkv(qkv, n_heads, n_kv_heads, head_dim):
 def test_rope_kv_matches_reference(device, kernels, style, head_dim, rope_dim, pos):
     n_heads, n_kv_heads, n_tokens, theta = 4, 2, 5, 500000.0
     rng = np.random.default_rng(head_dim + rope_dim + pos)
-    layer = Layer(device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=8,
-                  max_context=4000, rope_dim=rope_dim, theta=theta, style=style, initial_capacity=16)
+    layer = Layer(
+        device,
+        kernels,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        max_tokens=8,
+        max_context=4000,
+        rope_dim=rope_dim,
+        theta=theta,
+        style=style,
+        initial_capacity=16,
+    )
     qkv = rng.standard_normal((n_tokens, (n_heads + 2 * n_kv_heads) * head_dim)).astype(np.float32)
     layer.step(qkv, pos, run_attention=False)
 
@@ -164,8 +212,7 @@ def test_rope_styles_differ(device, kernels):
     qkv = rng.standard_normal((1, 3 * 64)).astype(np.float32)
     outs = []
     for style in ("neox", "interleaved"):
-        layer = Layer(device, kernels, n_heads=1, n_kv_heads=1, head_dim=64, max_tokens=1, max_context=64,
-                      style=style)
+        layer = Layer(device, kernels, n_heads=1, n_kv_heads=1, head_dim=64, max_tokens=1, max_context=64, style=style)
         layer.step(qkv, 9, run_attention=False)
         outs.append(read_f32(device, layer.q, 64))
     assert np.abs(outs[0] - outs[1]).max() > 0.1
@@ -188,8 +235,16 @@ GQA_SHAPES = [  # (n_heads, n_kv_heads, head_dim): query heads per KV head 1, 2,
 def test_attention_matches_reference(device, kernels, n_heads, n_kv_heads, head_dim, n_tokens, pos):
     rng = np.random.default_rng(n_heads * 1000 + n_tokens * 10 + pos)
     rows = pos + n_tokens
-    layer = Layer(device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=33,
-                  max_context=512, initial_capacity=rows)
+    layer = Layer(
+        device,
+        kernels,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        max_tokens=33,
+        max_context=512,
+        initial_capacity=rows,
+    )
     k = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32) * 2.0
     v = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32)
     q = rng.standard_normal((n_tokens, n_heads, head_dim)).astype(np.float32)
@@ -212,14 +267,30 @@ def test_prefill_attention_variants_match_reference(device, kernels, n_heads, n_
     n_tokens, pos = 70, 45
     rng = np.random.default_rng(n_heads + head_dim + len(str(config)))
     rows = pos + n_tokens
-    layer = Layer(device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=n_tokens,
-                  max_context=256, initial_capacity=rows)
-    options = {"tiled_prefill": False} if config == "legacy" else \
-        {"prefill_query_rows": config[0], "prefill_rows_per_thread": config[1]}
-    attention = Attention(kernels, layer.params, layer.cache, 0, layer.q, layer.out, n_heads=n_heads,
-                          max_tokens=n_tokens, **options)
-    if config != "legacy" and config[0] == 32 and head_dim == 128 and \
-            device.limits.max_compute_workgroup_storage_size < 37888:
+    layer = Layer(
+        device,
+        kernels,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        max_tokens=n_tokens,
+        max_context=256,
+        initial_capacity=rows,
+    )
+    options = (
+        {"tiled_prefill": False}
+        if config == "legacy"
+        else {"prefill_query_rows": config[0], "prefill_rows_per_thread": config[1]}
+    )
+    attention = Attention(
+        kernels, layer.params, layer.cache, 0, layer.q, layer.out, n_heads=n_heads, max_tokens=n_tokens, **options
+    )
+    if (
+        config != "legacy"
+        and config[0] == 32
+        and head_dim == 128
+        and device.limits.max_compute_workgroup_storage_size < 37888
+    ):
         pytest.skip("32 query rows of head_dim 128 need 37888 bytes of workgroup memory")
     assert (attention.tiled is None) == (config == "legacy")
     k = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32) * 2.0
@@ -241,8 +312,16 @@ def test_attention_sharp_scores_stay_finite(device, kernels):
     n_heads, n_kv_heads, head_dim, n_tokens, pos = 2, 1, 64, 3, 90
     rng = np.random.default_rng(5)
     rows = pos + n_tokens
-    layer = Layer(device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=4,
-                  max_context=128, initial_capacity=128)
+    layer = Layer(
+        device,
+        kernels,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        max_tokens=4,
+        max_context=128,
+        initial_capacity=128,
+    )
     k = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32) * 12.0
     v = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32)
     q = rng.standard_normal((n_tokens, n_heads, head_dim)).astype(np.float32) * 12.0
@@ -269,8 +348,16 @@ def test_long_context_decode_split(device, kernels, pass_pos):
     n_heads, n_kv_heads, head_dim, pos = 20, 5, 128, 2011
     rng = np.random.default_rng(2011)
     rows = pos + 1
-    layer = Layer(device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=1,
-                  max_context=4096, initial_capacity=4096)
+    layer = Layer(
+        device,
+        kernels,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        max_tokens=1,
+        max_context=4096,
+        initial_capacity=4096,
+    )
     k = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32)
     v = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32)
     # Make a few distant rows dominate some heads, so every tile's partial matters in the combine.
@@ -297,8 +384,19 @@ def test_long_context_decode_with_fused_rope(device, kernels, style, pass_pos):
     k and plain v of row pos to the cache, and attends over the 2011 earlier rows plus that one."""
     n_heads, n_kv_heads, head_dim, pos, theta = 20, 5, 128, 2011, 500000.0
     rng = np.random.default_rng(11)
-    layer = Layer(device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=1,
-                  max_context=4096, theta=theta, style=style, initial_capacity=4096, fused=True)
+    layer = Layer(
+        device,
+        kernels,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        max_tokens=1,
+        max_context=4096,
+        theta=theta,
+        style=style,
+        initial_capacity=4096,
+        fused=True,
+    )
     k = rng.standard_normal((pos + 1, n_kv_heads, head_dim)).astype(np.float32)
     v = rng.standard_normal((pos + 1, n_kv_heads, head_dim)).astype(np.float32)
     device.upload(layer.cache.k[0], 0, k[:pos])
@@ -314,11 +412,13 @@ def test_long_context_decode_with_fused_rope(device, kernels, style, pass_pos):
     row = n_kv_heads * head_dim
     got_k = read_f32(device, layer.cache.k[0], row, pos * row).reshape(n_kv_heads, head_dim)
     np.testing.assert_allclose(got_k, k[pos], atol=5e-4, rtol=1e-4)  # f32 table vs float64 angles
-    np.testing.assert_array_equal(read_f32(device, layer.cache.v[0], row, pos * row).reshape(n_kv_heads, head_dim),
-                                  v[pos])
+    np.testing.assert_array_equal(
+        read_f32(device, layer.cache.v[0], row, pos * row).reshape(n_kv_heads, head_dim), v[pos]
+    )
 
 
 # --- the chain and the cache ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("style, rope_dim", [("neox", 64), ("interleaved", 64), ("neox", 32)])
@@ -329,8 +429,20 @@ def test_prefill_then_decode_with_cache_growth(device, kernels, style, rope_dim,
     n_heads, n_kv_heads, head_dim, theta = 4, 2, 64, 10000.0
     rng = np.random.default_rng(7)
     width = (n_heads + 2 * n_kv_heads) * head_dim
-    layer = Layer(device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=13,
-                  max_context=100, rope_dim=rope_dim, theta=theta, style=style, initial_capacity=16, fused=fused)
+    layer = Layer(
+        device,
+        kernels,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        max_tokens=13,
+        max_context=100,
+        rope_dim=rope_dim,
+        theta=theta,
+        style=style,
+        initial_capacity=16,
+        fused=fused,
+    )
     all_qkv = rng.standard_normal((40, width)).astype(np.float32)
     q, k, v = split_qkv(all_qkv, n_heads, n_kv_heads, head_dim)
     positions = np.arange(40)
@@ -343,16 +455,18 @@ def test_prefill_then_decode_with_cache_growth(device, kernels, style, rope_dim,
 
     capacities = set()
     for p in range(13, 40):
-        layer.step(all_qkv[p: p + 1], p, pass_pos=p % 2 == 0)
+        layer.step(all_qkv[p : p + 1], p, pass_pos=p % 2 == 0)
         capacities.add(layer.cache.capacity)
         got = read_f32(device, layer.out, n_heads * head_dim).reshape(1, n_heads, head_dim)
-        np.testing.assert_allclose(got, ref_attention(q_rot[p: p + 1], k_rot, v, p), atol=3e-5, rtol=1e-4,
-                                   err_msg=f"decode at position {p}")
+        np.testing.assert_allclose(
+            got, ref_attention(q_rot[p : p + 1], k_rot, v, p), atol=3e-5, rtol=1e-4, err_msg=f"decode at position {p}"
+        )
     assert capacities == {16, 32, 64}
     assert layer.attention.fused_rope == fused
     row = n_kv_heads * head_dim
-    np.testing.assert_allclose(read_f32(device, layer.cache.k[0], 40 * row).reshape(40, n_kv_heads, head_dim),
-                               k_rot, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(
+        read_f32(device, layer.cache.k[0], 40 * row).reshape(40, n_kv_heads, head_dim), k_rot, atol=1e-5, rtol=1e-5
+    )
 
 
 def test_cache_growth_stops_at_context_length(device):
@@ -365,6 +479,7 @@ def test_cache_growth_stops_at_context_length(device):
 
 
 # --- bad shapes -------------------------------------------------------------------------------------------
+
 
 def test_bad_shapes_are_refused(device, kernels):
     params = StepParams(device)
@@ -384,11 +499,32 @@ def test_bad_shapes_are_refused(device, kernels):
     with pytest.raises(ValueError, match="rope style must be one of"):
         RopeKV(kernels, params, cache, 0, table, buf, buf, n_heads=4, style="gptj", max_tokens=1)
     with pytest.raises(ValueError, match="rope table covers 32 positions"):
-        RopeKV(kernels, params, cache, 0, RopeTable(device, 64, 10000.0, 32), buf, buf, n_heads=4,
-               style="neox", max_tokens=1)
+        RopeKV(
+            kernels,
+            params,
+            cache,
+            0,
+            RopeTable(device, 64, 10000.0, 32),
+            buf,
+            buf,
+            n_heads=4,
+            style="neox",
+            max_tokens=1,
+        )
     with pytest.raises(ValueError, match="rope_dim 128 exceeds head_dim 64"):
-        RopeKV(kernels, params, cache, 0, RopeTable(device, 128, 10000.0, 64), buf, buf, n_heads=4,
-               style="neox", max_tokens=1)
+        RopeKV(
+            kernels,
+            params,
+            cache,
+            0,
+            RopeTable(device, 128, 10000.0, 64),
+            buf,
+            buf,
+            n_heads=4,
+            style="neox",
+            max_tokens=1,
+        )
     with pytest.raises(ValueError, match="made for other shapes"):
-        Attention(kernels, params, cache, 0, buf, buf, n_heads=4, max_tokens=1,
-                  scratch=AttentionScratch(device, 8, 64, 64))
+        Attention(
+            kernels, params, cache, 0, buf, buf, n_heads=4, max_tokens=1, scratch=AttentionScratch(device, 8, 64, 64)
+        )

@@ -111,6 +111,7 @@ def assert_codes_match(q_gpu: np.ndarray, q_ref: np.ndarray, scaled_ref: np.ndar
 
 # RMSNormQuant / RMSNorm ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("t,width", [(1, 128), (3, 640), (17, 384), (2, 2560), (2, 6912)])
 def test_rmsnorm_quant_matches_numpy(device, kernels, t, width):
     rng = np.random.default_rng(width + t)
@@ -180,6 +181,7 @@ def test_norm_rejects_bad_width(device, kernels):
 
 
 # Ternary weights ---------------------------------------------------------------------------------
+
 
 def random_ternary(rng, n: int, k: int) -> np.ndarray:
     return rng.integers(-1, 2, size=(n, k)).astype(np.int8)
@@ -286,17 +288,25 @@ def test_gated_epilogues_match_numpy(device, kernels, epilogue, f, k, t):
     check_linear(device, op, out_buf, expected)
 
 
-@pytest.mark.parametrize("tile", [{"TX": 16, "TY": 8, "MR": 4, "MT": 4}, {"TX": 8, "TY": 8, "MR": 2, "MT": 8},
-                                  {"TX": 16, "TY": 4, "MR": 6, "MT": 2}, {"TX": 8, "TY": 4, "MR": 4, "MT": 2, "KB": 3},
-                                  {"TX": 16, "TY": 8, "MR": 2, "MT": 8, "CHAIN": 1}])
+@pytest.mark.parametrize(
+    "tile",
+    [
+        {"TX": 16, "TY": 8, "MR": 4, "MT": 4},
+        {"TX": 8, "TY": 8, "MR": 2, "MT": 8},
+        {"TX": 16, "TY": 4, "MR": 6, "MT": 2},
+        {"TX": 8, "TY": 4, "MR": 4, "MT": 2, "KB": 3},
+        {"TX": 16, "TY": 8, "MR": 2, "MT": 8, "CHAIN": 1},
+    ],
+)
 @pytest.mark.parametrize("epilogue", ["residual", "gate_relu2"])
 @pytest.mark.parametrize("pingpong", [False, True])
 def test_gemm_tiles_match_numpy(device, kernels, tile, epilogue, pingpong):
     """Other GEMM tilings (the sweep's variants), with one or two staging buffers, compute the same
     function, tile edges included."""
     rng = np.random.default_rng(tile["TX"] + tile["MR"] + len(epilogue))
-    op, out_buf, expected = linear_case(device, kernels, rng, [90, 90], 384, 21, epilogue, gemm_tile=tile,
-                                        gemm_pingpong=pingpong)
+    op, out_buf, expected = linear_case(
+        device, kernels, rng, [90, 90], 384, 21, epilogue, gemm_tile=tile, gemm_pingpong=pingpong
+    )
     assert ("PINGPONG" in op.gemm.label) == pingpong
     run(device, (op, (21,), {}))
     check_linear(device, op, out_buf, expected)
@@ -317,8 +327,9 @@ def test_gemm_multi_block_stages_match_numpy(device, kernels, epilogue, kb, k):
 def test_gemv_variants_match_numpy(device, kernels, rows, wg):
     """GEMV rows-per-workgroup x threads variants (K=640: 10 chunks; wg 32 leaves threads idle)."""
     rng = np.random.default_rng(rows * wg)
-    op, out_buf, expected = linear_case(device, kernels, rng, [70, 70], 640, 1, "gate_silu", gemv_rows=rows,
-                                        gemv_workgroup_size=wg)
+    op, out_buf, expected = linear_case(
+        device, kernels, rng, [70, 70], 640, 1, "gate_silu", gemv_rows=rows, gemv_workgroup_size=wg
+    )
     run(device, (op, (1,), {}))
     check_linear(device, op, out_buf, expected)
 
@@ -406,11 +417,11 @@ def test_ternary_linear_rejects_bad_use(device, kernels):
     with pytest.raises(TernaryShapeError, match="too small"):
         TernaryLinear(kernels, weights, device.buffer(64, label="small"), buf, buf, StepParams(device))
     with pytest.raises(TernaryShapeError, match="equal shape"):
-        upload_ternary(device, [random_ternary(rng, 8, 128), random_ternary(rng, 4, 128)], [1.0, 1.0],
-                       pair_rows=True)
+        upload_ternary(device, [random_ternary(rng, 8, 128), random_ternary(rng, 4, 128)], [1.0, 1.0], pair_rows=True)
 
 
 # Embedding, LM head, argmax (sharded) --------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def small_binding_device():
@@ -538,12 +549,20 @@ def test_lm_head_variants_match_numpy(device, kernels, rows, wg):
     matrix = F16Matrix.upload(device, table, "head")
     x = random_activations(rng, 1, d)
     logits_buf = device.buffer(4 * v, label="logits")
-    op = LMHead(kernels, matrix, upload(device, x, "x"), logits_buf, step_params(device, 1), rows_per_workgroup=rows,
-                workgroup_size=wg)
+    op = LMHead(
+        kernels,
+        matrix,
+        upload(device, x, "x"),
+        logits_buf,
+        step_params(device, 1),
+        rows_per_workgroup=rows,
+        workgroup_size=wg,
+    )
     run(device, (op, (1,), {}))
     expected = x[0].astype(np.float64) @ table.astype(np.float64).T
-    np.testing.assert_allclose(read(device, logits_buf, np.float32, v), expected, rtol=1e-4,
-                               atol=1e-4 * np.abs(expected).max())
+    np.testing.assert_allclose(
+        read(device, logits_buf, np.float32, v), expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max()
+    )
 
 
 def test_greedy_step_stays_on_gpu(device, kernels):
@@ -558,9 +577,12 @@ def test_greedy_step_stays_on_gpu(device, kernels):
     ids_buf = upload(device, np.zeros(1, np.uint32), "ids")
     out_buf = device.buffer(4 * d, label="next x")
     step = step_params(device, 1)
-    run(device, (LMHead(kernels, matrix, x_buf, logits_buf, step), (1,), {}),
+    run(
+        device,
+        (LMHead(kernels, matrix, x_buf, logits_buf, step), (1,), {}),
         (Argmax(kernels, logits_buf, ids_buf, v), (), {}),
-        (EmbeddingLookup(kernels, matrix, ids_buf, out_buf), (1,), {}))
+        (EmbeddingLookup(kernels, matrix, ids_buf, out_buf), (1,), {}),
+    )
     best = int(np.argmax(x[0].astype(np.float64) @ table.astype(np.float64).T))
     np.testing.assert_array_equal(read(device, out_buf, np.float32, d), table[best].astype(np.float32))
 
@@ -582,10 +604,12 @@ def test_reductions_without_subgroups(device):
     try:
         device.features = features - {"subgroups"}
         matrix = F16Matrix.upload(device, table, "head")
-        ops = [(RMSNormQuant(kernels, x_buf, w_buf, xq_buf, xs_buf, step, d, EPS), (t,), {}),
-               (RMSNorm(kernels, x_buf, w_buf, y_buf, step, d, EPS), (t,), {}),
-               (LMHead(kernels, matrix, y_buf, logits_buf, step), (t,), {}),
-               (Argmax(kernels, logits_buf, ids_buf, v, row=2), (), {})]
+        ops = [
+            (RMSNormQuant(kernels, x_buf, w_buf, xq_buf, xs_buf, step, d, EPS), (t,), {}),
+            (RMSNorm(kernels, x_buf, w_buf, y_buf, step, d, EPS), (t,), {}),
+            (LMHead(kernels, matrix, y_buf, logits_buf, step), (t,), {}),
+            (Argmax(kernels, logits_buf, ids_buf, v, row=2), (), {}),
+        ]
     finally:
         device.features = features
     assert all("SUBGROUPS" not in op.pipeline.label for op, _, _ in ops[:1])
@@ -602,6 +626,7 @@ def test_reductions_without_subgroups(device):
 
 
 # Tint (Chromium) validation of every shader variant ---------------------------------------------
+
 
 class ShaderCollector(gpu.Device):
     """A stand-in device that records each pipeline's WGSL instead of compiling it, as a browser
@@ -638,8 +663,10 @@ def k1_shader_variants() -> dict[str, str]:
         step = StepParams(dev)
         big = dev.buffer(1 << 24, label="big")
         rng = np.random.default_rng(0)
-        for k, parts, epilogues in ((2560, [128, 128], ("store", "residual", "gate_relu2", "gate_silu")),
-                                    (6912, [64, 64], ("residual",))):
+        for k, parts, epilogues in (
+            (2560, [128, 128], ("store", "residual", "gate_relu2", "gate_silu")),
+            (6912, [64, 64], ("residual",)),
+        ):
             codes = [(np.zeros(n * k // 4, np.uint8), 1.0, (n, k)) for n in parts]
             plain = TernaryMatrix.upload(dev, codes[:1], "w")
             paired = TernaryMatrix.upload(dev, codes, "gu", pair_rows=True)
@@ -716,9 +743,16 @@ def test_wgsl_compiles_in_chromium_tint():
     assert not failures, json.dumps(failures, indent=1)[:4000]
 
 
-CHROMIUM_WEBGPU_ARGS = ["--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader", "--no-sandbox",
-                        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                        "--no-first-run", "--disable-quic"]
+CHROMIUM_WEBGPU_ARGS = [
+    "--enable-unsafe-webgpu",
+    "--use-webgpu-adapter=swiftshader",
+    "--no-sandbox",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 COMPILE_ALL_JS = """async (shaders) => {
   if (!navigator.gpu) return null;
@@ -743,6 +777,7 @@ COMPILE_ALL_JS = """async (shaders) => {
 
 
 # Running the kernels in Chromium (SwiftShader: another compiler, another subgroup size) ------------
+
 
 class ReplayDevice(ShaderCollector):
     """Records buffers, uploads, pipelines, bind groups and dispatches as a plan that
@@ -795,9 +830,13 @@ def test_kernels_match_numpy_in_chromium():
     kernels = KernelCache(device)
     rng = np.random.default_rng(60)
     checks = []  # (name, buffer, expected, kind)
-    for parts, k, t, epilogue in [([96, 40], 384, 1, "store"), ([200], 2560, 1, "residual"),
-                                  ([72, 72], 256, 1, "gate_relu2"), ([64, 64], 384, 17, "gate_silu"),
-                                  ([640, 160, 160], 640, 3, "residual")]:
+    for parts, k, t, epilogue in [
+        ([96, 40], 384, 1, "store"),
+        ([200], 2560, 1, "residual"),
+        ([72, 72], 256, 1, "gate_relu2"),
+        ([64, 64], 384, 17, "gate_silu"),
+        ([640, 160, 160], 640, 3, "residual"),
+    ]:
         op, out_buf, expected = linear_case(device, kernels, rng, parts, k, t, epilogue)
         run(device, (op, (t,), {}))
         checks.append((f"linear {parts} K={k} T={t} {epilogue}", out_buf, expected, "linear"))
@@ -820,15 +859,22 @@ def test_kernels_match_numpy_in_chromium():
     device.limits = gpu.GPULimits(50000, 50000, 32768, 256, 65535, 256)  # 120 x 640 F16 -> 4 shards
     matrix = F16Matrix.upload(device, table, "head")
     assert len(matrix.shards) == 4
-    run(device, (RMSNormQuant(kernels, x_buf, w_buf, xq_buf, xs_buf, step, d, EPS), (t,), {}),
+    run(
+        device,
+        (RMSNormQuant(kernels, x_buf, w_buf, xq_buf, xs_buf, step, d, EPS), (t,), {}),
         (RMSNorm(kernels, x_buf, w_buf, y_buf, step, d, EPS), (t,), {}),
         (RMSNorm(kernels, x_buf, w_buf, last_buf, step, d, EPS), (t,), {"last_only": True}),
         (LMHead(kernels, matrix, y_buf, logits_buf, step), (t,), {}),
-        (Argmax(kernels, logits_buf, ids_buf, v, row=1, slot=2), (), {}))
+        (Argmax(kernels, logits_buf, ids_buf, v, row=1, slot=2), (), {}),
+    )
     normed = ref_rmsnorm(x, w, EPS)
-    checks += [("rmsnorm", y_buf, normed, "close"), ("rmsnorm last", last_buf, normed[-1], "close"),
-               ("lm_head", logits_buf, normed @ table.astype(np.float64).T, "close"),
-               ("xq", xq_buf, ref_quantize_rows(normed), "codes"), ("argmax", ids_buf, None, "argmax")]
+    checks += [
+        ("rmsnorm", y_buf, normed, "close"),
+        ("rmsnorm last", last_buf, normed[-1], "close"),
+        ("lm_head", logits_buf, normed @ table.astype(np.float64).T, "close"),
+        ("xq", xq_buf, ref_quantize_rows(normed), "codes"),
+        ("argmax", ids_buf, None, "argmax"),
+    ]
     device.plan["read"] = sorted({c[1].handle for c in checks})
     result = run_in_chromium(REPLAY_JS, device.plan)
     assert not result["errors"], result["errors"]
@@ -836,19 +882,19 @@ def test_kernels_match_numpy_in_chromium():
     for name, buf, expected, kind in checks:
         data = got[buf.handle]
         if kind == "linear":
-            check_linear_values(data.view(np.float32)[:expected.size].reshape(expected.shape), expected)
+            check_linear_values(data.view(np.float32)[: expected.size].reshape(expected.shape), expected)
         elif kind == "norm_linear":
             expected, tie = expected
-            values = data.view(np.float32)[:expected.size].reshape(expected.shape)
+            values = data.view(np.float32)[: expected.size].reshape(expected.shape)
             check_norm_linear(values, expected, tie, name)
         elif kind == "close":
-            values = data.view(np.float32)[:expected.size].reshape(expected.shape)
+            values = data.view(np.float32)[: expected.size].reshape(expected.shape)
             np.testing.assert_allclose(values, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max(), err_msg=name)
         elif kind == "codes":
             q_ref, _, scaled = expected
-            assert_codes_match(unpack_int8_words(data.view(np.uint32)[:t * d // 4], d), q_ref, scaled)
+            assert_codes_match(unpack_int8_words(data.view(np.uint32)[: t * d // 4], d), q_ref, scaled)
         else:
-            logits = got[logits_buf.handle].view(np.float32)[:t * v].reshape(t, v)
+            logits = got[logits_buf.handle].view(np.float32)[: t * v].reshape(t, v)
             assert data.view(np.uint32)[2] == int(np.argmax(logits[1]))
 
 
@@ -902,6 +948,7 @@ REPLAY_JS = """async (plan) => {
 
 # Norm folded into the decode GEMV ------------------------------------------------------------------
 
+
 def norm_linear_case(device, kernels, rng, parts, k, t, epilogue, with_weight=True, **kwargs):
     values = [random_ternary(rng, n, k) for n in parts]
     scales = list(rng.uniform(0.2, 2.0, len(parts)))
@@ -915,8 +962,9 @@ def norm_linear_case(device, kernels, rng, parts, k, t, epilogue, with_weight=Tr
     out_w = n // 2 if epilogue.startswith("gate") else n
     prior = rng.standard_normal((t, out_w)).astype(np.float32)
     out_buf = upload(device, prior, "out")
-    op = NormTernaryLinear(kernels, x_buf, w_buf, EPS, weights, xq_buf, xs_buf, out_buf, step_params(device, t),
-                           epilogue, **kwargs)
+    op = NormTernaryLinear(
+        kernels, x_buf, w_buf, EPS, weights, xq_buf, xs_buf, out_buf, step_params(device, t), epilogue, **kwargs
+    )
     h = ref_rmsnorm(x, w, EPS) if with_weight else x.astype(np.float64)
     q, inv_s, scaled = ref_quantize_rows(h)
     y = ref_ternary_linear(np.concatenate(values), np.repeat(np.float32(scales), parts), q, inv_s)
@@ -941,23 +989,29 @@ def check_norm_linear(got: np.ndarray, expected: np.ndarray, tie: np.ndarray, na
     """Within float32 rounding (rtol 1e-5) everywhere, plus one int8 step in rows with a near-tie."""
     bound = tie + 1e-5 * np.abs(expected).max() + 1e-5 * np.abs(expected)
     bad = np.abs(got - expected) > bound
-    assert not bad.any(), (f"{name}: {np.count_nonzero(bad)} of {bad.size} values off, e.g. got "
-                           f"{got[bad][:4]} expected {expected[bad][:4]}")
+    assert not bad.any(), (
+        f"{name}: {np.count_nonzero(bad)} of {bad.size} values off, e.g. got "
+        f"{got[bad][:4]} expected {expected[bad][:4]}"
+    )
 
 
-@pytest.mark.parametrize("parts,k,epilogue,with_weight", [
-    ([96], 128, "store", True),
-    ([200], 640, "residual", True),
-    ([640, 160, 160], 2560, "store", True),
-    ([100, 100], 384, "gate_relu2", True),
-    ([64, 64], 6912, "gate_silu", True),
-    ([72], 384, "residual", False),
-])
+@pytest.mark.parametrize(
+    "parts,k,epilogue,with_weight",
+    [
+        ([96], 128, "store", True),
+        ([200], 640, "residual", True),
+        ([640, 160, 160], 2560, "store", True),
+        ([100, 100], 384, "gate_relu2", True),
+        ([64, 64], 6912, "gate_silu", True),
+        ([72], 384, "residual", False),
+    ],
+)
 @pytest.mark.parametrize("rows,row_groups", [(16, 1), (8, 1), (32, 1), (16, 2), (8, 4)])
 def test_norm_linear_decode_matches_numpy(device, kernels, parts, k, epilogue, with_weight, rows, row_groups):
     rng = np.random.default_rng(k + sum(parts) + rows)
-    op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, parts, k, 3, epilogue, with_weight, rows=rows,
-                                                  row_groups=row_groups)
+    op, out_buf, expected, tie = norm_linear_case(
+        device, kernels, rng, parts, k, 3, epilogue, with_weight, rows=rows, row_groups=row_groups
+    )
     recorder = device.begin()
     op.record_fused(recorder, 3)
     recorder.submit()
@@ -983,8 +1037,9 @@ def test_norm_linear_fallbacks(device, variant):
         if variant == "no-subgroups":
             device.features = features - {"subgroups"}
         rng = np.random.default_rng(80)
-        op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, [40, 40], 2560, 2, "gate_relu2",
-                                                      use_dot4=variant != "no-dot4", row_groups=2)
+        op, out_buf, expected, tie = norm_linear_case(
+            device, kernels, rng, [40, 40], 2560, 2, "gate_relu2", use_dot4=variant != "no-dot4", row_groups=2
+        )
     finally:
         device.features = features
     recorder = device.begin()

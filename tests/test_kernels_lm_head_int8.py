@@ -92,8 +92,9 @@ def test_int8_head_over_several_shards():
         x = rng.standard_normal((1, d)).astype(np.float32)
         values, scales = Int8Matrix.quantize(table)
         expected = x.astype(np.float64) @ (values.astype(np.float64) * scales[:, None]).T
-        np.testing.assert_allclose(head_logits(device, matrix, x), expected, rtol=1e-4,
-                                   atol=1e-4 * np.abs(expected).max())
+        np.testing.assert_allclose(
+            head_logits(device, matrix, x), expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max()
+        )
     finally:
         device.destroy()
 

@@ -149,19 +149,25 @@ def test_all_nan_logits_write_token_zero_and_flag_it(device, kernels):
 def test_settings_the_gpu_cannot_take_are_refused(device, kernels):
     ids = upload(device, np.zeros(4, np.uint32), "ids")
     op = GPUSampler(kernels, upload(device, np.zeros(100, np.float32), "logits"), ids, 100)
-    for bad in (SamplerSettings(top_k=0), SamplerSettings(top_k=GPU_TOP_K_MAX + 1),
-                SamplerSettings(repetition_penalty=1.2, repeat_last_n=-1),
-                SamplerSettings(repetition_penalty=1.2, repeat_last_n=GPU_PENALTY_WINDOW_MAX + 1)):
+    for bad in (
+        SamplerSettings(top_k=0),
+        SamplerSettings(top_k=GPU_TOP_K_MAX + 1),
+        SamplerSettings(repetition_penalty=1.2, repeat_last_n=-1),
+        SamplerSettings(repetition_penalty=1.2, repeat_last_n=GPU_PENALTY_WINDOW_MAX + 1),
+    ):
         assert not Sampler(bad).gpu_supported()
         with pytest.raises(ValueError, match="GPU sampler"):
             op.configure(bad, 1, 0)
 
 
-@pytest.mark.parametrize("settings", [
-    SamplerSettings(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.5, repeat_last_n=16),
-    SamplerSettings(temperature=0.0, repetition_penalty=3.0, repeat_last_n=64),  # greedy: top-k 1 on the GPU
-    SamplerSettings(temperature=1.2, top_k=8, repetition_penalty=0.7, repeat_last_n=5),  # < 1 favours repeats
-])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        SamplerSettings(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.5, repeat_last_n=16),
+        SamplerSettings(temperature=0.0, repetition_penalty=3.0, repeat_last_n=64),  # greedy: top-k 1 on the GPU
+        SamplerSettings(temperature=1.2, top_k=8, repetition_penalty=0.7, repeat_last_n=5),  # < 1 favours repeats
+    ],
+)
 def test_repetition_penalty_follows_the_cpu_sampler(device, kernels, settings):
     """The penalty pass sees the tail of the history given at configure time, then every token the
     GPU drew (its ring): each draw must be what the CPU Sampler's penalty + choose give."""

@@ -18,8 +18,17 @@ from bitnet_web.engine import Engine, EngineError, fit_chat_to_context  # noqa: 
 from bitnet_web.text.sampler import SamplerSettings  # noqa: E402
 
 CONTEXT = 128
-TINY = dict(dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256, vocab_size=300, context_length=CONTEXT,
-            untied=True, seed=11)
+TINY = dict(
+    dim=128,
+    n_layers=1,
+    n_heads=2,
+    n_kv_heads=1,
+    ffn_dim=256,
+    vocab_size=300,
+    context_length=CONTEXT,
+    untied=True,
+    seed=11,
+)
 SYSTEM = {"role": "system", "content": "You are terse."}
 GREEDY = SamplerSettings(temperature=0)
 SAMPLED = SamplerSettings(temperature=1.0, top_k=50, seed=7)
@@ -28,6 +37,7 @@ SAMPLED = SamplerSettings(temperature=1.0, top_k=50, seed=7)
 # ---------------------------------------------------------------------------------------------
 # The policy on its own (no GPU): a token count of 1 per character plus 2 per message
 # ---------------------------------------------------------------------------------------------
+
 
 def count_chars(messages: list[dict]) -> int:
     return sum(len(m["content"]) + 2 for m in messages)
@@ -49,15 +59,15 @@ def test_policy_keeps_system_and_latest_turn_and_fits(system):
     cut_changes = 0
     history = conversation(80, rng, system)
     for n_turns in range(1, 80):
-        msgs = history[:len(history) - 2 * (80 - n_turns) - 1]   # ends with the new user message
+        msgs = history[: len(history) - 2 * (80 - n_turns) - 1]  # ends with the new user message
         kept = fit_chat_to_context(msgs, count_chars, budget)
         assert count_chars(kept) <= budget
-        assert kept[-1] is msgs[-1]                             # the latest turn is never dropped
+        assert kept[-1] is msgs[-1]  # the latest turn is never dropped
         if system:
-            assert kept[0] is msgs[0]                          # nor the system prompt
+            assert kept[0] is msgs[0]  # nor the system prompt
         tail = kept[1:] if system else kept
-        assert tail == msgs[len(msgs) - len(tail):]             # only a prefix of the history is dropped
-        assert tail[0]["role"] == "user"                         # cut at a turn start
+        assert tail == msgs[len(msgs) - len(tail) :]  # only a prefix of the history is dropped
+        assert tail[0]["role"] == "user"  # cut at a turn start
         if count_chars(msgs) <= budget:
             assert kept == msgs
         cut = len(msgs) - len(tail)
@@ -71,8 +81,9 @@ def test_policy_keeps_system_and_latest_turn_and_fits(system):
 
 def test_policy_refuses_a_latest_turn_that_cannot_fit():
     msgs = [dict(SYSTEM), {"role": "assistant", "content": "a"}, {"role": "user", "content": "x" * 500}]
-    with pytest.raises(EngineError, match="the system prompt and the latest message need 518 tokens, "
-                                          "more than the 200"):
+    with pytest.raises(
+        EngineError, match="the system prompt and the latest message need 518 tokens, more than the 200"
+    ):
         fit_chat_to_context(msgs, count_chars, 200)
     # Over the budget (room kept for the reply) but within the hard limit: the latest turn is used.
     assert fit_chat_to_context(msgs, count_chars, 200, limit=600) == [msgs[0], msgs[2]]
@@ -89,6 +100,7 @@ def test_policy_history_starting_with_a_reply():
 # 200 turns through the Engine
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("long") / "tiny.gguf")
@@ -99,8 +111,9 @@ def engine(tmp_path_factory):
     engine.close()
 
 
-def chat_turn(engine: Engine, msgs: list[dict], settings: SamplerSettings, max_tokens: int,
-              abort_after: int | None = None) -> str:
+def chat_turn(
+    engine: Engine, msgs: list[dict], settings: SamplerSettings, max_tokens: int, abort_after: int | None = None
+) -> str:
     pieces = []
     for piece in engine.generate(messages=msgs, settings=settings, max_tokens=max_tokens):
         pieces.append(piece)
@@ -111,8 +124,9 @@ def chat_turn(engine: Engine, msgs: list[dict], settings: SamplerSettings, max_t
 
 def bitnet_web_bytes(snapshot: tracemalloc.Snapshot) -> int:
     """Live bytes allocated by code in bitnet_web (not by this test's growing message list)."""
-    return sum(s.size for s in snapshot.filter_traces([tracemalloc.Filter(True, "*bitnet_web*")]).statistics(
-        "filename"))
+    return sum(
+        s.size for s in snapshot.filter_traces([tracemalloc.Filter(True, "*bitnet_web*")]).statistics("filename")
+    )
 
 
 @pytest.mark.gpu
@@ -126,7 +140,7 @@ def test_200_turns_stay_bounded_and_follow_the_context_policy(engine):
     baseline = None
     try:
         for turn in range(200):
-            if turn == 20:   # after warm-up (staging buffers, caches); the context has been full for a while
+            if turn == 20:  # after warm-up (staging buffers, caches); the context has been full for a while
                 # From here on every Python allocation made by bitnet_web code and still alive at the end
                 # is growth (tracing only from here also keeps the test fast).
                 tracemalloc.start()
@@ -135,11 +149,11 @@ def test_200_turns_stay_bounded_and_follow_the_context_policy(engine):
             words = [rng.choice(["hi", "what", "is", "<b>", "ok", "?"]) for _ in range(rng.randrange(1, 6))]
             msgs.append({"role": "user", "content": f"turn {turn}: " + " ".join(words)})
             kind = turn % 10
-            if kind == 3:      # stop after the first piece
+            if kind == 3:  # stop after the first piece
                 text = chat_turn(engine, msgs, SAMPLED, 40, abort_after=1)
                 assert engine.last_stats.stop_reason == "aborted", engine.last_stats
                 assert engine.last_stats.n_generated < 40
-            elif kind == 7:    # a long reply: runs into the end of the context
+            elif kind == 7:  # a long reply: runs into the end of the context
                 text = chat_turn(engine, msgs, GREEDY, 1000)
                 assert engine.last_stats.stop_reason in ("context_full", "eos", "stop_string")
             else:
@@ -153,7 +167,7 @@ def test_200_turns_stay_bounded_and_follow_the_context_policy(engine):
             # oldest messages left out.
             kept = len(msgs) - stats.n_dropped_messages
             assert stats.n_dropped_messages == 0 or stats.n_dropped_messages >= 2
-            expected = engine.template.render_tokens(tok, [msgs[0]] + msgs[len(msgs) - kept + 1:])
+            expected = engine.template.render_tokens(tok, [msgs[0]] + msgs[len(msgs) - kept + 1 :])
             assert engine.encode_chat(msgs, 1000 if kind == 7 else 40 if kind == 3 else 4) == expected
             dropped_seen = max(dropped_seen, stats.n_dropped_messages)
             msgs.append({"role": "assistant", "content": text})
@@ -161,8 +175,10 @@ def test_200_turns_stay_bounded_and_follow_the_context_policy(engine):
         after = (device.live_buffers, device.bytes_allocated, bitnet_web_bytes(tracemalloc.take_snapshot()))
     finally:
         tracemalloc.stop()
-    print(f"200 turns: stop reasons {stop_reasons}, up to {dropped_seen} messages dropped, GPU buffers "
-          f"{baseline[:2]} -> {after[:2]}, bitnet_web Python memory +{after[2] - baseline[2]} bytes")
+    print(
+        f"200 turns: stop reasons {stop_reasons}, up to {dropped_seen} messages dropped, GPU buffers "
+        f"{baseline[:2]} -> {after[:2]}, bitnet_web Python memory +{after[2] - baseline[2]} bytes"
+    )
     assert dropped_seen > 300, "the conversation should have overflowed the context many times over"
     assert stop_reasons.get("aborted") == 20 and stop_reasons.get("context_full", 0) >= 1, stop_reasons
     assert after[:2] == baseline[:2], f"GPU buffers (count, bytes) {baseline[:2]} -> {after[:2]}"

@@ -51,8 +51,9 @@ SHAPES = {
     # GQA ratio 4 (as 2B-4T), head_dim 128 (as 2B-4T)
     "b158_d512_gqa4_hd128": dict(dim=512, n_heads=4, n_kv_heads=1, ffn_dim=768),
     # `llama` (Falcon3-Edge style): SiLU gate, interleaved RoPE, no sub-norms, untied head
-    "llama_d384_gqa1_hd128_untied": dict(dim=384, n_heads=3, n_kv_heads=3, ffn_dim=640, arch="llama",
-                                         untied=True, sub_norms=False),
+    "llama_d384_gqa1_hd128_untied": dict(
+        dim=384, n_heads=3, n_kv_heads=3, ffn_dim=640, arch="llama", untied=True, sub_norms=False
+    ),
 }
 # The behaviour tests (chunks, decode, KV growth, reuse, sharding, context limit) use one smaller shape
 # (lavapipe runs compute on the CPU; each new shape also compiles its kernels once).
@@ -63,6 +64,7 @@ CONTEXT = 600  # > 2 x KV_INITIAL_CAPACITY, so the cache must grow (twice if fil
 
 
 # Fixtures ------------------------------------------------------------------------------------------
+
 
 class Models:
     """GGUF files written on first use (once per module), with their numpy reference."""
@@ -125,7 +127,8 @@ def assert_logits_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
     worst = int(per_position.argmax())
     assert per_position[worst] <= MAX_TOL * span, (
         f"{what}: position {worst} differs by {per_position[worst]:.4g}, over {MAX_TOL:.0%} of the "
-        f"logit range {span:.4g}")
+        f"logit range {span:.4g}"
+    )
     rms_ratio = float(np.sqrt(np.mean((got - want) ** 2) / np.mean(want.astype(np.float64) ** 2)))
     assert rms_ratio <= RMS_TOL, f"{what}: RMS difference is {rms_ratio:.2%} of the logits' RMS"
     top2 = np.sort(want, axis=1)[:, -2:]
@@ -135,6 +138,7 @@ def assert_logits_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 
 # Shapes and architectures ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_logits_match_reference_for_shape(engine, models, name):
@@ -155,6 +159,7 @@ def test_logits_match_reference_for_shape(engine, models, name):
 
 
 # Prefill chunks, decode steps and the KV cache -----------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def main_sequence(models):
@@ -236,6 +241,7 @@ def test_queued_prefill_chunks_fill_the_cache(engine, models, long_sequence):
 
 
 # Prefix reuse ------------------------------------------------------------------------------------
+
 
 def test_reuse_prefix_equals_recomputing(engine, models):
     model = loaded(engine, models, MAIN)
@@ -331,7 +337,7 @@ def test_context_full_is_a_clear_error_and_a_stop_reason(engine, models, setting
     assert "".join(pieces) == engine.tokenizer.decode(engine.generated_tokens)
     # greedy, teacher-forced: each token is the reference's argmax unless its top-2 gap is within MAX_TOL
     generated = engine.generated_tokens
-    logits = ref.logits(prompt + generated[:-1])[len(prompt) - 1:]  # the logits each token was chosen from
+    logits = ref.logits(prompt + generated[:-1])[len(prompt) - 1 :]  # the logits each token was chosen from
     chosen = logits[np.arange(len(generated)), generated]
     assert (chosen >= logits.max(axis=1) - MAX_TOL * np.ptp(logits)).all()
 

@@ -24,7 +24,7 @@ from bitnet_web.formats.quants import (
     tq_to_i2s,
 )
 
-CODE_TO_VALUE = {0: -1, 1: 0, 2: 1}      # ground truth: 0 = -1, 1 = 0, 2 = +1
+CODE_TO_VALUE = {0: -1, 1: 0, 2: 1}  # ground truth: 0 = -1, 1 = 0, 2 = +1
 
 
 def reference_i2s_decode(raw: bytes, n: int) -> tuple[list[int], float]:
@@ -36,7 +36,7 @@ def reference_i2s_decode(raw: bytes, n: int) -> tuple[list[int], float]:
             byte = raw[block * 32 + b]
             for g, shift in enumerate((6, 4, 2, 0)):
                 out[block * 128 + g * 32 + b] = CODE_TO_VALUE[(byte >> shift) & 3]
-    scale = float(np.frombuffer(bytes(raw[n // 4:n // 4 + 4]), dtype="<f4")[0])
+    scale = float(np.frombuffer(bytes(raw[n // 4 : n // 4 + 4]), dtype="<f4")[0])
     return out, scale
 
 
@@ -69,7 +69,7 @@ def test_i2s_encode_layout_bytes():
     ref_values, ref_scale = reference_i2s_decode(raw.tobytes(), values.size)
     assert ref_values == values.reshape(-1).tolist()
     assert ref_scale == 0.75
-    assert not raw[values.size // 4 + 4:].any(), "28 padding bytes after the scale must be zero"
+    assert not raw[values.size // 4 + 4 :].any(), "28 padding bytes after the scale must be zero"
     # Hand check of one byte: values b, 32+b, 64+b, 96+b = -1, 0, +1, -1 -> codes 0,1,2,0 -> 0b00_01_10_00
     v = np.zeros(128, dtype=np.int8)
     v[[5, 37, 69, 101]] = [-1, 0, 1, -1]
@@ -88,7 +88,7 @@ def test_i2s_roundtrip_random_shapes():
 
 def test_i2s_code3_rejected_with_offset():
     raw = i2s_encode(np.zeros(256, dtype=np.int8), 1.0)
-    raw[40] |= 0b00001100          # second-lowest field of byte 40 -> code 3
+    raw[40] |= 0b00001100  # second-lowest field of byte 40 -> code 3
     with pytest.raises(GGUFFormatError, match=r"code 3 at byte \+40"):
         i2s_decode(raw, (2, 128), where="tensor 'w'")
     with pytest.raises(GGUFError, match="code 3"):
@@ -161,7 +161,7 @@ def test_arm_bytes_read_as_x86_are_a_fixed_column_permutation():
         np.testing.assert_array_equal(misread, values[:, P])
         # the same permutation inside every 128-column group and for every shape
         for start in range(0, shape[1], 128):
-            np.testing.assert_array_equal(P[start:start + 128] - start, P[:128])
+            np.testing.assert_array_equal(P[start : start + 128] - start, P[:128])
         perm = P[:128] if perm is None else perm
         np.testing.assert_array_equal(P[:128], perm)
         # per-row statistics are identical, so no row-level test can tell the layouts apart
@@ -193,6 +193,7 @@ def test_ternarize_matches_transformers_weight_quant():
 
 # --- TQ1_0 / TQ2_0 against the gguf package (numpy port of ggml-quants.c) ---------------------
 
+
 def _gguf_quants():
     gguf = pytest.importorskip("gguf")
     return gguf.quants, gguf.GGMLQuantizationType
@@ -206,7 +207,7 @@ def test_tq_encode_decode_match_gguf_package(kind, data):
     shape = (4, 512)
     if data == "ternary":
         w = random_ternary(rng, shape).astype(np.float32) * np.float32(0.037)
-        w[0, :256] = 0          # an all-zero block (d = 0)
+        w[0, :256] = 0  # an all-zero block (d = 0)
     else:
         w = rng.standard_normal(shape).astype(np.float32)
     encode = {"TQ1_0": tq1_0_encode, "TQ2_0": tq2_0_encode}[kind]
@@ -220,8 +221,8 @@ def test_tq_encode_decode_match_gguf_package(kind, data):
 def test_tq2_0_decode_hand_built_block():
     # one block: value j*128 + l*32 + m from (qs[j*32+m] >> 2l) & 3, minus 1, times d
     qs = np.zeros(64, dtype=np.uint8)
-    qs[3] = 0b10_01_00_10        # values 3 (l=0): +1, 35 (l=1): -1, 67 (l=2): 0, 99 (l=3): +1
-    qs[32] = 0b00_00_00_00       # value 128: -1, 160, 192, 224: -1
+    qs[3] = 0b10_01_00_10  # values 3 (l=0): +1, 35 (l=1): -1, 67 (l=2): 0, 99 (l=3): +1
+    qs[32] = 0b00_00_00_00  # value 128: -1, 160, 192, 224: -1
     raw = np.concatenate([qs, np.array([2.0], dtype="<f2").view(np.uint8)])
     out = tq2_0_decode(raw, (256,))
     assert out[3] == 2.0 and out[35] == -2.0 and out[67] == 0.0 and out[99] == 2.0
@@ -232,7 +233,7 @@ def test_tq2_0_decode_hand_built_block():
 def test_tq_to_i2s_recovers_values_and_scale(kind, encode):
     rng = np.random.default_rng(9)
     values = random_ternary(rng, (3, 768))
-    values[1, 256:512] = 0                     # an all-zero block carries d = 0: ignored
+    values[1, 256:512] = 0  # an all-zero block carries d = 0: ignored
     scale = 0.0421
     raw = encode(values.astype(np.float32) * np.float32(scale))
     out, s = tq_to_i2s(raw, values.shape, kind)
@@ -243,7 +244,7 @@ def test_tq_to_i2s_recovers_values_and_scale(kind, encode):
 def test_tq_to_i2s_rejects_differing_block_scales():
     rng = np.random.default_rng(10)
     w = random_ternary(rng, (2, 256)).astype(np.float32)
-    w[1] *= 2.0                                 # second block twice the scale
+    w[1] *= 2.0  # second block twice the scale
     with pytest.raises(GGUFFormatError, match="block scales range"):
         tq_to_i2s(tq2_0_encode(w), w.shape, GGMLType.TQ2_0, where="tensor 'x'")
 

@@ -25,8 +25,17 @@ from bitnet_web.formats.safetensors import (
 )
 
 NUMPY_DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
-    "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8,
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U64": np.uint64,
+    "U32": np.uint32,
+    "U16": np.uint16,
+    "U8": np.uint8,
     "BOOL": np.bool_,
 }
 SHAPES = [(), (0, 3), (7,), (3, 5), (2, 3, 4)]
@@ -45,8 +54,11 @@ def _random(rng: np.random.Generator, dtype, shape) -> np.ndarray:
 @pytest.fixture(scope="module")
 def numpy_file(tmp_path_factory):
     rng = np.random.default_rng(0)
-    tensors = {f"{name}.{i}": _random(rng, dtype, shape)
-               for name, dtype in NUMPY_DTYPES.items() for i, shape in enumerate(SHAPES)}
+    tensors = {
+        f"{name}.{i}": _random(rng, dtype, shape)
+        for name, dtype in NUMPY_DTYPES.items()
+        for i, shape in enumerate(SHAPES)
+    }
     path = tmp_path_factory.mktemp("st") / "all.safetensors"
     safetensors.numpy.save_file(tensors, str(path), metadata={"format": "np", "note": "ünïcode"})
     return path
@@ -87,11 +99,11 @@ def test_from_buffer_equals_memmap(numpy_file):
 def test_bf16_and_torch_dtypes_match_reference(tmp_path):
     torch = pytest.importorskip("torch")
     from safetensors.torch import load_file, save_file
+
     gen = torch.Generator().manual_seed(1)
     tensors = {
         "bf16": (torch.randn(33, 17, generator=gen) * 50).to(torch.bfloat16),
-        "bf16_special": torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-40, 3.0e38],
-                                     dtype=torch.bfloat16),
+        "bf16_special": torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-40, 3.0e38], dtype=torch.bfloat16),
         "f16": torch.randn(5, 8, generator=gen).half(),
         "u8": torch.randint(0, 256, (64, 16), generator=gen, dtype=torch.uint8),
     }
@@ -109,6 +121,7 @@ def test_sharded_checkpoint_from_huggingface_hub(tmp_path):
     torch = pytest.importorskip("torch")
     hub = pytest.importorskip("huggingface_hub")
     from safetensors.torch import load_file
+
     gen = torch.Generator().manual_seed(2)
     state = {f"layer.{i}.weight": torch.randn(64, 64, generator=gen) for i in range(6)}
     state["packed"] = torch.randint(0, 170, (16, 64), generator=gen, dtype=torch.uint8)
@@ -128,6 +141,7 @@ def test_sharded_checkpoint_from_huggingface_hub(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Bad input
 # ---------------------------------------------------------------------------------------------
+
 
 def _file(header: dict | bytes, data: bytes = b"", length: int | None = None) -> bytes:
     body = header if isinstance(header, bytes) else json.dumps(header).encode()
@@ -151,13 +165,19 @@ BAD_FILES = {
     "unknown_dtype": (_file({"a": _entry("Q4", [2], 0, 1)}, bytes(1)), r"tensor 'a' has unknown dtype 'Q4'"),
     "negative_shape": (_file({"a": _entry("U8", [-1], 0, 1)}, bytes(1)), r"tensor 'a': shape \[-1\]"),
     "bad_offsets": (_file({"a": _entry("U8", [1], 4, 2)}, bytes(4)), r"tensor 'a': data_offsets \[4, 2\]"),
-    "size_mismatch": (_file({"a": _entry("F32", [3], 0, 8)}, bytes(8)),
-                      r"tensor 'a': data_offsets 0\.\.8 hold 8 bytes, but shape \[3\] of F32 needs 12"),
+    "size_mismatch": (
+        _file({"a": _entry("F32", [3], 0, 8)}, bytes(8)),
+        r"tensor 'a': data_offsets 0\.\.8 hold 8 bytes, but shape \[3\] of F32 needs 12",
+    ),
     "past_end": (_file(GOOD, bytes(10)), r"tensor 'b' data \(bytes \d+\.\.\d+\) runs past the end of"),
-    "overlap": (_file({"a": _entry("F32", [2], 0, 8), "b": _entry("U8", [4], 6, 10)}, bytes(10)),
-                r"tensor 'b' \(bytes \d+\.\.\d+\) overlaps tensor 'a'"),
-    "hole": (_file({"a": _entry("F32", [2], 0, 8), "b": _entry("U8", [4], 10, 14)}, bytes(14)),
-             r"bytes \d+\.\.\d+ before tensor 'b' belong to no tensor"),
+    "overlap": (
+        _file({"a": _entry("F32", [2], 0, 8), "b": _entry("U8", [4], 6, 10)}, bytes(10)),
+        r"tensor 'b' \(bytes \d+\.\.\d+\) overlaps tensor 'a'",
+    ),
+    "hole": (
+        _file({"a": _entry("F32", [2], 0, 8), "b": _entry("U8", [4], 10, 14)}, bytes(14)),
+        r"bytes \d+\.\.\d+ before tensor 'b' belong to no tensor",
+    ),
     "trailing": (_file(GOOD, bytes(20)), r"at the end of the file belong to no tensor"),
     "bad_metadata": (_file({"__metadata__": {"k": 1}, **GOOD}, bytes(12)), r"__metadata__"),
 }
@@ -184,8 +204,10 @@ def test_good_template_is_valid():
 
 
 def test_duplicate_tensor_name():
-    body = b'{"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, ' \
-           b'"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}'
+    body = (
+        b'{"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, '
+        b'"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}'
+    )
     with pytest.raises(SafetensorsError, match="duplicate key 'a'"):
         SafetensorsFile.from_buffer(_file(body, bytes(1)))
 

@@ -188,7 +188,12 @@ def test_seed_reproducible():
 def test_default_settings_are_llama_cpp_defaults():
     s = SamplerSettings()
     assert (s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty, s.repeat_last_n) == (
-        0.8, 40, 0.95, 0.0, 1.0, 64,
+        0.8,
+        40,
+        0.95,
+        0.0,
+        1.0,
+        64,
     )
     assert math.isclose(Sampler().settings.temperature, 0.8)
 

@@ -112,11 +112,11 @@ SAMPLES = [
     "🤖🦀🐍🚀✨🔥💯 emoji🙂inside😀words",
     # Code in several languages
     "def fib(n: int) -> int:\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
-    "#include <stdio.h>\nint main(void) {\n\tprintf(\"%d\\n\", 42);\n\treturn 0;\n}\n",
-    "fn main() { let v: Vec<u8> = vec![1, 2, 3]; println!(\"{:?}\", v.iter().map(|x| x * 2)); }",
+    '#include <stdio.h>\nint main(void) {\n\tprintf("%d\\n", 42);\n\treturn 0;\n}\n',
+    'fn main() { let v: Vec<u8> = vec![1, 2, 3]; println!("{:?}", v.iter().map(|x| x * 2)); }',
     "const f = async (x) => { await fetch(`/api/${x}`); return x ?? null; }; // 🚀",
     "SELECT id, name FROM users WHERE age >= 18 AND name LIKE '%son' ORDER BY id DESC;",
-    "<div class=\"a\">&nbsp;&lt;tag&gt;</div>\n<!-- comment -->",
+    '<div class="a">&nbsp;&lt;tag&gt;</div>\n<!-- comment -->',
     # Numbers of many lengths
     "0 1 12 123 1234 12345 123456 1234567 12345678 123456789 1234567890 3.14159 -2.5e-10 1,000,000",
     "٠١٢٣٤٥٦٧٨٩ ०१२३ ²³¹ ½ ¼ Ⅻ ① 10ᵗʰ",
@@ -256,9 +256,7 @@ def test_stream_decoder_never_emits_broken_characters(tok):
 def test_stream_decoder_concatenation_equals_decode(tok, data):
     # Random token sequences, including ones that are not valid UTF-8 at all.
     partial_ids = [i for ids in _split_char_tokens(tok) for i in ids]
-    ids = data.draw(
-        st.lists(st.one_of(st.sampled_from(partial_ids), st.integers(0, tok.vocab_size - 1)), max_size=12)
-    )
+    ids = data.draw(st.lists(st.one_of(st.sampled_from(partial_ids), st.integers(0, tok.vocab_size - 1)), max_size=12))
     stream = StreamDecoder(tok)
     pieces = [stream.push(i) for i in ids]
     tail = stream.flush()
@@ -363,8 +361,15 @@ def spm_hf_spec(spm_vocab) -> dict:
     spec = {
         "version": "1.0",
         "added_tokens": [
-            {"id": i, "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": False, "special": True}
+            {
+                "id": i,
+                "content": tokens[i],
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
             for i in range(3)
         ],
         "normalizer": {
@@ -386,9 +391,16 @@ def spm_hf_spec(spm_vocab) -> dict:
             ],
         },
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
-            "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
-            "vocab": vocab, "merges": [[m[3], m[4]] for m in merges],
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": "<unk>",
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": True,
+            "byte_fallback": True,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [[m[3], m[4]] for m in merges],
         },
     }
     return spec

@@ -46,9 +46,9 @@ MAX_NEAR_TIES = 2  # of 64 tokens; 0 or 1 seen per prompt
 PROMPTS = [
     "def fibonacci(n):\n",
     "import os\nimport sys\n\n\ndef main(argv):\n",
-    "class Stack:\n    \"\"\"A simple LIFO stack.\"\"\"\n\n    def __init__(self):\n        self.",
+    'class Stack:\n    """A simple LIFO stack."""\n\n    def __init__(self):\n        self.',
     "    def test_split(self):\n        self.assertEqual(",
-    "# Copyright (C) 2001 Python Software Foundation\n\"\"\"Utilities for",
+    '# Copyright (C) 2001 Python Software Foundation\n"""Utilities for',
 ]
 
 torch = pytest.importorskip("torch")

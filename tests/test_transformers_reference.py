@@ -81,7 +81,7 @@ def _hf_greedy(model, prompt: list[int], steps: int) -> list[int]:
     with torch.no_grad():
         for _ in range(steps):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def _compare(engine: Engine, hf_model, gguf_path, ids: list[int]) -> dict:
@@ -100,8 +100,7 @@ def _compare(engine: Engine, hf_model, gguf_path, ids: list[int]) -> dict:
         "decisive_positions": int(decisive.sum()),
         "greedy_agree_on_decisive": bool(agree[decisive].all()),
         "mean_position_relative": float(np.mean(diff.max(axis=1)) / value_range),
-        "close": bool(diff.max() <= tolerance
-                      and np.mean(diff.max(axis=1)) <= MEAN_RELATIVE_TOLERANCE * value_range),
+        "close": bool(diff.max() <= tolerance and np.mean(diff.max(axis=1)) <= MEAN_RELATIVE_TOLERANCE * value_range),
     }
 
 
@@ -126,7 +125,7 @@ def test_logits_and_greedy_match_transformers(engine, tmp_path, shape):
     assert "".join(ours) is not None
     # Compare up to the first step where transformers itself had a near-tie (none expected with std 1.0).
     full = prompt + expected
-    theirs = _hf_logits(hf_model, full)[len(prompt) - 1:-1]
+    theirs = _hf_logits(hf_model, full)[len(prompt) - 1 : -1]
     top2 = np.sort(theirs, axis=1)[:, -2:]
     tolerance = RELATIVE_TOLERANCE * float(theirs.max() - theirs.min())
     near_tie = np.nonzero((top2[:, 1] - top2[:, 0]) <= 2 * tolerance)[0]
@@ -137,8 +136,9 @@ def test_logits_and_greedy_match_transformers(engine, tmp_path, shape):
 
 @pytest.fixture(scope="module")
 def sensitivity_model(tmp_path_factory):
-    folder = build_tiny_bitnet(tmp_path_factory.mktemp("hf_sens"), num_hidden_layers=3, vocab_size=1000, seed=3,
-                               **SHAPES["h512_gqa4"])
+    folder = build_tiny_bitnet(
+        tmp_path_factory.mktemp("hf_sens"), num_hidden_layers=3, vocab_size=1000, seed=3, **SHAPES["h512_gqa4"]
+    )
     return folder, _reference(folder)
 
 

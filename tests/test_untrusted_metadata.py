@@ -32,23 +32,27 @@ IMG = "<img src=x onerror=alert(1)>"
 SCRIPT = "<script>alert(1)</script>"
 SVG = "\"'></textarea><svg onload=alert(document.cookie)>"
 NAME = "<img src=x onerror=alert('name')> \"quoted\" <script>alert(2)</script> {{ 7*7 }}"
-HOSTILE_TOKENS = {256: (IMG, TokenType.NORMAL), 257: (SCRIPT, TokenType.CONTROL),
-                  258: (SVG, TokenType.NORMAL)}
+HOSTILE_TOKENS = {256: (IMG, TokenType.NORMAL), 257: (SCRIPT, TokenType.CONTROL), 258: (SVG, TokenType.NORMAL)}
 
 
 def payload(marker: Path) -> str:
     """Jinja that, if executed, touches `marker`, prints, walks Python's class tree and raises."""
-    return ("{{ cycler.__init__.__globals__.os.system('touch " + str(marker) + "') }}"
-            "{{ self.__init__.__globals__.__builtins__.print('TEMPLATE EXECUTED') }}"
-            "{{ ''.__class__.__mro__[1].__subclasses__() }}"
-            "{% for i in range(3) %}{{ raise_exception('template executed') }}{% endfor %}")
+    return (
+        "{{ cycler.__init__.__globals__.os.system('touch " + str(marker) + "') }}"
+        "{{ self.__init__.__globals__.__builtins__.print('TEMPLATE EXECUTED') }}"
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+        "{% for i in range(3) %}{{ raise_exception('template executed') }}{% endfor %}"
+    )
 
 
 def llama3_looking_template(marker: Path) -> str:
     """Recognised as llama3 by its header tokens; the payload sits inside the message loop."""
-    return ("{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
-            + payload(marker) + "{{ message['content'] | trim }}<|eot_id|>{% endfor %}"
-            "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+    return (
+        "{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+        + payload(marker)
+        + "{{ message['content'] | trim }}<|eot_id|>{% endfor %}"
+        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    )
 
 
 def unrecognised_template(marker: Path) -> str:
@@ -73,8 +77,18 @@ def hostile_vocab() -> dict[str, object]:
 def write_hostile_model(path: Path, template: str) -> str:
     md = hostile_vocab()
     md[Keys.CHAT_TEMPLATE] = template
-    w = random_bitnet_writer(str(path), dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256,
-                             vocab_size=VOCAB, context_length=512, tokenizer_metadata=md, seed=2)
+    w = random_bitnet_writer(
+        str(path),
+        dim=128,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        ffn_dim=256,
+        vocab_size=VOCAB,
+        context_length=512,
+        tokenizer_metadata=md,
+        seed=2,
+    )
     w.metadata[Keys.NAME] = NAME
     w.write()
     return str(path)
@@ -110,21 +124,28 @@ print(json.dumps({"kind": template.kind, "note": template.note, "describe": desc
 """
 
 
-@pytest.mark.parametrize(("make_template", "kind"), [(llama3_looking_template, "llama3"),
-                                                     (unrecognised_template, "completion")])
+@pytest.mark.parametrize(
+    ("make_template", "kind"), [(llama3_looking_template, "llama3"), (unrecognised_template, "completion")]
+)
 def test_templates_are_recognised_by_text_never_executed(tmp_path, make_template, kind):
     marker = tmp_path / "executed"
     template = make_template(marker)
     path = write_hostile_model(tmp_path / "hostile.gguf", template)
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "app"), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, "-c", _NO_JINJA_SCRIPT, path], capture_output=True, text=True,
-                         env=env, cwd=tmp_path, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", _NO_JINJA_SCRIPT, path],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert "TEMPLATE EXECUTED" not in run.stdout + run.stderr
     assert not marker.exists()
-    assert out["jinja"] == []                                  # no template engine was even imported
+    assert out["jinja"] == []  # no template engine was even imported
     assert out["kind"] == kind
     if kind == "completion":
         assert out["note"] == "tokenizer.chat_template not recognised"
@@ -151,7 +172,7 @@ def test_hostile_tokens_decode_verbatim_and_content_cannot_produce_them(tmp_path
     ids = template.render_tokens(tok, [{"role": "user", "content": f"{SCRIPT} and {IMG}"}])
     assert 257 not in ids
     assert tok.decode(ids).count(SCRIPT) == 1 and IMG in tok.decode(ids)
-    assert tok.encode(SCRIPT, allow_special=True) == [257]    # (markup could produce it)
+    assert tok.encode(SCRIPT, allow_special=True) == [257]  # (markup could produce it)
 
 
 @pytest.mark.gpu
@@ -164,14 +185,14 @@ def test_engine_loads_and_chats_with_hostile_metadata(tmp_path, capfd):
     try:
         engine.load(path)
         info = engine.info
-        assert info["description"] == NAME                       # verbatim, as text
+        assert info["description"] == NAME  # verbatim, as text
         assert info["template_kind"] == "llama3"
-        json.dumps(info)                                         # plain data for the page
+        json.dumps(info)  # plain data for the page
         for settings in (SamplerSettings(temperature=0), SamplerSettings(temperature=1.0, seed=3)):
             messages = [{"role": "system", "content": NAME}, {"role": "user", "content": f"{SCRIPT}{IMG}"}]
             text = "".join(engine.generate(messages=messages, settings=settings, max_tokens=8))
             if engine.last_stats.stop_reason != "stop_string":
-                assert text == engine.tokenizer.decode(engine.generated_tokens)   # the stream, verbatim
+                assert text == engine.tokenizer.decode(engine.generated_tokens)  # the stream, verbatim
             assert 257 not in engine.encode_chat(messages)
     finally:
         engine.close()

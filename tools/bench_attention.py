@@ -65,12 +65,20 @@ def main() -> None:
     for layer in range(args.layers):
         device.upload(cache.k[layer], 0, row)
         device.upload(cache.v[layer], 0, row)
-    ropes = [RopeKV(kernels, params, cache, i, table, qkv, q, n_heads=n_heads, style="neox", max_tokens=max_tokens)
-             for i in range(args.layers)]
-    attns = [Attention(kernels, params, cache, i, q, out, n_heads=n_heads, max_tokens=max_tokens, scratch=scratch)
-             for i in range(args.layers)]
-    fused = [Attention(kernels, params, cache, i, q, out, n_heads=n_heads, max_tokens=max_tokens, scratch=scratch,
-                       rope=ropes[i]) for i in range(args.layers)]
+    ropes = [
+        RopeKV(kernels, params, cache, i, table, qkv, q, n_heads=n_heads, style="neox", max_tokens=max_tokens)
+        for i in range(args.layers)
+    ]
+    attns = [
+        Attention(kernels, params, cache, i, q, out, n_heads=n_heads, max_tokens=max_tokens, scratch=scratch)
+        for i in range(args.layers)
+    ]
+    fused = [
+        Attention(
+            kernels, params, cache, i, q, out, n_heads=n_heads, max_tokens=max_tokens, scratch=scratch, rope=ropes[i]
+        )
+        for i in range(args.layers)
+    ]
 
     def timed(n_tokens: int, pos: int, ops: str) -> tuple[float, float, int]:
         params.write(n_tokens, pos, cache.capacity)
@@ -95,25 +103,35 @@ def main() -> None:
             enc_times.append(t1 - t0)
             dispatches = recorder.dispatches
         per = args.reps * args.layers
-        return (statistics.median(gpu_times[1:]) / per * 1e6, statistics.median(enc_times[1:]) / per * 1e6,
-                dispatches // per)
+        return (
+            statistics.median(gpu_times[1:]) / per * 1e6,
+            statistics.median(enc_times[1:]) / per * 1e6,
+            dispatches // per,
+        )
 
     # Baseline: submit + read of nothing, to subtract from short runs by eye.
     t0 = time.perf_counter()
     for _ in range(5):
         device.begin().submit()
         device.read_sync(out, 0, 16)
-    print(f"empty submit + 16-byte read: {(time.perf_counter() - t0) / 5 * 1e6:.0f} us "
-          f"(spread over {args.reps * args.layers} layers per measurement)")
-    print(f"shapes: {n_heads} q heads, {n_kv} kv heads, head_dim {hd}; {args.layers} layers x {args.reps} steps "
-          f"per measurement; us per layer (GPU submit..done | CPU encode)")
+    print(
+        f"empty submit + 16-byte read: {(time.perf_counter() - t0) / 5 * 1e6:.0f} us "
+        f"(spread over {args.reps * args.layers} layers per measurement)"
+    )
+    print(
+        f"shapes: {n_heads} q heads, {n_kv} kv heads, head_dim {hd}; {args.layers} layers x {args.reps} steps "
+        f"per measurement; us per layer (GPU submit..done | CPU encode)"
+    )
     print(f"| {'step':<22} | {'pos':>5} | {'disp/layer':>10} | {'GPU us/layer':>12} | {'encode us/layer':>15} |")
     print(f"| {'-' * 22} | {'-' * 5}:| {'-' * 10}:| {'-' * 12}:| {'-' * 15}:|")
     for pos in [int(p) for p in args.positions.split(",")]:
-        for label, n_tokens, ops in (("decode rope+kv", 1, "rope"), ("decode attention", 1, "attn"),
-                                     ("decode rope+attention", 1, "rope attn"),
-                                     ("decode fused rope+attn", 1, "fused"),
-                                     (f"prefill {args.prefill_tokens} attention", args.prefill_tokens, "attn")):
+        for label, n_tokens, ops in (
+            ("decode rope+kv", 1, "rope"),
+            ("decode attention", 1, "attn"),
+            ("decode rope+attention", 1, "rope attn"),
+            ("decode fused rope+attn", 1, "fused"),
+            (f"prefill {args.prefill_tokens} attention", args.prefill_tokens, "attn"),
+        ):
             if pos + n_tokens > args.context:
                 continue
             gpu_us, enc_us, disp = timed(n_tokens, pos, ops)

@@ -22,30 +22,47 @@ sys.path.insert(0, str(ROOT))
 
 import build  # noqa: E402
 
-CHROMIUM_ARGS = ["--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader", "--no-sandbox",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", "--disable-quic"]
+CHROMIUM_ARGS = [
+    "--enable-unsafe-webgpu",
+    "--use-webgpu-adapter=swiftshader",
+    "--no-sandbox",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 
 def python_time_summary(report: dict) -> str:
     """Python ms per decoded token, recording vs the rest, from the bench page's extra measurements."""
+
     def row(what: str, value: str) -> str:
         return f"  {what + ':':<58} {value}"
 
     replay = "on" if report.get("recorded_program_replay") else "off"
-    lines = [f"Python ms per decoded token ({report.get('dispatches_per_token')} dispatches per step):",
-             row(f"recording, decode loop, mean (measure_async, replay {replay})",
-                 f"{report.get('decode_short_python_encode_ms_per_token', float('nan')):.3f}")]
+    lines = [
+        f"Python ms per decoded token ({report.get('dispatches_per_token')} dispatches per step):",
+        row(
+            f"recording, decode loop, mean (measure_async, replay {replay})",
+            f"{report.get('decode_short_python_encode_ms_per_token', float('nan')):.3f}",
+        ),
+    ]
     loop = report.get("decode_loop_record_ms") or {}
     for key in ("replay", "direct") if "error" not in loop else ():
         if key in loop:
-            lines.append(row(f"recording, decode loop (GPU busy), {key}",
-                             f"{loop[key]['median']:.3f} median / {loop[key]['mean']:.3f} mean "
-                             f"of {loop[key]['steps']} steps"))
+            lines.append(
+                row(
+                    f"recording, decode loop (GPU busy), {key}",
+                    f"{loop[key]['median']:.3f} median / {loop[key]['mean']:.3f} mean of {loop[key]['steps']} steps",
+                )
+            )
     split = report.get("python_per_token_idle_gpu") or {}
-    for key, what in (("record_ms_replay", "recording, GPU idle, replay"),
-                      ("record_ms_direct", "recording, GPU idle, direct (one FFI call per command)"),
-                      ("submit_and_readback_ms", "the rest: submit + 4-byte readback")):
+    for key, what in (
+        ("record_ms_replay", "recording, GPU idle, replay"),
+        ("record_ms_direct", "recording, GPU idle, direct (one FFI call per command)"),
+        ("submit_and_readback_ms", "the rest: submit + 4-byte readback"),
+    ):
         if key in split:
             lines.append(row(what, f"{split[key]['min']:.3f} min / {split[key]['median']:.3f} median"))
     for name, part in (("decode loop", loop), ("idle split", split)):
@@ -62,12 +79,19 @@ def main() -> int:
     parser.add_argument("--model", help="model URL (default: the bundled model)")
     parser.add_argument("--full", action="store_true", help="512-token prefill, 1k context, 128 tokens")
     parser.add_argument("--gpu", action="store_true", help="use Chromium's default adapter, not SwiftShader")
-    parser.add_argument("--no-replay", action="store_true",
-                        help="encode every GPU step from Python (no recorded-program replay), for comparison")
+    parser.add_argument(
+        "--no-replay",
+        action="store_true",
+        help="encode every GPU step from Python (no recorded-program replay), for comparison",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the report")
     parser.add_argument("--no-build", action="store_true")
-    parser.add_argument("--dist", type=Path, default=Path(os.environ.get("BITNET_WEB_DIST") or build.DIST),
-                        help="dist folder to build and serve (default: $BITNET_WEB_DIST, else dist/)")
+    parser.add_argument(
+        "--dist",
+        type=Path,
+        default=Path(os.environ.get("BITNET_WEB_DIST") or build.DIST),
+        help="dist folder to build and serve (default: $BITNET_WEB_DIST, else dist/)",
+    )
     args = parser.parse_args()
     if not args.no_build:
         build.build(args.dist)

@@ -34,8 +34,10 @@ DIM, FFN, Q_DIM, KV_DIM, VOCAB = 2560, 6912, 2560, 640, 128256
 
 def random_codes(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
     # Any byte without a code-3 field: four codes from {0, 1, 2}.
-    table = np.array([a << 6 | b << 4 | c << 2 | d for a in range(3) for b in range(3) for c in range(3)
-                      for d in range(3)], dtype=np.uint8)
+    table = np.array(
+        [a << 6 | b << 4 | c << 2 | d for a in range(3) for b in range(3) for c in range(3) for d in range(3)],
+        dtype=np.uint8,
+    )
     return table[rng.integers(0, 81, size=n * k // 4)]
 
 
@@ -89,8 +91,11 @@ def bench_attention_ops(bench: Bench, want, t_max: int, positions=(64, 1024, 400
     from bitnet_web.kernels.kv_cache import KVCache  # noqa: PLC0415
     from bitnet_web.kernels.rope import RopeKV, RopeTable  # noqa: PLC0415
 
-    labels = [f"{op} pos={pos}" for pos in positions for op in
-              ("rope_kv T=1", "attention decode", "attention decode fused rope", f"attention prefill T={t_max}")]
+    labels = [
+        f"{op} pos={pos}"
+        for pos in positions
+        for op in ("rope_kv T=1", "attention decode", "attention decode fused rope", f"attention prefill T={t_max}")
+    ]
     if not any(want(label) for label in labels):
         return
     device, k = bench.device, bench.kernels
@@ -116,11 +121,19 @@ def bench_attention_ops(bench: Bench, want, t_max: int, positions=(64, 1024, 400
         if want(f"rope_kv T=1 pos={pos}"):
             bench.time_op(f"rope_kv T=1 pos={pos}", lambda r: rope.record(r, 1), None)
         if want(f"attention decode pos={pos}"):
-            bench.time_op(f"attention decode pos={pos}", lambda r, p=pos: plain.record(r, 1, p), (pos + 1) * kv_row,
-                          "split + combine")
+            bench.time_op(
+                f"attention decode pos={pos}",
+                lambda r, p=pos: plain.record(r, 1, p),
+                (pos + 1) * kv_row,
+                "split + combine",
+            )
         if want(f"attention decode fused rope pos={pos}"):
-            bench.time_op(f"attention decode fused rope pos={pos}", lambda r, p=pos: fused.record(r, 1, p),
-                          (pos + 1) * kv_row, "rope fused in")
+            bench.time_op(
+                f"attention decode fused rope pos={pos}",
+                lambda r, p=pos: fused.record(r, 1, p),
+                (pos + 1) * kv_row,
+                "rope fused in",
+            )
         if want(f"attention prefill T={t_max} pos={pos}") and t_max > 1 and pos + t_max <= context:
             step.write(t_max, pos, cache.capacity)
             bench.time_op(f"attention prefill T={t_max} pos={pos}", lambda r: plain.record(r, t_max), None)
@@ -140,8 +153,10 @@ def main() -> None:
     args = parser.parse_args()
 
     device = gpu.open_device()
-    print(f"device: {device.adapter_name}  features: {sorted(device.features)}  "
-          f"binding limit: {device.limits.max_binding >> 20} MiB")
+    print(
+        f"device: {device.adapter_name}  features: {sorted(device.features)}  "
+        f"binding limit: {device.limits.max_binding >> 20} MiB"
+    )
     bench = Bench(device, args.steps, args.rounds, args.target)
     k, rng = bench.kernels, np.random.default_rng(0)
     t_max = max(args.tokens, 1)
@@ -173,13 +188,21 @@ def main() -> None:
         bench.time_op(f"rmsnorm f32 {DIM} last row", lambda r, op=op: op.record(r, 1, last_only=True), 8 * DIM)
 
     # Ternary linear -------------------------------------------------------------------------------
-    shapes = [("qkv", [Q_DIM, KV_DIM, KV_DIM], DIM, "store"), ("wo", [DIM], Q_DIM, "residual"),
-              ("gate_up", [FFN, FFN], DIM, "gate_relu2"), ("down", [DIM], FFN, "residual")]
+    shapes = [
+        ("qkv", [Q_DIM, KV_DIM, KV_DIM], DIM, "store"),
+        ("wo", [DIM], Q_DIM, "residual"),
+        ("gate_up", [FFN, FFN], DIM, "gate_relu2"),
+        ("down", [DIM], FFN, "residual"),
+    ]
     for name, parts, cols, epilogue in shapes:
         if not (want(f"gemv {name}") or want(f"gemm {name}")):
             continue
-        matrix = TernaryMatrix.upload(device, [(random_codes(rng, n, cols), 0.5, (n, cols)) for n in parts], name,
-                                      pair_rows=epilogue.startswith("gate"))
+        matrix = TernaryMatrix.upload(
+            device,
+            [(random_codes(rng, n, cols), 0.5, (n, cols)) for n in parts],
+            name,
+            pair_rows=epilogue.startswith("gate"),
+        )
         weight_bytes = matrix.n_rows * cols // 4 + 4 * matrix.n_rows
         variants = [(None, None)]
         if args.sweep:
@@ -190,26 +213,40 @@ def main() -> None:
             if want(f"gemv {name}"):
                 step.write(1, 0, 0)
                 label = "default" if rows is None else f"rows={rows} wg={wg}"
-                bench.time_op(f"gemv {name} {matrix.n_rows}x{cols} {epilogue}", lambda r, op=op: op.record(r, 1),
-                              weight_bytes + cols, label)
+                bench.time_op(
+                    f"gemv {name} {matrix.n_rows}x{cols} {epilogue}",
+                    lambda r, op=op: op.record(r, 1),
+                    weight_bytes + cols,
+                    label,
+                )
         if want(f"gemv {name}"):
             # Separate norm + GEMV (two dependent dispatches) against the fused kernel.
             step.write(1, 0, 0)
             norm = RMSNormQuant(k, x, norm_w, x_q, x_scale, step, cols, 1e-5)
             op = TernaryLinear(k, matrix, x_q, x_scale, out, step, epilogue)
-            bench.time_op(f"norm+gemv {name} (2 dispatches)",
-                          lambda r, norm=norm, op=op: (norm.record(r, 1), op.record(r, 1)), weight_bytes + 8 * cols)
+            bench.time_op(
+                f"norm+gemv {name} (2 dispatches)",
+                lambda r, norm=norm, op=op: (norm.record(r, 1), op.record(r, 1)),
+                weight_bytes + 8 * cols,
+            )
             fused_rows = [None] + ([4, 8, 16] if args.sweep else [])
             for rows in fused_rows:
                 kwargs = {} if rows is None else {"rows": rows}
                 fused = NormTernaryLinear(k, x, norm_w, 1e-5, matrix, x_q, x_scale, out, step, epilogue, **kwargs)
-                bench.time_op(f"gemv+norm fused {name}", lambda r, op=fused: op.record(r, 1), weight_bytes + 8 * cols,
-                              "default" if rows is None else f"rows={rows}")
+                bench.time_op(
+                    f"gemv+norm fused {name}",
+                    lambda r, op=fused: op.record(r, 1),
+                    weight_bytes + 8 * cols,
+                    "default" if rows is None else f"rows={rows}",
+                )
         if want(f"gemm {name}") and t_max > 1:
             op = TernaryLinear(k, matrix, x_q, x_scale, out, step, epilogue)
             step.write(t_max, 0, 0)
-            bench.time_op(f"gemm {name} {matrix.n_rows}x{cols} T={t_max}", lambda r, op=op: op.record(r, t_max),
-                          weight_bytes + cols * t_max)
+            bench.time_op(
+                f"gemm {name} {matrix.n_rows}x{cols} T={t_max}",
+                lambda r, op=op: op.record(r, t_max),
+                weight_bytes + cols * t_max,
+            )
             step.write(1, 0, 0)
         matrix.release(device)
 
@@ -218,8 +255,11 @@ def main() -> None:
         table = (rng.standard_normal((VOCAB, DIM)) * 0.02).astype(np.float16)
         matrix = F16Matrix.upload(device, table, "token_embd")
         del table
-        logits = buf(4 * t_max * VOCAB, "logits") if 4 * t_max * VOCAB <= device.limits.max_binding else \
-            buf(4 * VOCAB, "logits")
+        logits = (
+            buf(4 * t_max * VOCAB, "logits")
+            if 4 * t_max * VOCAB <= device.limits.max_binding
+            else buf(4 * VOCAB, "logits")
+        )
         ids = buf(4 * t_max, "ids")
         device.upload(ids, 0, rng.integers(0, VOCAB, t_max, dtype=np.uint32))
         step.write(1, 0, 0)
@@ -228,14 +268,19 @@ def main() -> None:
             op = EmbeddingLookup(k, matrix, ids, x, step)
             bench.time_op("embedding T=1", lambda r, op=op: op.record(r, 1), 2 * DIM, note)
         if want("lm_head"):
-            variants = [(None, None)] + ([(r, w) for r in (1, 2, 4, 8) for w in (32, 64, 128, 256)
-                                         if VOCAB / r <= 65535] if args.sweep else [])
+            variants = [(None, None)] + (
+                [(r, w) for r in (1, 2, 4, 8) for w in (32, 64, 128, 256) if VOCAB / r <= 65535] if args.sweep else []
+            )
             for rows, wg in variants:
                 kwargs = {} if rows is None else {"rows_per_workgroup": rows, "workgroup_size": wg}
                 op = LMHead(k, matrix, x, logits, step, **kwargs)
                 label = "default" if rows is None else f"rows={rows} wg={wg}"
-                bench.time_op(f"lm_head {VOCAB}x{DIM} f16 T=1", lambda r, op=op: op.record(r, 1),
-                              2 * VOCAB * DIM + 4 * DIM, f"{note} {label}")
+                bench.time_op(
+                    f"lm_head {VOCAB}x{DIM} f16 T=1",
+                    lambda r, op=op: op.record(r, 1),
+                    2 * VOCAB * DIM + 4 * DIM,
+                    f"{note} {label}",
+                )
         matrix.release(device)
         if want("argmax"):
             op = Argmax(k, logits, ids, VOCAB)

@@ -27,7 +27,7 @@ PARAGRAPHS = [
     "Grüße aus München! Ça va très bien. Привет, мир! Γειά σου Κόσμε. مرحبا بالعالم. नमस्ते दुनिया।",
     "你好，世界！我们今天去公园散步。こんにちは世界。안녕하세요 세계! 👨‍👩‍👧‍👦 🇩🇪🇫🇷 👍🏽",
     "def fib(n: int) -> int:\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
-    "fn main() { let v: Vec<u8> = vec![1, 2, 3]; println!(\"{:?}\", v); }\n\t\t// trailing   \n",
+    'fn main() { let v: Vec<u8> = vec![1, 2, 3]; println!("{:?}", v); }\n\t\t// trailing   \n',
 ]
 
 
@@ -94,8 +94,9 @@ def main() -> None:
     t0 = time.perf_counter()
     hf_ids = hf.encode(text, add_special_tokens=False).ids
     hf_time = time.perf_counter() - t0
-    print(f"HF tokenizers (Rust):    {hf_time * 1e3:8.1f} ms  {n / hf_time:12,.0f} tokens/s"
-          f"  (same ids: {hf_ids == ids})")
+    print(
+        f"HF tokenizers (Rust):    {hf_time * 1e3:8.1f} ms  {n / hf_time:12,.0f} tokens/s  (same ids: {hf_ids == ids})"
+    )
 
 
 if __name__ == "__main__":

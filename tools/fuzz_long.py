@@ -47,13 +47,13 @@ def tokenizer_categories() -> dict[str, tuple[st.SearchStrategy, object]]:
     interesting = ft.find_interesting_ids(tok, byte_token)
     long_text = st.lists(st.sampled_from(ft.STRESS_PIECES), max_size=200).map("".join)
     return {
-        "tokenizer:unicode": (st.one_of(ft.unicode_text, long_text),
-                              lambda text: ft.check_round_trip(tok, hf, text)),
+        "tokenizer:unicode": (st.one_of(ft.unicode_text, long_text), lambda text: ft.check_round_trip(tok, hf, text)),
         "tokenizer:bytes": (ft.BYTES_DECODED, lambda case: ft.check_bytes(tok, *case)),
-        "tokenizer:byte_tokens": (st.binary(max_size=256),
-                                  lambda data: ft.check_byte_tokens(tok, byte_token, data)),
-        "tokenizer:stream": (st.tuples(ft.id_sequences(tok, interesting, 64), st.booleans()),
-                             lambda case: ft.check_stream(tok, *case)),
+        "tokenizer:byte_tokens": (st.binary(max_size=256), lambda data: ft.check_byte_tokens(tok, byte_token, data)),
+        "tokenizer:stream": (
+            st.tuples(ft.id_sequences(tok, interesting, 64), st.booleans()),
+            lambda case: ft.check_stream(tok, *case),
+        ),
     }
 
 
@@ -61,8 +61,7 @@ def run_batch(category: str, strategy, check, n: int, seed: int, counts: Counter
     """`n` cases of one category; False (after reporting) if a property failed."""
     last: list[object] = [None]
 
-    @settings(max_examples=n, database=None, deadline=None, derandomize=False,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=n, database=None, deadline=None, derandomize=False, suppress_health_check=list(HealthCheck))
     @hypothesis_seed(seed)
     @given(case=strategy)
     def batch(case):
@@ -77,7 +76,7 @@ def run_batch(category: str, strategy, check, n: int, seed: int, counts: Counter
     try:
         batch()
         return True
-    except Exception as e:   # a falsified property (hypothesis re-raises the shrunk failure)
+    except Exception as e:  # a falsified property (hypothesis re-raises the shrunk failure)
         out.mkdir(parents=True, exist_ok=True)
         name = category.replace(":", "-")
         case = last[0]
@@ -93,8 +92,7 @@ def run_batch(category: str, strategy, check, n: int, seed: int, counts: Counter
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=10.0, help="time budget (default 10)")
     parser.add_argument("--cases", type=int, default=None, help="stop after this many cases in total")
     parser.add_argument("--batch", type=int, default=200, help="cases per hypothesis run (default 200)")
@@ -105,7 +103,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from bitnet_web.text.bpe import _llama3_regex
-    _llama3_regex()                                  # compiled once, outside the per-input bounds
+
+    _llama3_regex()  # compiled once, outside the per-input bounds
     fg.seeds()
     categories = gguf_categories()
     if not args.no_tokenizer:
@@ -143,9 +142,11 @@ def main() -> int:
         status = "FAILED" if category in failed else "ok"
         print(f"  {category:28s} {sum(outcomes.values()):7d}  {status:6s} {outcomes}")
     print("parsed GGUF files, downstream:", dict(sorted(fg.DOWNSTREAM.items())))
-    print(f"slowest GGUF input {fg.WORST['seconds'] * 1000:.1f} ms CPU, largest tracemalloc peak "
-          f"{fg.WORST['peak_bytes'] / 2**20:.2f} MiB "
-          f"(limits {fg.HANG_LIMIT_S} s, {fg.MEMORY_LIMIT >> 20} MiB)")
+    print(
+        f"slowest GGUF input {fg.WORST['seconds'] * 1000:.1f} ms CPU, largest tracemalloc peak "
+        f"{fg.WORST['peak_bytes'] / 2**20:.2f} MiB "
+        f"(limits {fg.HANG_LIMIT_S} s, {fg.MEMORY_LIMIT >> 20} MiB)"
+    )
     return 1 if failed else 0
 
 

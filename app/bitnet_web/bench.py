@@ -34,8 +34,18 @@ def synthetic_model(shape: str) -> Path:
     if not path.exists():
         print(f"writing synthetic {shape} model to {path} ...", file=sys.stderr)
         tmp = path.with_suffix(".tmp")
-        write_random_bitnet(tmp, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                            ffn_dim=ffn_dim, vocab_size=vocab, context_length=ctx, seed=0, arch=arch)
+        write_random_bitnet(
+            tmp,
+            dim=dim,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            ffn_dim=ffn_dim,
+            vocab_size=vocab,
+            context_length=ctx,
+            seed=0,
+            arch=arch,
+        )
         tmp.rename(path)
     return path
 
@@ -89,10 +99,13 @@ def profile_summary(timings: list[tuple[str, float]]) -> dict:
     per_kernel: dict[str, list[float]] = {}
     for label, us in timings:
         per_kernel.setdefault(label.split(":")[0], []).append(us)
-    return {"total_us": round(sum(us for _, us in timings), 1),
-            "kernels": {name: {"count": len(v), "total_us": round(sum(v), 1),
-                               "median_us": round(float(np.median(v)), 2)}
-                        for name, v in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))}}
+    return {
+        "total_us": round(sum(us for _, us in timings), 1),
+        "kernels": {
+            name: {"count": len(v), "total_us": round(sum(v), 1), "median_us": round(float(np.median(v)), 2)}
+            for name, v in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))
+        },
+    }
 
 
 async def measure_async(engine, quick: bool = False) -> dict:
@@ -139,9 +152,11 @@ async def measure_async(engine, quick: bool = False) -> dict:
     # End to end through Engine.generate: tokenizer streaming, stop checks and sampling included.
     ids = prompt(16)
     sampled = SamplerSettings(temperature=0.8, top_k=40, top_p=0.95, seed=1)
-    for label, settings, on_gpu in (("greedy", SamplerSettings(temperature=0.0), True),
-                                    ("sampled", sampled, True),  # drawn on the GPU
-                                    ("sampled_cpu", sampled, False)):  # logits read back each token
+    for label, settings, on_gpu in (
+        ("greedy", SamplerSettings(temperature=0.0), True),
+        ("sampled", sampled, True),  # drawn on the GPU
+        ("sampled_cpu", sampled, False),
+    ):  # logits read back each token
         model.truncate(0)
         engine.gpu_sampling = on_gpu
         try:
@@ -168,8 +183,13 @@ def run_bench(model_path: Path, quick: bool, int8_head: bool = False) -> dict:
     baseline_mb = peak_host_mb()
     t0 = time.perf_counter()
     engine.load(model_path)
-    report: dict = {"model": str(model_path), "int8_head": int8_head, "file_size": model_path.stat().st_size,
-                    "load_s": time.perf_counter() - t0, "peak_host_mb_after_load": peak_host_mb()}
+    report: dict = {
+        "model": str(model_path),
+        "int8_head": int8_head,
+        "file_size": model_path.stat().st_size,
+        "load_s": time.perf_counter() - t0,
+        "peak_host_mb_after_load": peak_host_mb(),
+    }
     report.update(engine._run(measure_async(engine, quick)))
     report["peak_host_mb"] = peak_host_mb()
     report["host_mb_before_load"] = baseline_mb

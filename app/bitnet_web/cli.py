@@ -82,12 +82,16 @@ def bundled_model_path():
 def _load_engine(args: argparse.Namespace):
     from .engine import Engine
 
-    engine = Engine(max_binding_size=getattr(args, "max_binding_size", None),
-                    int8_head=getattr(args, "int8_head", False))
+    engine = Engine(
+        max_binding_size=getattr(args, "max_binding_size", None), int8_head=getattr(args, "int8_head", False)
+    )
     if args.model is None:
         args.model = str(bundled_model_path())
-    engine.load(args.model, progress=None if args.quiet else _progress,
-                allow_lossy_ternarization=getattr(args, "ternarize_lossy", False))
+    engine.load(
+        args.model,
+        progress=None if args.quiet else _progress,
+        allow_lossy_ternarization=getattr(args, "ternarize_lossy", False),
+    )
     return engine
 
 
@@ -95,15 +99,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .text.sampler import SamplerSettings
 
     settings = SamplerSettings(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        repetition_penalty=args.repeat_penalty, seed=args.seed,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repeat_penalty,
+        seed=args.seed,
     )
     engine = _load_engine(args)
     try:
         if args.tokens is not None:
             stream = engine.generate(tokens=args.tokens, settings=settings, max_tokens=args.max_tokens)
         elif args.chat:
-            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            messages = [{"role": "system", "content": args.system}] if args.system else []
             messages.append({"role": "user", "content": args.prompt})
             stream = engine.generate(messages=messages, settings=settings, max_tokens=args.max_tokens)
         else:
@@ -115,13 +123,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 print(piece, end="", flush=True)
         stats = engine.last_stats
         if args.json:
-            print(json.dumps({"tokens": engine.generated_tokens, "text": "".join(pieces),
-                              "stats": stats.as_dict()}, ensure_ascii=False))
+            print(
+                json.dumps(
+                    {"tokens": engine.generated_tokens, "text": "".join(pieces), "stats": stats.as_dict()},
+                    ensure_ascii=False,
+                )
+            )
         else:
             print()
             if not args.quiet:
-                print(f"[{stats.n_generated} tokens, prefill {stats.prefill_tok_per_s:.1f} tok/s, "
-                      f"decode {stats.decode_tok_per_s:.1f} tok/s, stop: {stats.stop_reason}]", file=sys.stderr)
+                print(
+                    f"[{stats.n_generated} tokens, prefill {stats.prefill_tok_per_s:.1f} tok/s, "
+                    f"decode {stats.decode_tok_per_s:.1f} tok/s, stop: {stats.stop_reason}]",
+                    file=sys.stderr,
+                )
     finally:
         engine.close()
     return 0
@@ -160,9 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def lossy_arg(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--ternarize-lossy", action="store_true",
-                       help="EXPERIMENTAL: accept an ordinary (non-BitNet) Llama checkpoint and ternarize it "
-                            "by absmean on load (lossy: expect degraded output)")
+        p.add_argument(
+            "--ternarize-lossy",
+            action="store_true",
+            help="EXPERIMENTAL: accept an ordinary (non-BitNet) Llama checkpoint and ternarize it "
+            "by absmean on load (lossy: expect degraded output)",
+        )
 
     p = sub.add_parser("inspect", help="summarize a GGUF file or a Hugging Face checkpoint (as converted)")
     p.add_argument("file", nargs="?")
@@ -178,14 +196,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tokenize)
 
     def int8_head_arg(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--int8-head", action="store_true",
-                       help="APPROXIMATE: read an int8 per-row-scaled copy of the LM head (half the bytes of "
-                            "F16, faster decoding; logits differ slightly, so greedy text may too)")
+        p.add_argument(
+            "--int8-head",
+            action="store_true",
+            help="APPROXIMATE: read an int8 per-row-scaled copy of the LM head (half the bytes of "
+            "F16, faster decoding; logits differ slightly, so greedy text may too)",
+        )
 
     def model_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", default=None, help="GGUF path or URL, or a Hugging Face safetensors "
-                       "checkpoint folder or folder URL (.../ORG/REPO, .../resolve/main/); downloads are cached. "
-                       "Default: the bundled model (a 27M-parameter Python-code completion model)")
+        p.add_argument(
+            "--model",
+            default=None,
+            help="GGUF path or URL, or a Hugging Face safetensors "
+            "checkpoint folder or folder URL (.../ORG/REPO, .../resolve/main/); downloads are cached. "
+            "Default: the bundled model (a 27M-parameter Python-code completion model)",
+        )
         lossy_arg(p)
         p.add_argument("--max-binding-size", type=int, default=None, help=argparse.SUPPRESS)
         int8_head_arg(p)

@@ -59,8 +59,9 @@ class GenerationStats:
         return dict(self.__dict__)
 
 
-def fit_chat_to_context(messages: Sequence[dict], count_tokens: Callable[[list[dict]], int],
-                        budget: int, limit: int | None = None) -> list[dict]:
+def fit_chat_to_context(
+    messages: Sequence[dict], count_tokens: Callable[[list[dict]], int], budget: int, limit: int | None = None
+) -> list[dict]:
     """The chat context policy: which messages to render so that the prompt takes <= `budget` tokens.
 
     A conversation that fits is kept whole. Otherwise the oldest turns (a turn is a user message and
@@ -85,9 +86,9 @@ def fit_chat_to_context(messages: Sequence[dict], count_tokens: Callable[[list[d
         return messages
     starts = [0] + [i for i in range(1, len(rest)) if rest[i].get("role") == "user"]
     bounds = list(zip(starts, starts[1:] + [len(rest)], strict=True))
-    overhead = count_tokens([])                                  # BOS + generation prompt
+    overhead = count_tokens([])  # BOS + generation prompt
     sizes = [count_tokens(rest[a:b]) - overhead for a, b in bounds]
-    suffix = [0] * (len(sizes) + 1)                              # estimated tokens of turns j..end
+    suffix = [0] * (len(sizes) + 1)  # estimated tokens of turns j..end
     for j in range(len(sizes) - 1, -1, -1):
         suffix[j] = suffix[j + 1] + sizes[j]
     base = count_tokens(system)
@@ -102,20 +103,26 @@ def fit_chat_to_context(messages: Sequence[dict], count_tokens: Callable[[list[d
         candidates.append(len(sizes) - 1)
     for j in candidates:
         if base + suffix[j] > budget and j != candidates[-1]:
-            continue                                             # estimated too long: skip the render
-        kept = system + rest[bounds[j][0]:]
+            continue  # estimated too long: skip the render
+        kept = system + rest[bounds[j][0] :]
         n = count_tokens(kept)
         if n <= budget or (j == candidates[-1] and n <= (budget if limit is None else limit)):
             return kept
     raise EngineError(
         f"the system prompt and the latest message need {n} tokens, more than the "
         f"{budget if limit is None else limit} the context leaves for them: shorten the message or start "
-        "a new chat")
+        "a new chat"
+    )
 
 
 class Engine:
-    def __init__(self, max_binding_size: int | None = None, prefill_chunk: int = 512, gpu_sampling: bool = True,
-                 int8_head: bool = False):
+    def __init__(
+        self,
+        max_binding_size: int | None = None,
+        prefill_chunk: int = 512,
+        gpu_sampling: bool = True,
+        int8_head: bool = False,
+    ):
         self.max_binding_size = max_binding_size  # lower the binding limit (tests shard with it)
         self.prefill_chunk = prefill_chunk
         # Draw sampled tokens on the GPU when the settings allow (sampler.Sampler.gpu_supported);
@@ -141,8 +148,13 @@ class Engine:
 
     # Loading ---------------------------------------------------------------------------------
 
-    def load(self, source: str | Path | GGUFFile, progress: ProgressCallback | None = None, *,
-             allow_lossy_ternarization: bool = False) -> None:
+    def load(
+        self,
+        source: str | Path | GGUFFile,
+        progress: ProgressCallback | None = None,
+        *,
+        allow_lossy_ternarization: bool = False,
+    ) -> None:
         """Load a GGUF from a path or URL (CPython). A URL is downloaded once into the user cache.
 
         A folder path or a Hugging Face folder URL (.../ORG/REPO, .../resolve/main/) is a safetensors
@@ -152,8 +164,7 @@ class Engine:
         if isinstance(source, GGUFFile):
             gguf, name = source, "model"
         elif hf_checkpoint.is_checkpoint_location(source):
-            gguf = hf_checkpoint.load(source, progress=progress,
-                                      allow_lossy_ternarization=allow_lossy_ternarization)
+            gguf = hf_checkpoint.load(source, progress=progress, allow_lossy_ternarization=allow_lossy_ternarization)
             name = str(gguf.metadata.get("general.name") or "model")
         else:
             path = Path(source)
@@ -164,8 +175,9 @@ class Engine:
             gguf, name = open_gguf(path), path.name
         self._run(self._load(gguf, name, progress))
 
-    async def load_async(self, data: np.ndarray | GGUFFile, name: str = "model",
-                         progress: ProgressCallback | None = None) -> None:
+    async def load_async(
+        self, data: np.ndarray | GGUFFile, name: str = "model", progress: ProgressCallback | None = None
+    ) -> None:
         """Load a GGUF held in memory (the browser passes the downloaded file as a uint8 array)."""
         gguf = data if isinstance(data, GGUFFile) else GGUFFile.from_buffer(np.asarray(data, dtype=np.uint8))
         await self._load(gguf, name, progress)
@@ -201,8 +213,7 @@ class Engine:
         self.name = name
         self._device_was_lost = False
 
-    async def _upload(self, gguf: GGUFFile, config: ModelConfig,
-                      progress: ProgressCallback | None) -> BitNetModel:
+    async def _upload(self, gguf: GGUFFile, config: ModelConfig, progress: ProgressCallback | None) -> BitNetModel:
         model = BitNetModel(self.device, gguf, config, max_tokens=self.prefill_chunk, int8_head=self.int8_head)
         try:
             await model.upload(progress)
@@ -291,16 +302,20 @@ class Engine:
             key = (self.template.kind, *((m["role"], m["content"]) for m in msgs))
             n = cache.get(key)
             if n is None:
-                n = cache[key] = len(render_tokens(self.tokenizer, self.template, msgs,
-                                                   add_generation_prompt=True))
+                n = cache[key] = len(render_tokens(self.tokenizer, self.template, msgs, add_generation_prompt=True))
             return n
 
         kept = fit_chat_to_context(messages, count, budget, limit=context - 1)
         self.chat_dropped_messages = len(messages) - len(kept)
         return render_tokens(self.tokenizer, self.template, kept, add_generation_prompt=True)
 
-    async def generate_tokens_async(self, prompt_ids: Sequence[int], settings: SamplerSettings,
-                                    max_tokens: int = 256, stop_strings: Sequence[str] = ()) -> AsyncIterator[str]:
+    async def generate_tokens_async(
+        self,
+        prompt_ids: Sequence[int],
+        settings: SamplerSettings,
+        max_tokens: int = 256,
+        stop_strings: Sequence[str] = (),
+    ) -> AsyncIterator[str]:
         """Prefill `prompt_ids` (reusing the cached prefix), then sample up to `max_tokens` tokens,
         yielding text as soon as it is complete UTF-8 and not part of a stop string."""
         steps = self._generate(prompt_ids, settings, max_tokens, stop_strings)
@@ -312,8 +327,9 @@ class Engine:
                 self._forget_lost_device()
                 raise
 
-    async def _generate(self, prompt_ids: Sequence[int], settings: SamplerSettings, max_tokens: int,
-                        stop_strings: Sequence[str]) -> AsyncIterator[str]:
+    async def _generate(
+        self, prompt_ids: Sequence[int], settings: SamplerSettings, max_tokens: int, stop_strings: Sequence[str]
+    ) -> AsyncIterator[str]:
         model = self._require_model()
         tokenizer = self.tokenizer
         prompt_ids = [int(t) for t in prompt_ids]
@@ -384,8 +400,9 @@ class Engine:
         stats.context_used = model.n_cached
         self._abort = False
 
-    async def _token_source(self, model: BitNetModel, new_ids: list[int], sampler: Sampler,
-                            settings: SamplerSettings, history: list[int]) -> AsyncIterator[int]:
+    async def _token_source(
+        self, model: BitNetModel, new_ids: list[int], sampler: Sampler, settings: SamplerSettings, history: list[int]
+    ) -> AsyncIterator[int]:
         """Tokens of the reply, one per step. After the prompt's logits (read back anyway), the GPU
         chooses each token (argmax, or a seeded draw: sampler.Sampler.gpu_supported) so only 4 bytes
         come back per token; other settings read logits back and sample on the CPU. `history` (the
@@ -414,20 +431,27 @@ class Engine:
             token = sampler.sample(logits, history)
             yield token
 
-    async def complete_async(self, prompt: str, settings: SamplerSettings, max_tokens: int = 256,
-                             stop_strings: Sequence[str] = ()) -> AsyncIterator[str]:
+    async def complete_async(
+        self, prompt: str, settings: SamplerSettings, max_tokens: int = 256, stop_strings: Sequence[str] = ()
+    ) -> AsyncIterator[str]:
         async for piece in self.generate_tokens_async(self.encode_prompt(prompt), settings, max_tokens, stop_strings):
             yield piece
 
-    async def chat_async(self, messages: Sequence[dict], settings: SamplerSettings, max_tokens: int = 256,
-                         stop_strings: Sequence[str] = ()) -> AsyncIterator[str]:
+    async def chat_async(
+        self,
+        messages: Sequence[dict],
+        settings: SamplerSettings,
+        max_tokens: int = 256,
+        stop_strings: Sequence[str] = (),
+    ) -> AsyncIterator[str]:
         ids = self.encode_chat(messages, max_tokens)
         dropped = self.chat_dropped_messages
         async for piece in self._chat_stream(ids, dropped, settings, max_tokens, stop_strings):
             yield piece
 
-    async def _chat_stream(self, ids: list[int], n_dropped: int, settings: SamplerSettings, max_tokens: int,
-                           stop_strings: Sequence[str]) -> AsyncIterator[str]:
+    async def _chat_stream(
+        self, ids: list[int], n_dropped: int, settings: SamplerSettings, max_tokens: int, stop_strings: Sequence[str]
+    ) -> AsyncIterator[str]:
         try:
             async for piece in self.generate_tokens_async(ids, settings, max_tokens, stop_strings):
                 yield piece
@@ -478,15 +502,21 @@ class Engine:
         finally:
             self._run(agen.aclose())
 
-    def generate(self, prompt: str | None = None, settings: SamplerSettings | None = None, *,
-                 tokens: Sequence[int] | None = None, messages: Sequence[dict] | None = None,
-                 max_tokens: int = 256, stop_strings: Sequence[str] = ()) -> Iterator[str]:
+    def generate(
+        self,
+        prompt: str | None = None,
+        settings: SamplerSettings | None = None,
+        *,
+        tokens: Sequence[int] | None = None,
+        messages: Sequence[dict] | None = None,
+        max_tokens: int = 256,
+        stop_strings: Sequence[str] = (),
+    ) -> Iterator[str]:
         """Stream text for a plain prompt, exact token ids (no BOS added) or chat messages."""
         settings = settings or SamplerSettings()
         if messages is not None:
             ids = self.encode_chat(messages, max_tokens)
-            return self._iterate(self._chat_stream(ids, self.chat_dropped_messages, settings, max_tokens,
-                                                   stop_strings))
+            return self._iterate(self._chat_stream(ids, self.chat_dropped_messages, settings, max_tokens, stop_strings))
         if tokens is not None:
             ids = list(tokens)
         elif prompt is not None:

@@ -13,8 +13,14 @@ import pytest
 RESULTS = Path(__file__).resolve().parents[2] / "test-results"
 LOCAL_PREFIXES = ("http://127.0.0.1:", "data:", "blob:")
 NO_AUTOLOAD = "?autoload=0"  # the page does not load its default model at start
-GREEDY_FORM = {"temperature": "0", "top_k": "1", "top_p": "1", "max_tokens": "8",
-               "repetition_penalty": "1", "seed": "0"}
+GREEDY_FORM = {
+    "temperature": "0",
+    "top_k": "1",
+    "top_p": "1",
+    "max_tokens": "8",
+    "repetition_penalty": "1",
+    "seed": "0",
+}
 SYSTEM = "You are a test."
 SETTLED = ("loaded", "header", "error")
 READY_MODEL = ("loaded", "header")  # "header": the model was fetched and checked, engine absent
@@ -99,16 +105,18 @@ def audit_cache(page) -> dict[str, dict[str, Any]]:
         by_key.setdefault(c["key"], []).append(c)
     for key, e in entries.items():
         chunks = sorted(by_key.get(key, []), key=lambda c: c["index"])
-        assert [c["index"] for c in chunks] == list(range(e["chunks"])), \
+        assert [c["index"] for c in chunks] == list(range(e["chunks"])), (
             f"{key}: chunk indexes {[c['index'] for c in chunks]}, record counts {e['chunks']}"
+        )
         offset = 0
         for c in chunks:
             assert c["offset"] == offset, f"{key}: chunk {c['index']} at offset {c['offset']}, expected {offset}"
             offset += c["size"]
         assert e["stored"] == offset == e["file_size"], f"{key}: stored {e['stored']}, chunks hold {offset}"
         if e["complete"]:
-            assert e["total"] is not None and e["stored"] == e["total"], \
+            assert e["total"] is not None and e["stored"] == e["total"], (
                 f"{key}: marked complete with {e['stored']} of {e['total']} bytes"
+            )
     return entries
 
 
@@ -159,10 +167,13 @@ def gpu_counts(page) -> dict[str, int]:
 def worker_python(page, code: str) -> Any:
     """Run Python in the engine worker's interpreter (after `code`'s statements, the value of its
     last line, converted to JS and back)."""
-    return engine_worker(page).evaluate("""(code) => {
+    return engine_worker(page).evaluate(
+        """(code) => {
         const out = self.pyodide.runPython(code);
         if (!(out && out.toJs)) return out;
-        try { return out.toJs({dict_converter: Object.fromEntries}); } finally { out.destroy(); } }""", code)
+        try { return out.toJs({dict_converter: Object.fromEntries}); } finally { out.destroy(); } }""",
+        code,
+    )
 
 
 def engine_importable() -> bool:
@@ -174,8 +185,9 @@ def engine_importable() -> bool:
     return True
 
 
-needs_engine = pytest.mark.skipif(not engine_importable(),
-                                  reason="bitnet_web.engine is not importable yet (the engine has not landed)")
+needs_engine = pytest.mark.skipif(
+    not engine_importable(), reason="bitnet_web.engine is not importable yet (the engine has not landed)"
+)
 
 
 def screenshot(page, name: str) -> Path:
@@ -195,14 +207,20 @@ def app_state(page) -> dict[str, str]:
 def open_app(page, url: str) -> None:
     """Go to the chat page and wait until the worker answered (or a failure page is up)."""
     page.goto(url)
-    page.wait_for_function("""() => { const a = document.getElementById('app');
-        return ['ready', 'missing', 'failed'].includes(a.dataset.engine); }""", timeout=180_000)
+    page.wait_for_function(
+        """() => { const a = document.getElementById('app');
+        return ['ready', 'missing', 'failed'].includes(a.dataset.engine); }""",
+        timeout=180_000,
+    )
 
 
 def wait_settled(page, timeout: float = 240_000) -> str:
     """Wait for the current model load to finish; returns data-model."""
-    page.wait_for_function(f"""() => {{ const a = document.getElementById('app');
-        return {list(SETTLED)!r}.includes(a.dataset.model); }}""", timeout=timeout)
+    page.wait_for_function(
+        f"""() => {{ const a = document.getElementById('app');
+        return {list(SETTLED)!r}.includes(a.dataset.model); }}""",
+        timeout=timeout,
+    )
     return app_state(page)["model"]
 
 
@@ -259,8 +277,11 @@ def send_and_wait(page, text: str) -> dict[str, Any]:
     n_before = page.locator(".msg.assistant").count()
     page.fill("#prompt", text)
     page.press("#prompt", "Enter")
-    page.wait_for_function(f"""() => {{ const r = document.querySelectorAll('.msg.assistant .text');
-        return r.length > {n_before} && r[r.length - 1].dataset.state !== 'streaming'; }}""", timeout=300_000)
+    page.wait_for_function(
+        f"""() => {{ const r = document.querySelectorAll('.msg.assistant .text');
+        return r.length > {n_before} && r[r.length - 1].dataset.state !== 'streaming'; }}""",
+        timeout=300_000,
+    )
     return last_reply(page)
 
 
@@ -284,6 +305,7 @@ _reference_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_
 @functools.lru_cache(maxsize=2)
 def _cpython_engine(path: str):
     from bitnet_web.engine import Engine
+
     engine = Engine()
     engine.load(path)
     return engine
@@ -308,18 +330,20 @@ def _cpython_generate(path: str, request: str, settings: dict[str, Any]) -> str:
     if request[0] == "turn":
         how, what = turn_request(kind, *request[1:])
     else:
-        how, what = ("complete", summary_prompt(request[1])) if kind == "completion" else \
-            ("chat", summary_messages(request[1]))
+        how, what = (
+            ("complete", summary_prompt(request[1])) if kind == "completion" else ("chat", summary_messages(request[1]))
+        )
     extra = {"messages": what} if how == "chat" else {"prompt": what}
-    return "".join(engine.generate(settings=to_engine_settings(settings, SamplerSettings),
-                                   max_tokens=int(settings["max_tokens"]), **extra))
+    return "".join(
+        engine.generate(
+            settings=to_engine_settings(settings, SamplerSettings), max_tokens=int(settings["max_tokens"]), **extra
+        )
+    )
 
 
-def cpython_turn(path: Path, system: str, history: list[dict[str, str]], text: str,
-                 settings: dict[str, Any]) -> str:
+def cpython_turn(path: Path, system: str, history: list[dict[str, str]], text: str, settings: dict[str, Any]) -> str:
     """The reply the CPython engine streams for the chat page's next turn (same request building)."""
-    return _reference_thread.submit(_cpython_generate, str(path), ("turn", system, history, text),
-                                    settings).result()
+    return _reference_thread.submit(_cpython_generate, str(path), ("turn", system, history, text), settings).result()
 
 
 def cpython_summary(path: Path, text: str, settings: dict[str, Any]) -> str:

@@ -27,24 +27,42 @@ CHROMIUM = "/usr/bin/chromium"
 # Chromium from calling Google at startup.
 CHROMIUM_OWN_HOST = "redirector.gvt1.com"
 DISABLED_FEATURES = (
-    "AvoidUnnecessaryBeforeUnloadCheckSync", "DestroyProfileOnBrowserClose", "HttpsUpgrades",
-    "HttpsFirstBalancedModeAutoEnable", "LensOverlay", "MediaRouter", "PaintHolding",
-    "ThirdPartyStoragePartitioning", "AvoidCorsURLLoaderRestartOnRedirect", "OptimizationHints",
-    "NetworkTimeServiceQuerying", "AimEnabled", "PreconnectToSearch", "AutofillServerCommunication",
+    "AvoidUnnecessaryBeforeUnloadCheckSync",
+    "DestroyProfileOnBrowserClose",
+    "HttpsUpgrades",
+    "HttpsFirstBalancedModeAutoEnable",
+    "LensOverlay",
+    "MediaRouter",
+    "PaintHolding",
+    "ThirdPartyStoragePartitioning",
+    "AvoidCorsURLLoaderRestartOnRedirect",
+    "OptimizationHints",
+    "NetworkTimeServiceQuerying",
+    "AimEnabled",
+    "PreconnectToSearch",
+    "AutofillServerCommunication",
 )
-CHROMIUM_ARGS = ["--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader", "--no-sandbox",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", "--disable-quic",
-                 # Chromium's own sign-in and push-messaging calls (accounts.google.com,
-                 # android.clients.google.com), made even with the flags above: pointed at a closed
-                 # local port, so the egress recorder can demand zero outside requests.
-                 "--gaia-url=http://127.0.0.1:9", "--gcm-checkin-url=http://127.0.0.1:9/checkin",
-                 "--gcm-registration-url=http://127.0.0.1:9/register",
-                 "--gcm-mcs-endpoint=http://127.0.0.1:9/mcs",
-                 # spell-check dictionaries (redirector.gvt1.com) when text is typed: that host
-                 # bypasses the recorder and resolves to the same closed port
-                 f"--host-resolver-rules=MAP {CHROMIUM_OWN_HOST} 127.0.0.1:9",
-                 "--disable-features=" + ",".join(DISABLED_FEATURES)]
+CHROMIUM_ARGS = [
+    "--enable-unsafe-webgpu",
+    "--use-webgpu-adapter=swiftshader",
+    "--no-sandbox",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    # Chromium's own sign-in and push-messaging calls (accounts.google.com,
+    # android.clients.google.com), made even with the flags above: pointed at a closed
+    # local port, so the egress recorder can demand zero outside requests.
+    "--gaia-url=http://127.0.0.1:9",
+    "--gcm-checkin-url=http://127.0.0.1:9/checkin",
+    "--gcm-registration-url=http://127.0.0.1:9/register",
+    "--gcm-mcs-endpoint=http://127.0.0.1:9/mcs",
+    # spell-check dictionaries (redirector.gvt1.com) when text is typed: that host
+    # bypasses the recorder and resolves to the same closed port
+    f"--host-resolver-rules=MAP {CHROMIUM_OWN_HOST} 127.0.0.1:9",
+    "--disable-features=" + ",".join(DISABLED_FEATURES),
+]
 
 
 def pytest_configure(config) -> None:
@@ -90,15 +108,18 @@ def site(dist_dir, test_files):
 def tiny_model(test_files) -> bytes:
     """A small random BitNet GGUF (fast for the engine on SwiftShader) for the download tests."""
     from bitnet_web.convert.synthetic import write_random_bitnet
+
     path = test_files / "tiny.gguf"
-    write_random_bitnet(str(path), dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256, vocab_size=300,
-                        context_length=256, seed=1)
+    write_random_bitnet(
+        str(path), dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256, vocab_size=300, context_length=256, seed=1
+    )
     return path.read_bytes()
 
 
 @pytest.fixture(scope="session")
 def bundled_model(dist_dir) -> dict[str, Any]:
     import json
+
     manifest = json.loads((dist_dir / "models" / "models.json").read_text())
     entry = next(m for m in manifest["models"] if m["id"] == manifest["default"])
     return {**entry, "path": dist_dir / entry["url"]}
@@ -108,14 +129,21 @@ def bundled_model(dist_dir) -> dict[str, Any]:
 # Chromium through pytest-playwright
 # ------------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args, egress):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; `python3 build.py test` does it)")
-    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS,
-            # Playwright sends loopback through the proxy unless the bypass names it
-            "proxy": {"server": f"http://127.0.0.1:{egress.server_address[1]}",
-                      "bypass": f"127.0.0.1,localhost,{CHROMIUM_OWN_HOST}"}}
+    return {
+        **browser_type_launch_args,
+        "executable_path": CHROMIUM,
+        "args": CHROMIUM_ARGS,
+        # Playwright sends loopback through the proxy unless the bypass names it
+        "proxy": {
+            "server": f"http://127.0.0.1:{egress.server_address[1]}",
+            "bypass": f"127.0.0.1,localhost,{CHROMIUM_OWN_HOST}",
+        },
+    }
 
 
 @pytest.fixture(scope="session")

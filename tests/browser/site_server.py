@@ -27,6 +27,7 @@ __all__ = ["EgressRecorder", "SiteServer", "build"]
 # The egress recorder
 # ------------------------------------------------------------------------------------------------
 
+
 class EgressRecorder(socketserver.ThreadingTCPServer):
     """A proxy that serves nothing: records each request line (e.g. `CONNECT host:443`) and refuses."""
 
@@ -51,6 +52,7 @@ class _EgressHandler(socketserver.StreamRequestHandler):
 # The site server
 # ------------------------------------------------------------------------------------------------
 
+
 class SiteHandler(build.DistRequestHandler):
     """dist/ at /, the tests' files at /_test/; records requests; injects faults per path:
     status (answer that HTTP status), delay_s (wait before answering), ignore_range (answer 200
@@ -68,7 +70,7 @@ class SiteHandler(build.DistRequestHandler):
     def translate_path(self, path: str) -> str:
         clean = path.split("?", 1)[0].split("#", 1)[0]
         if clean.startswith("/_test/"):
-            name = clean[len("/_test/"):]
+            name = clean[len("/_test/") :]
             # sub-folders are allowed (e.g. a checkpoint at /_test/hf/ORG/NAME/resolve/main/), but no
             # empty, hidden or ".." segment: nothing outside test_files is ever served
             if any(not part or part.startswith(".") for part in name.split("/")):
@@ -79,8 +81,14 @@ class SiteHandler(build.DistRequestHandler):
     def send_head(self):
         clean = self.path.split("?", 1)[0]
         fault = self.server.take_fault(clean)
-        self.server.record({"method": self.command, "path": clean, "range": self.headers.get("Range"),
-                            "if_range": self.headers.get("If-Range")})
+        self.server.record(
+            {
+                "method": self.command,
+                "path": clean,
+                "range": self.headers.get("Range"),
+                "if_range": self.headers.get("If-Range"),
+            }
+        )
         self._drop_after = None
         self._drop_reset = False
         if fault:

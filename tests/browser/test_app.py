@@ -75,16 +75,18 @@ def test_first_visit_then_reload_from_indexeddb_then_offline(watch_page, dist_di
         server.stop()
 
     page.reload()
-    page.wait_for_function("() => ['ready', 'missing'].includes(document.getElementById('app').dataset.engine)",
-                           timeout=180_000)
+    page.wait_for_function(
+        "() => ['ready', 'missing'].includes(document.getElementById('app').dataset.engine)", timeout=180_000
+    )
     assert wait_settled(page) == first
     assert app_state(page)["source"] == "cache"
     if engine_importable() and first == "loaded":
         set_settings(page, GREEDY_FORM, SYSTEM)
         reply = send_and_wait(page, "class Stack:\n")
         assert reply["state"] == "done"
-        assert reply["text"] == cpython_turn(bundled_model["path"], SYSTEM, [], "class Stack:\n",
-                                             parse_form(GREEDY_FORM))
+        assert reply["text"] == cpython_turn(
+            bundled_model["path"], SYSTEM, [], "class Stack:\n", parse_form(GREEDY_FORM)
+        )
     screenshot(page, "chat-offline")
 
 

@@ -109,11 +109,15 @@ def test_server_ignoring_range_restarts_from_zero(app, site, tiny_model, test_fi
 
 
 def test_quota_shortfall_is_reported_before_downloading(app, egress):
-    app.evaluate("() => { window.__estimate = navigator.storage.estimate.bind(navigator.storage);"
-                 " navigator.storage.estimate = async () => ({quota: 50e6, usage: 1e6}); }")
+    app.evaluate(
+        "() => { window.__estimate = navigator.storage.estimate.bind(navigator.storage);"
+        " navigator.storage.estimate = async () => ({quota: 50e6, usage: 1e6}); }"
+    )
     try:
-        app.select_option("#model-select", "https://huggingface.co/microsoft/bitnet-b1.58-2B-4T-gguf/resolve/main/"
-                                           "ggml-model-i2_s.gguf")
+        app.select_option(
+            "#model-select",
+            "https://huggingface.co/microsoft/bitnet-b1.58-2B-4T-gguf/resolve/main/ggml-model-i2_s.gguf",
+        )
         app.click("#load")
         app.wait_for_selector("#notice[data-kind='quota']")
         assert "storage" in app.inner_text("#notice")
@@ -128,8 +132,16 @@ def test_model_metadata_is_shown_as_text(app, site, test_files):
     from bitnet_web.formats.ggml import Keys
 
     hostile = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
-    writer = random_bitnet_writer(str(test_files / "hostile.gguf"), dim=128, n_layers=1, n_heads=2,
-                                  n_kv_heads=1, ffn_dim=256, vocab_size=300, context_length=256)
+    writer = random_bitnet_writer(
+        str(test_files / "hostile.gguf"),
+        dim=128,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        ffn_dim=256,
+        vocab_size=300,
+        context_length=256,
+    )
     writer.metadata[Keys.NAME] = hostile
     writer.write()
     assert load_custom(app, site.url + "_test/hostile.gguf") in (*READY_MODEL, "error")
@@ -165,8 +177,11 @@ def test_enter_sends_and_shift_enter_adds_a_line(bundled):
     page.locator(".msg.user").first.wait_for()
     assert page.locator(".msg.user .text").first.text_content() == "line one\nline two"
     assert page.input_value("#prompt") == ""
-    page.wait_for_function("""() => { const t = document.querySelector('.msg.assistant .text');
-        return t && t.dataset.state !== 'streaming'; }""", timeout=300_000)
+    page.wait_for_function(
+        """() => { const t = document.querySelector('.msg.assistant .text');
+        return t && t.dataset.state !== 'streaming'; }""",
+        timeout=300_000,
+    )
     if app_state(page)["model"] == "header":  # no engine: the reply says so instead of answering
         assert last_reply(page)["state"] == "error"
         assert "engine" in last_reply(page)["text"]
@@ -190,6 +205,7 @@ def test_phone_width_layout(bundled):
 # With the engine
 # ------------------------------------------------------------------------------------------------
 
+
 @needs_engine
 def test_bundled_model_reply_equals_cpython_greedy_output(bundled, bundled_model):
     page = bundled
@@ -210,8 +226,14 @@ def test_seeded_sampled_reply_equals_cpython(bundled, bundled_model):
     (WGSL through the browser's WebGPU) and in CPython (wgpu-py): the same counter-based stream gives
     the same reply, which the app's default settings would not if either side ignored the seed."""
     page = bundled
-    form = {"temperature": "0.9", "top_k": "40", "top_p": "0.95", "max_tokens": "8",
-            "repetition_penalty": "1.3", "seed": "1234"}
+    form = {
+        "temperature": "0.9",
+        "top_k": "40",
+        "top_p": "0.95",
+        "max_tokens": "8",
+        "repetition_penalty": "1.3",
+        "seed": "1234",
+    }
     set_settings(page, form, SYSTEM)
     prompt = "class Config:\n"
     reply = send_and_wait(page, prompt)
@@ -243,8 +265,11 @@ def test_stop_ends_the_reply_within_a_token(bundled):
     set_settings(page, {**GREEDY_FORM, "max_tokens": "600"}, SYSTEM)
     page.fill("#prompt", "Write a very long text.")
     page.press("#prompt", "Enter")
-    page.wait_for_function("""() => { const t = document.querySelector('.msg.assistant .text');
-        return t && Number(t.dataset.pieces || 0) >= 2; }""", timeout=300_000)
+    page.wait_for_function(
+        """() => { const t = document.querySelector('.msg.assistant .text');
+        return t && Number(t.dataset.pieces || 0) >= 2; }""",
+        timeout=300_000,
+    )
     at_click = page.evaluate("""() => { const t = document.querySelector('.msg.assistant .text');
         document.getElementById('stop').click(); return Number(t.dataset.pieces); }""")
     page.wait_for_function("() => document.querySelector('.msg.assistant .text').dataset.state !== 'streaming'")

@@ -55,16 +55,16 @@ def test_replay_helper_is_loaded_without_csp_violations(worker):
 # `new_group` makes a fresh bind group over buffer A (same buffer, new GPU object).
 STEPS = [
     [("d", "A", 1)],
-    [("d", "A", 1)],                                  # identical: replayed
-    [("d", "B", 1)],                                  # another bind group, same count and pipeline
-    [("d", "A", 1), ("d", "A", 1)],                   # one dispatch more
-    [("d", "A", 2)],                                  # other workgroup count
-    [("d", "A", 1, 2)],                               # same total, other y
-    [("d", "A", 1, 1, 2)],                            # same total, other z
+    [("d", "A", 1)],  # identical: replayed
+    [("d", "B", 1)],  # another bind group, same count and pipeline
+    [("d", "A", 1), ("d", "A", 1)],  # one dispatch more
+    [("d", "A", 2)],  # other workgroup count
+    [("d", "A", 1, 2)],  # same total, other y
+    [("d", "A", 1, 1, 2)],  # same total, other z
     [("d", "A", 1), ("c", "A", "B"), ("d", "B", 1)],  # two passes around a copy
     [("d", "A", 1), ("c", "A", "C"), ("d", "B", 1)],  # other copy destination
-    [("d", "A", 1)],                                  # an earlier list: still kept, replayed
-    [("d", "A2", 1)],                                 # a rebuilt bind group over the same buffer
+    [("d", "A", 1)],  # an earlier list: still kept, replayed
+    [("d", "A2", 1)],  # a rebuilt bind group over the same buffer
 ]
 
 _STEP_RUNNER = """
@@ -120,20 +120,29 @@ def expected_snapshots(steps) -> list[dict]:
         passes, in_pass = 0, False
         for command in step:
             if command[0] == "d":
-                data[command[1][0]][:WORKGROUP * int(np.prod(command[2:]))] += 1  # "A2" binds buffer A
+                data[command[1][0]][: WORKGROUP * int(np.prod(command[2:]))] += 1  # "A2" binds buffer A
                 passes += not in_pass
                 in_pass = True
             else:
                 data[command[2]][:] = data[command[1]]
                 in_pass = False
-        out.append({"buffers": {n: a.tolist() for n, a in data.items()}, "passes": passes,
-                    "dispatches": sum(c[0] == "d" for c in step)})
+        out.append(
+            {
+                "buffers": {n: a.tolist() for n, a in data.items()},
+                "passes": passes,
+                "dispatches": sum(c[0] == "d" for c in step),
+            }
+        )
     return out
 
 
 def run_steps(worker, steps, replay: bool, capacity: int = 8) -> dict:
-    code = (_STEP_RUNNER.replace("STEPS_JSON", repr(json.dumps(steps))).replace("REPLAY", str(replay))
-            .replace("CAPACITY", str(capacity)).replace("WORDS", str(WORDS)))
+    code = (
+        _STEP_RUNNER.replace("STEPS_JSON", repr(json.dumps(steps)))
+        .replace("REPLAY", str(replay))
+        .replace("CAPACITY", str(capacity))
+        .replace("WORDS", str(WORDS))
+    )
     return run_python(worker, code)
 
 
@@ -170,7 +179,9 @@ def test_evicted_programs_are_rebuilt_correctly(worker):
 def test_misuse_of_a_recorder_is_a_clear_error(worker):
     """A released buffer in a copy, and recording into a finished recorder (whose command list may
     be a cached program's key), raise GPUError at the call instead of encoding something else."""
-    found = run_python(worker, """
+    found = run_python(
+        worker,
+        """
 import json
 from bitnet_web import gpu
 device = await gpu.open_device_async()
@@ -189,7 +200,8 @@ for attempt in (lambda: device.begin().copy(a, 0, b, 0, 256), lambda: finished.c
         messages.append(str(exc))
 device.destroy()
 json.dumps(messages)
-""")
+""",
+    )
     released, after_finish = found
     assert released is not None and "'freed'" in released and "released" in released
     assert after_finish is not None and "finished" in after_finish

@@ -77,8 +77,15 @@ def test_service_worker_precaches_the_whole_site(dist_dir):
     on_disk = {p.relative_to(dist_dir).as_posix() for p in dist_dir.rglob("*") if p.is_file()}
     assert listed <= on_disk
     assert on_disk - listed == {"sw.js"} | {f for f in on_disk if f.startswith("bitnet_web/")}
-    for needed in ("index.html", "widget/index.html", "engine-worker.js", "bitnet_web.zip",
-                   "pyodide/pyodide.asm.wasm", "pyscript/core.js", "models/models.json"):
+    for needed in (
+        "index.html",
+        "widget/index.html",
+        "engine-worker.js",
+        "bitnet_web.zip",
+        "pyodide/pyodide.asm.wasm",
+        "pyscript/core.js",
+        "models/models.json",
+    ):
         assert needed in listed
 
 
@@ -132,8 +139,10 @@ def test_pyodide_version_is_written_once_in_build_py():
 def test_no_html_insertion_in_the_app():
     """Untrusted text (model output, file metadata, URLs) must only ever be set as text."""
     sources = list((ROOT / "app" / "bitnet_web" / "web").rglob("*.py")) + list((ROOT / "static").rglob("*.js"))
-    html_sinks = re.compile(r"\.(innerHTML|outerHTML)\s*=|insertAdjacentHTML\s*\(|document\.write\s*\(|"
-                            r"setHTMLUnsafe|createContextualFragment")
+    html_sinks = re.compile(
+        r"\.(innerHTML|outerHTML)\s*=|insertAdjacentHTML\s*\(|document\.write\s*\(|"
+        r"setHTMLUnsafe|createContextualFragment"
+    )
     for path in sources:
         for n, line in enumerate(path.read_text().splitlines(), 1):
             assert not html_sinks.search(line), f"{path}:{n} inserts HTML: {line.strip()}"

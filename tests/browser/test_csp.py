@@ -90,8 +90,13 @@ def test_policy_headers_and_meta_tags(site):
     assert "'unsafe-eval'" not in build.CSP_APP and "unsafe-inline" not in build.CSP_APP
     assert "'wasm-unsafe-eval'" in build.CSP_APP
     assert build.CSP_PAGE.replace(" 'unsafe-eval'", "") == build.CSP_APP
-    for path, policy in (("", build.CSP_PAGE), ("index.html", build.CSP_PAGE), ("widget/", build.CSP_PAGE),
-                         ("engine-worker.js", build.CSP_APP), ("sw.js", build.CSP_APP)):
+    for path, policy in (
+        ("", build.CSP_PAGE),
+        ("index.html", build.CSP_PAGE),
+        ("widget/", build.CSP_PAGE),
+        ("engine-worker.js", build.CSP_APP),
+        ("sw.js", build.CSP_APP),
+    ):
         with urllib.request.urlopen(site.url + path) as response:
             assert response.headers["Content-Security-Policy"] == policy, path
             body = response.read().decode()
@@ -124,8 +129,10 @@ def test_chat_page_loads_and_chats_with_zero_violations(fresh, site, tiny_model,
     outcome = worker.evaluate("""async () => { try { await fetch('https://example.com/model.gguf');
         return 'fetched'; } catch (e) { return e.name; } }""")
     assert outcome == "TypeError"
-    assert worker.evaluate("() => self.cspViolations") == ["script-src blocked eval",
-                                                          "connect-src blocked https://example.com/model.gguf"]
+    assert worker.evaluate("() => self.cspViolations") == [
+        "script-src blocked eval",
+        "connect-src blocked https://example.com/model.gguf",
+    ]
     page.wait_for_function("""() => [...document.querySelectorAll('#progress-text')]
         .some((n) => n.textContent.includes('connect-src blocked'))""")  # reported to the page
 
@@ -161,8 +168,11 @@ def test_widget_page_starts_with_zero_violations(fresh, site):
     page.goto(site.url + "widget/")
     # the shared worker answered and the default model is loading (or loaded): the page, PyScript
     # and the worker's start all ran under the policy
-    page.wait_for_function("""() => { const t = document.getElementById('tldr');
+    page.wait_for_function(
+        """() => { const t = document.getElementById('tldr');
         return t && t.dataset.state && t.dataset.state !== 'starting'
-               || (t && /Loading|Model:/.test(t.textContent)); }""", timeout=180_000)
+               || (t && /Loading|Model:/.test(t.textContent)); }""",
+        timeout=180_000,
+    )
     assert violations(page) == {"page": [], "worker": [], "console": []}
     assert_page_policy_enforced(page)

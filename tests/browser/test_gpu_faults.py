@@ -44,10 +44,12 @@ pytestmark = [pytest.mark.browser, needs_engine]
 
 TINY = dict(dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256, vocab_size=300)
 SHORT = {**GREEDY_FORM, "max_tokens": "3"}
-DESTROY_DEVICE = ("from bitnet_web.web.worker import main as w\n"
-                  "device = w._worker.engine.device\n"
-                  "device._device.destroy()  # the JS GPUDevice: a loss the app did not cause\n"
-                  "id(device)")
+DESTROY_DEVICE = (
+    "from bitnet_web.web.worker import main as w\n"
+    "device = w._worker.engine.device\n"
+    "device._device.destroy()  # the JS GPUDevice: a loss the app did not cause\n"
+    "id(device)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -98,16 +100,22 @@ def test_model_beyond_the_binding_limit_is_refused_before_any_upload(app, site, 
     assert "K or V cache" in n["text"] and str(kv_bytes) in n["text"] and str(limit) in n["text"], n["text"]
     assert "maxStorageBufferBindingSize" in n["text"]
     after = gpu_counts(app)
-    assert {k: after[k] - before[k] for k in ("buffers", "pipelines", "writes")} == \
-        {"buffers": 0, "pipelines": 0, "writes": 0}, "GPU objects were created for a model that was refused"
+    assert {k: after[k] - before[k] for k in ("buffers", "pipelines", "writes")} == {
+        "buffers": 0,
+        "pipelines": 0,
+        "writes": 0,
+    }, "GPU objects were created for a model that was refused"
     assert worker_python(app, "from bitnet_web.web.worker import main as w\nw._worker.engine.model is None")
     screenshot(app, "failure-binding-limit")
 
 
 def test_a_weight_over_a_lowered_limit_is_named_before_any_upload(app, site, tiny_path):
     limit = 8192  # the fused ffn_gate + ffn_up codes need 2 * 256 * 128 / 4 = 16384 bytes
-    worker_python(app, "from bitnet_web.web.worker import main as w\n"
-                       f"w._worker.engine = w._worker.engine_module.Engine(max_binding_size={limit})")
+    worker_python(
+        app,
+        "from bitnet_web.web.worker import main as w\n"
+        f"w._worker.engine = w._worker.engine_module.Engine(max_binding_size={limit})",
+    )
     try:
         before = gpu_counts(app)
         assert load_custom(app, site.url + "_test/" + tiny_path.name) == "error"
@@ -118,8 +126,9 @@ def test_a_weight_over_a_lowered_limit_is_named_before_any_upload(app, site, tin
         after = gpu_counts(app)
         assert after["buffers"] == before["buffers"] and after["writes"] == before["writes"]
     finally:
-        worker_python(app, "from bitnet_web.web.worker import main as w\n"
-                           "w._worker.engine = w._worker.engine_module.Engine()")
+        worker_python(
+            app, "from bitnet_web.web.worker import main as w\nw._worker.engine = w._worker.engine_module.Engine()"
+        )
 
 
 def test_device_lost_during_generation_then_reload_without_a_page_refresh(app, site, tiny_path):
@@ -134,11 +143,17 @@ def test_device_lost_during_generation_then_reload_without_a_page_refresh(app, s
     set_settings(app, {**GREEDY_FORM, "max_tokens": "200"}, SYSTEM)
     app.fill("#prompt", "a long reply please")
     app.press("#prompt", "Enter")
-    app.wait_for_function("""() => { const r = document.querySelectorAll('.msg.assistant .text');
-        return Number(r[r.length - 1].dataset.pieces || 0) >= 1; }""", timeout=120_000)
+    app.wait_for_function(
+        """() => { const r = document.querySelectorAll('.msg.assistant .text');
+        return Number(r[r.length - 1].dataset.pieces || 0) >= 1; }""",
+        timeout=120_000,
+    )
     old_device = worker_python(app, DESTROY_DEVICE)
-    app.wait_for_function("""() => { const r = document.querySelectorAll('.msg.assistant .text');
-        return r[r.length - 1].dataset.state !== 'streaming'; }""", timeout=60_000)
+    app.wait_for_function(
+        """() => { const r = document.querySelectorAll('.msg.assistant .text');
+        return r[r.length - 1].dataset.state !== 'streaming'; }""",
+        timeout=60_000,
+    )
     reply = last_reply(app)
     assert reply["state"] == "error" and "The GPU was reset" in reply["text"], reply
     n = notice(app)
@@ -152,8 +167,9 @@ def test_device_lost_during_generation_then_reload_without_a_page_refresh(app, s
     assert app_state(app)["source"] == "cache"
     assert len(site.requests_for("/_test/" + tiny_path.name)) == downloads, "the model was downloaded again"
     assert not notice(app)["visible"]
-    new_device = worker_python(app, "from bitnet_web.web.worker import main as w\n"
-                                    "d = w._worker.engine.device\n(id(d), d.lost_reason)")
+    new_device = worker_python(
+        app, "from bitnet_web.web.worker import main as w\nd = w._worker.engine.device\n(id(d), d.lost_reason)"
+    )
     assert new_device[0] != old_device and new_device[1] is None
 
     set_settings(app, SHORT, SYSTEM)

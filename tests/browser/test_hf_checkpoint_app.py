@@ -49,8 +49,17 @@ pytestmark = pytest.mark.browser
 
 # Small enough for SwiftShader; embed_std 0.02 so the greedy tokens are not just a copy of the prompt's
 # last token (tied embeddings with a large embedding would make that the argmax for any engine).
-SHAPE = dict(hidden_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-             intermediate_size=256, vocab_size=300, max_position_embeddings=256, embed_std=0.02, seed=0)
+SHAPE = dict(
+    hidden_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    intermediate_size=256,
+    vocab_size=300,
+    max_position_embeddings=256,
+    embed_std=0.02,
+    seed=0,
+)
 GOOD = "hf/org/tiny-bitnet/resolve/main/"
 SHARDED = "hf/org/sharded/resolve/main/"
 NO_CONFIG = "hf/org/no-config/resolve/main/"
@@ -114,15 +123,25 @@ def app(browser, site, checkpoint):
 # Which URLs are checkpoints, what the cache manager lists (pure Python, no browser)
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("url, base", [
-    ("https://huggingface.co/microsoft/bitnet-b1.58-2B-4T",
-     "https://huggingface.co/microsoft/bitnet-b1.58-2B-4T/resolve/main/"),
-    ("https://huggingface.co/microsoft/bitnet-b1.58-2B-4T/tree/main",
-     "https://huggingface.co/microsoft/bitnet-b1.58-2B-4T/resolve/main/"),
-    ("http://127.0.0.1:8000/_test/hf/org/tiny-bitnet/resolve/main/",
-     "http://127.0.0.1:8000/_test/hf/org/tiny-bitnet/resolve/main/"),
-    ("https://huggingface.co/microsoft/bitnet-b1.58-2B-4T-gguf/resolve/main/ggml-model-i2_s.gguf", None),
-])
+
+@pytest.mark.parametrize(
+    "url, base",
+    [
+        (
+            "https://huggingface.co/microsoft/bitnet-b1.58-2B-4T",
+            "https://huggingface.co/microsoft/bitnet-b1.58-2B-4T/resolve/main/",
+        ),
+        (
+            "https://huggingface.co/microsoft/bitnet-b1.58-2B-4T/tree/main",
+            "https://huggingface.co/microsoft/bitnet-b1.58-2B-4T/resolve/main/",
+        ),
+        (
+            "http://127.0.0.1:8000/_test/hf/org/tiny-bitnet/resolve/main/",
+            "http://127.0.0.1:8000/_test/hf/org/tiny-bitnet/resolve/main/",
+        ),
+        ("https://huggingface.co/microsoft/bitnet-b1.58-2B-4T-gguf/resolve/main/ggml-model-i2_s.gguf", None),
+    ],
+)
 def test_checkpoint_urls_become_folder_descriptors(url, base):
     d = {"key": url, "url": url, "name": "x", "size": None}
     got = as_checkpoint(d)
@@ -139,14 +158,20 @@ def test_cache_list_hides_a_checkpoints_files():
     base = "http://h/o/n/resolve/main/"
     group = {"key": base, "format": "hf", "files": [{"name": "config.json"}, {"name": "model.safetensors"}]}
     other = {"key": "http://h/m.gguf"}
-    entries = [group, {"key": base + "config.json"}, {"key": base + "model.safetensors"}, other,
-               {"key": base + "stray.json"}]
+    entries = [
+        group,
+        {"key": base + "config.json"},
+        {"key": base + "model.safetensors"},
+        other,
+        {"key": base + "stray.json"},
+    ]
     assert visible_entries(entries) == [group, other, {"key": base + "stray.json"}]
 
 
 # ------------------------------------------------------------------------------------------------
 # In the page
 # ------------------------------------------------------------------------------------------------
+
 
 @needs_engine
 def test_checkpoint_url_loads_and_chats_like_cpython(app, site, checkpoint):
@@ -226,9 +251,14 @@ def test_missing_shard_is_named_before_any_weights_are_fetched(app, site, checkp
     shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
     for shard, part in shards.items():
         save_file({n: tensors[n] for n in part}, str(folder / shard))
-    (folder / "model.safetensors.index.json").write_text(json.dumps({
-        "metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
-        "weight_map": {n: shard for shard, part in shards.items() for n in part}}))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {
+                "metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
+                "weight_map": {n: shard for shard, part in shards.items() for n in part},
+            }
+        )
+    )
     (folder / "model-00002-of-00002.safetensors").unlink()  # the server lost one shard
 
     base = site.url + "_test/" + SHARDED
@@ -260,8 +290,9 @@ def test_missing_or_refused_config_is_named(app, site, checkpoint, test_files):
     assert load_custom(app, base) == "error"
     n = notice(app)
     assert n["kind"] == "bad_model" and base + "config.json" in n["text"] and "mistral" in n["text"], n
-    assert not [r for r in model_requests(site, NOT_BITNET) if r["path"].endswith(".safetensors")], \
+    assert not [r for r in model_requests(site, NOT_BITNET) if r["path"].endswith(".safetensors")], (
         "the weights were fetched for a model the config already ruled out"
+    )
     for folder in (NO_CONFIG, NOT_BITNET):
         assert idb_keys(app, site.url + "_test/" + folder) == {"models": [], "chunks": []}
 
@@ -302,7 +333,7 @@ def test_dropped_connection_in_a_shard_resumes_with_range(app, site, checkpoint,
     shutil.copytree(checkpoint, folder, dirs_exist_ok=True)
     data = (folder / "model.safetensors").read_bytes()
     path = "/_test/" + RESUME + "model.safetensors"
-    site.add_fault(path, delay_s=0)                      # taken by the HEAD request (no body to cut)
+    site.add_fault(path, delay_s=0)  # taken by the HEAD request (no body to cut)
     site.add_fault(path, drop_after=len(data) * 4 // 10)  # the GET: cut mid-body
     base = site.url + "_test/" + RESUME
     set_test_hooks(app, skipEngine=True)  # the download is under test here, not the engine

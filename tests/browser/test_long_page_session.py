@@ -35,13 +35,17 @@ pytestmark = [pytest.mark.browser, needs_engine]
 
 TURNS = 40
 # Positive control: a kept PyProxy and a kept JS object must show up in the census.
-HOLD = ("import js\nfrom pyodide.ffi import create_proxy\nimport bitnet_web.web.shared.jsutil as j\n"
-        "j._census_control = (create_proxy(lambda: None), js.Object.new())")
+HOLD = (
+    "import js\nfrom pyodide.ffi import create_proxy\nimport bitnet_web.web.shared.jsutil as j\n"
+    "j._census_control = (create_proxy(lambda: None), js.Object.new())"
+)
 RELEASE = "import bitnet_web.web.shared.jsutil as j\nj._census_control[0].destroy()\ndel j._census_control"
 CENSUS = "import json\nfrom bitnet_web.web.shared.jsutil import proxy_census\njson.dumps(proxy_census())"
 START_CENSUS = "from bitnet_web.web.shared.jsutil import start_proxy_census\nstart_proxy_census()"
-GPU_STATE = ("import json\nfrom bitnet_web.web.worker import main as w\nd = w._worker.engine.device\n"
-             "json.dumps({'live_buffers': d.live_buffers, 'bytes': d.bytes_allocated})")
+GPU_STATE = (
+    "import json\nfrom bitnet_web.web.worker import main as w\nd = w._worker.engine.device\n"
+    "json.dumps({'live_buffers': d.live_buffers, 'bytes': d.bytes_allocated})"
+)
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +78,12 @@ def in_worker(page, code: str) -> str:
 
 
 def census(page) -> dict[str, dict[str, int]]:
-    return {"page": json.loads(in_page(page, CENSUS)), "worker": json.loads(in_worker(page, CENSUS)),
-            "gpu_app": json.loads(in_worker(page, GPU_STATE)), "gpu_js": gpu_counts(page)}
+    return {
+        "page": json.loads(in_page(page, CENSUS)),
+        "worker": json.loads(in_worker(page, CENSUS)),
+        "gpu_app": json.loads(in_worker(page, GPU_STATE)),
+        "gpu_js": gpu_counts(page),
+    }
 
 
 def test_the_census_sees_a_kept_proxy(app):
@@ -103,8 +111,11 @@ def stop_reply(page, when: str) -> dict:
         page.wait_for_function("() => document.getElementById('app').dataset.busy === '1'")
     at_click = page.evaluate("""() => { const r = document.querySelectorAll('.msg.assistant .text');
         document.getElementById('stop').click(); return Number(r[r.length - 1].dataset.pieces || 0); }""")
-    page.wait_for_function("""() => { const r = document.querySelectorAll('.msg.assistant .text');
-        return r[r.length - 1].dataset.state !== 'streaming'; }""", timeout=60_000)
+    page.wait_for_function(
+        """() => { const r = document.querySelectorAll('.msg.assistant .text');
+        return r[r.length - 1].dataset.state !== 'streaming'; }""",
+        timeout=60_000,
+    )
     reply = last_reply(page)
     return {**reply, "after_stop": reply["pieces"] - at_click}
 

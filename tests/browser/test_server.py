@@ -71,7 +71,7 @@ def test_range_returns_exactly_those_bytes(served, spec):
     first, last = build.parse_range(spec, len(data))
     status, headers, body = get(url + "model.gguf", {"Range": spec})
     assert status == 206
-    assert body == data[first:last + 1]
+    assert body == data[first : last + 1]
     assert headers["Content-Range"] == f"bytes {first}-{last}/{len(data)}"
     assert int(headers["Content-Length"]) == last - first + 1
 
@@ -91,8 +91,15 @@ def test_unsatisfiable_range(served):
     assert status == 416 and headers["Content-Range"] == f"bytes */{len(data)}"
 
 
-@pytest.mark.parametrize(("name", "mime"), [("a.mjs", "text/javascript"), ("b.wasm", "application/wasm"),
-                                             ("c.json", "application/json"), ("d.js", "text/javascript")])
+@pytest.mark.parametrize(
+    ("name", "mime"),
+    [
+        ("a.mjs", "text/javascript"),
+        ("b.wasm", "application/wasm"),
+        ("c.json", "application/json"),
+        ("d.js", "text/javascript"),
+    ],
+)
 def test_mime_types(served, name, mime):
     url, _ = served
     _, headers, _ = get(url + name)

@@ -26,8 +26,12 @@ from bitnet_web.web.worker.downloader import content_length, describe_non_gguf, 
 
 
 def test_protocol_round_trip_with_numpy_and_non_finite_values():
-    msg = {"event": "done", "id": 3, "stats": {"n": np.int64(5), "speed": np.float32(2.5), "nan": float("nan"),
-                                               "inf": float("inf")}, "text": "NaN <b>Infinity</b>"}
+    msg = {
+        "event": "done",
+        "id": 3,
+        "stats": {"n": np.int64(5), "speed": np.float32(2.5), "nan": float("nan"), "inf": float("inf")},
+        "text": "NaN <b>Infinity</b>",
+    }
     raw = protocol.encode(msg)
     json.loads(raw)  # strict JSON: what JSON.parse accepts
     back = protocol.decode(raw, key="event", allowed=protocol.EVENTS)
@@ -48,10 +52,17 @@ def _exc(name: str, base: type = Exception) -> BaseException:
     return type(name, (base,), {})("boom")
 
 
-@pytest.mark.parametrize(("name", "kind"), [
-    ("GPUDeviceLostError", "device_lost"), ("GPUOutOfMemoryError", "memory"),
-    ("GPUUnavailableError", "missing_feature"), ("ModelConfigError", "bad_model"),
-    ("NotGGUFError", "not_gguf"), ("SomethingElse", "internal")])
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("GPUDeviceLostError", "device_lost"),
+        ("GPUOutOfMemoryError", "memory"),
+        ("GPUUnavailableError", "missing_feature"),
+        ("ModelConfigError", "bad_model"),
+        ("NotGGUFError", "not_gguf"),
+        ("SomethingElse", "internal"),
+    ],
+)
 def test_classify_by_class_names(name, kind):
     assert failures.classify(_exc(name)) == kind
 
@@ -69,8 +80,19 @@ def test_classify_memory_error_and_explicit_kind():
 
 
 def test_every_kind_has_a_title_and_advice_and_gpu_absence_is_fatal():
-    for kind in ("no_webgpu", "no_adapter", "missing_feature", "memory", "quota", "download", "not_gguf",
-                 "bad_model", "device_lost", "engine_missing", "worker_start"):
+    for kind in (
+        "no_webgpu",
+        "no_adapter",
+        "missing_feature",
+        "memory",
+        "quota",
+        "download",
+        "not_gguf",
+        "bad_model",
+        "device_lost",
+        "engine_missing",
+        "worker_start",
+    ):
         f = failures.describe(kind, "what happened")
         assert f.title and f.advice and f.message == "what happened"
     assert failures.describe("no_webgpu", "").fatal and not failures.describe("download", "").fatal
@@ -123,8 +145,13 @@ def test_settings_parse_and_bounds():
     assert parse_form({}) == DEFAULTS
     assert parse_value("temperature", " 0.25 ") == 0.25
     assert parse_value("max_tokens", "12") == 12
-    for name, bad in (("temperature", "hot"), ("temperature", "3"), ("max_tokens", "1.5"), ("top_p", "-0.1"),
-                      ("seed", "nan")):
+    for name, bad in (
+        ("temperature", "hot"),
+        ("temperature", "3"),
+        ("max_tokens", "1.5"),
+        ("top_p", "-0.1"),
+        ("seed", "nan"),
+    ):
         with pytest.raises(SettingsError, match=next(f.label for f in FIELDS if f.name == name)):
             parse_value(name, bad)
 
@@ -140,9 +167,19 @@ def test_settings_reach_the_engine_dataclass():
 # -- download helpers ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    ("bytes 100-199/1000", (100, 199, 1000)), ("bytes 0-0/1", (0, 0, 1)), ("bytes 5-9/*", (5, 9, None)),
-    ("bytes 10-5/100", None), ("bytes 0-100/100", None), ("items 0-1/2", None), (None, None), ("bytes x-y/z", None)])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("bytes 100-199/1000", (100, 199, 1000)),
+        ("bytes 0-0/1", (0, 0, 1)),
+        ("bytes 5-9/*", (5, 9, None)),
+        ("bytes 10-5/100", None),
+        ("bytes 0-100/100", None),
+        ("items 0-1/2", None),
+        (None, None),
+        ("bytes x-y/z", None),
+    ],
+)
 def test_parse_content_range(value, expected):
     got = parse_content_range(value)
     assert (tuple(got) if got else None) == expected
@@ -168,8 +205,9 @@ def test_header_info_counts_match_the_file(tmp_path):
     from bitnet_web.web.shared.modelinfo import header_info, info_rows
 
     path = tmp_path / "m.gguf"
-    size = write_random_bitnet(str(path), dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256,
-                               vocab_size=300, context_length=512)
+    size = write_random_bitnet(
+        str(path), dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256, vocab_size=300, context_length=512
+    )
     data = np.fromfile(path, dtype=np.uint8)
     info = header_info(parse_header(data, size), size)
     ref = open_gguf(str(path))

@@ -76,9 +76,19 @@ def write_hostile_reply_model(path: Path, marker: Path) -> None:
         token_type[tid] = TokenType.NORMAL
     md[Keys.TOKENS], md[Keys.TOKEN_TYPE] = tokens, token_type
     md[Keys.CHAT_TEMPLATE] = hostile.llama3_looking_template(marker)
-    writer = random_bitnet_writer(str(path), dim=DIM, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256,
-                                  vocab_size=hostile.VOCAB, context_length=512, tokenizer_metadata=md, seed=2,
-                                  untied=True)
+    writer = random_bitnet_writer(
+        str(path),
+        dim=DIM,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        ffn_dim=256,
+        vocab_size=hostile.VOCAB,
+        context_length=512,
+        tokenizer_metadata=md,
+        seed=2,
+        untied=True,
+    )
     writer.metadata[Keys.NAME] = hostile.NAME
     # the reply: both flag tokens, then the three hostile tokens of the CPython test, then EOS
     chain = [259, 260, *hostile.HOSTILE_TOKENS, md[Keys.EOS_ID]]
@@ -91,8 +101,9 @@ def write_hostile_reply_model(path: Path, marker: Path) -> None:
         output[chain[0], current % DIM] = 0.0
         output[following, current % DIM] = 8.0
     replace = {"token_embd.weight": embedding, "output.weight": output}
-    writer.tensors = [t._replace(source=replace[t.name].astype("<f2")) if t.name in replace else t
-                      for t in writer.tensors]
+    writer.tensors = [
+        t._replace(source=replace[t.name].astype("<f2")) if t.name in replace else t for t in writer.tensors
+    ]
     writer.write()
 
 

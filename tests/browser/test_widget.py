@@ -9,9 +9,11 @@ from bitnet_web.web.shared.settings import greedy
 
 pytestmark = pytest.mark.browser
 
-TEXT = ("The city council met on Tuesday to discuss the new bridge. After a long debate, members voted "
-        "seven to two to fund the project, which will take three years to build and connect the old "
-        "harbour to the northern districts.")
+TEXT = (
+    "The city council met on Tuesday to discuss the new bridge. After a long debate, members voted "
+    "seven to two to fund the project, which will take three years to build and connect the old "
+    "harbour to the northern districts."
+)
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +24,9 @@ def widget(browser, site):
     page.on("request", lambda r: None if r.url.startswith(LOCAL_PREFIXES) else outside.append(r.url))
     page.set_default_timeout(120_000)
     page.goto(site.url + "widget/")
-    page.wait_for_function("() => ['ready', 'error'].includes(document.getElementById('tldr').dataset.state)",
-                           timeout=240_000)
+    page.wait_for_function(
+        "() => ['ready', 'error'].includes(document.getElementById('tldr').dataset.state)", timeout=240_000
+    )
     yield page
     context.close()
     assert outside == [], f"the widget requested URLs outside 127.0.0.1: {outside}"

@@ -29,9 +29,11 @@ def main() -> None:
         engine._run(model.prefill(list(range(16))))
         stats = engine._run(model.decode_greedy_benchmark(128))
         rows.append({"depth": depth, **{k: round(v, 3) for k, v in stats.items()}})
-        print(f"depth {depth}: {stats['tok_per_s']:7.1f} tok/s  {stats['ms_per_token']:.3f} ms/token  "
-              f"python encode {stats['encode_ms_per_token']:.3f} ms  process cpu {stats['cpu_ms_per_token']:.3f} ms",
-              flush=True)
+        print(
+            f"depth {depth}: {stats['tok_per_s']:7.1f} tok/s  {stats['ms_per_token']:.3f} ms/token  "
+            f"python encode {stats['encode_ms_per_token']:.3f} ms  process cpu {stats['cpu_ms_per_token']:.3f} ms",
+            flush=True,
+        )
     engine.close()
     if out:
         with open(out, "w") as f:

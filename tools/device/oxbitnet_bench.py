@@ -21,7 +21,11 @@ for n in (16, 144, 16, 144):
     tokens = model.generate_tokens_sync(prompt, max_tokens=n, temperature=1.0, top_k=1)
     runs.setdefault(n, []).append((time.perf_counter() - t0, len(tokens)))
 (ts, ns), (tl, nl) = min(runs[16]), min(runs[144])
-report = {"load_s": load_s, "short": [ts, ns], "long": [tl, nl],
-          "decode_tok_per_s": (nl - ns) / (tl - ts) if tl > ts and nl > ns else None}
+report = {
+    "load_s": load_s,
+    "short": [ts, ns],
+    "long": [tl, nl],
+    "decode_tok_per_s": (nl - ns) / (tl - ts) if tl > ts and nl > ns else None,
+}
 print(json.dumps(report))
 open(out, "w").write(json.dumps(report, indent=2))

@@ -95,7 +95,7 @@ SHAPES = {  # name: (row counts of the fused tensors, K, epilogue)
 }
 
 TILES = [  # the full 13-tiling sweep of device run 5 is in docs/performance.md; these are its leaders
-    {"TX": 16, "TY": 8, "MR": 4, "MT": 4, "KB": 1},   # the default
+    {"TX": 16, "TY": 8, "MR": 4, "MT": 4, "KB": 1},  # the default
     {"TX": 16, "TY": 8, "MR": 4, "MT": 4, "KB": 1, "CHAIN": 1},
     {"TX": 16, "TY": 8, "MR": 2, "MT": 8, "KB": 1},
     {"TX": 16, "TY": 8, "MR": 2, "MT": 8, "KB": 1, "CHAIN": 1},
@@ -120,9 +120,12 @@ def gemm_sweep(device, report: dict, t_values: tuple[int, ...]) -> dict[tuple[in
     for shape, (parts, k, epilogue) in SHAPES.items():
         values = [rng.integers(-1, 2, size=(n, k)).astype(np.int8) for n in parts]
         scales = [float(s) for s in rng.uniform(0.5, 2.0, len(parts))]
-        matrix = TernaryMatrix.upload(device, [(i2s_encode(v, s)[: v.size // 4], s, v.shape)
-                                               for v, s in zip(values, scales, strict=True)],
-                                      shape, pair_rows=epilogue.startswith("gate"))
+        matrix = TernaryMatrix.upload(
+            device,
+            [(i2s_encode(v, s)[: v.size // 4], s, v.shape) for v, s in zip(values, scales, strict=True)],
+            shape,
+            pair_rows=epilogue.startswith("gate"),
+        )
         xq_i8 = rng.integers(-128, 128, size=(t_max, k)).astype(np.int8)
         xs = rng.uniform(0.001, 0.05, t_max).astype(np.float32)
         xq = device.buffer(xq_i8.nbytes, label="xq")
@@ -164,14 +167,19 @@ def gemm_sweep(device, report: dict, t_values: tuple[int, ...]) -> dict[tuple[in
     for t in t_values:
         for shape, variants in ops.items():
             for name, op in variants.items():
-                cases[(shape, t, name)] = (lambda tt=t: step.write(tt, 0, 0),
-                                           lambda r, o=op, tt=t: o.record(r, tt), REPS)
+                cases[(shape, t, name)] = (
+                    lambda tt=t: step.write(tt, 0, 0),
+                    lambda r, o=op, tt=t: o.record(r, tt),
+                    REPS,
+                )
     times = interleaved(device, cases, rounds=ROUNDS)
     report["gemm_us"] = {f"{s} T={t} {n}": us for (s, t, n), us in times.items()}
     report["gemm_check_errors"] = errors
 
-    note("GEMM us per dispatch (min of 4 interleaved rounds, clock held up); last column: us per token "
-         "of one layer's 4 GEMMs at the largest T")
+    note(
+        "GEMM us per dispatch (min of 4 interleaved rounds, clock held up); last column: us per token "
+        "of one layer's 4 GEMMs at the largest T"
+    )
     cols = [(s, t) for t in t_values for s in SHAPES]
     note(f"  {'tiling':<22}" + "".join(f"{s + ' T' + str(t):>14}" for s, t in cols) + "   us/tok")
     for tile in TILES:
@@ -238,8 +246,11 @@ def attention_sweep(device, report: dict, points=((128, 0), (128, 384), (512, 0)
     cases = {}
     for t, pos in points:
         for name, op in ops.items():
-            cases[(t, pos, name)] = (lambda tt=t, pp=pos: step.write(tt, pp, cache.capacity),
-                                     lambda r, o=op, tt=t, pp=pos: o.record(r, tt, pp), REPS)
+            cases[(t, pos, name)] = (
+                lambda tt=t, pp=pos: step.write(tt, pp, cache.capacity),
+                lambda r, o=op, tt=t, pp=pos: o.record(r, tt, pp),
+                REPS,
+            )
     times = interleaved(device, cases, rounds=ROUNDS)
     report["attention_us"] = {f"T={t} pos={p} {n}": us for (t, p, n), us in times.items()}
     note("prefill attention us per layer (2B-4T heads: 20 q, 5 kv, head_dim 128)")
@@ -254,6 +265,7 @@ def attention_sweep(device, report: dict, points=((128, 0), (128, 384), (512, 0)
 
 # 3. The engine ------------------------------------------------------------------------------------------
 
+
 def timed_forward(model, ids: list[int]) -> dict:
     """model.forward split into its host phases (ms)."""
     t0 = time.perf_counter()
@@ -266,8 +278,13 @@ def timed_forward(model, ids: list[int]) -> dict:
     model.cached_tokens.extend(ids)
     model.device.read_sync(model.logits, 0, 4 * model.config.vocab_size)
     t4 = time.perf_counter()
-    return {"upload": 1e3 * (t1 - t0), "record": 1e3 * (t2 - t1), "submit": 1e3 * (t3 - t2),
-            "wait": 1e3 * (t4 - t3), "total": 1e3 * (t4 - t0)}
+    return {
+        "upload": 1e3 * (t1 - t0),
+        "record": 1e3 * (t2 - t1),
+        "submit": 1e3 * (t3 - t2),
+        "wait": 1e3 * (t4 - t3),
+        "total": 1e3 * (t4 - t0),
+    }
 
 
 def engine_section(path: Path, report: dict, best_tiles: dict | None, attention_winner: str | None) -> None:
@@ -284,12 +301,14 @@ def engine_section(path: Path, report: dict, best_tiles: dict | None, attention_
     first = []
     for _ in range(4):
         model.truncate(0)
-        first.append(timed_forward(model, ids[:128 // TOKENS]))
+        first.append(timed_forward(model, ids[: 128 // TOKENS]))
     report["first_calls_128"] = first
     note("prefill-128 calls right after load (ms): upload / record / submit / wait / total")
     for i, p in enumerate(first):
-        note(f"  call {i}: {p['upload']:.2f} / {p['record']:.2f} / {p['submit']:.2f} / {p['wait']:.2f} / "
-             f"{p['total']:.2f}")
+        note(
+            f"  call {i}: {p['upload']:.2f} / {p['record']:.2f} / {p['submit']:.2f} / {p['wait']:.2f} / "
+            f"{p['total']:.2f}"
+        )
 
     original = linear.default_gemm_tile, attention_mod.PREFILL_QUERY_ROWS, attention_mod.PREFILL_ROWS_PER_THREAD
     variants = {"baseline (legacy attention, 16x8 MR4 MT4)": (None, (), 4)}
@@ -299,23 +318,32 @@ def engine_section(path: Path, report: dict, best_tiles: dict | None, attention_
         variants["tiled attention"] = (None, rows, per_thread)
         if best_tiles:
             variants["tiled attention + fastest GEMM tiles"] = (best_tiles, rows, per_thread)
-    cases = [(f"{n // TOKENS} in {n // c} {'chunk' if n == c else 'queued chunks'} of {c // TOKENS}", n // TOKENS,
-              c // TOKENS) for n, c in ((128, 128), (512, 128), (512, 512), (1024, 512))]
+    cases = [
+        (
+            f"{n // TOKENS} in {n // c} {'chunk' if n == c else 'queued chunks'} of {c // TOKENS}",
+            n // TOKENS,
+            c // TOKENS,
+        )
+        for n, c in ((128, 128), (512, 128), (512, 512), (1024, 512))
+    ]
     results: dict[str, dict[str, list[float]]] = {}
     for variant, (tiles, rows, per_thread) in variants.items():
-        linear.default_gemm_tile = (lambda device, n, k, t=tiles: t.get((n, k), linear.GEMM_TILE)) if tiles \
-            else original[0]
+        linear.default_gemm_tile = (
+            (lambda device, n, k, t=tiles: t.get((n, k), linear.GEMM_TILE)) if tiles else original[0]
+        )
         attention_mod.PREFILL_QUERY_ROWS, attention_mod.PREFILL_ROWS_PER_THREAD = rows, per_thread
         model._build_ops()
         warm_until = time.perf_counter() + (1.0 if REPS > 1 else 0.0)  # clocks up: a second of prefills
         while time.perf_counter() < warm_until:
             model.truncate(0)
-            asyncio.run(model.prefill(ids[:512 // TOKENS]))
+            asyncio.run(model.prefill(ids[: 512 // TOKENS]))
         results[variant] = {}
         for label, n, chunk in cases:
+
             def once(n=n, chunk=chunk):
                 model.truncate(0)
                 asyncio.run(model.prefill(ids[:n], chunk=chunk))
+
             once()
             samples = []
             for _ in range(5 if REPS > 1 else 1):
@@ -375,8 +403,9 @@ def main() -> None:
             device = gpu.open_device()
             print(f"workgroup storage limit {device.limits.max_compute_workgroup_storage_size}", flush=True)
             best_tiles = gemm_sweep(device, report, t_values)
-            attention_winner = attention_sweep(device, report, ((32, 0), (64, 40)) if args.smoke else
-                                               ((128, 0), (128, 384), (512, 0), (512, 1536)))
+            attention_winner = attention_sweep(
+                device, report, ((32, 0), (64, 40)) if args.smoke else ((128, 0), (128, 384), (512, 0), (512, 1536))
+            )
             device.destroy()
         if not args.skip_engine:
             engine_section(Path(args.model), report, best_tiles, attention_winner)

@@ -40,8 +40,10 @@ WEIGHT_SETS = 8
 
 
 def random_codes(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
-    table = np.array([a << 6 | b << 4 | c << 2 | d for a in range(3) for b in range(3) for c in range(3)
-                      for d in range(3)], dtype=np.uint8)
+    table = np.array(
+        [a << 6 | b << 4 | c << 2 | d for a in range(3) for b in range(3) for c in range(3) for d in range(3)],
+        dtype=np.uint8,
+    )
     return table[rng.integers(0, 81, size=n * k // 4)]
 
 
@@ -50,8 +52,11 @@ class TimedRecorder(NativeRecorder):
 
     def __init__(self, device, query_set, slot: int):
         super().__init__(device)
-        self._timestamps = {"query_set": query_set, "beginning_of_pass_write_index": 2 * slot,
-                            "end_of_pass_write_index": 2 * slot + 1}
+        self._timestamps = {
+            "query_set": query_set,
+            "beginning_of_pass_write_index": 2 * slot,
+            "end_of_pass_write_index": 2 * slot + 1,
+        }
 
     def _open_pass(self) -> None:
         self._pass = self._encoder.begin_compute_pass(timestamp_writes=self._timestamps)
@@ -153,27 +158,56 @@ def main() -> None:
     norm_w = {w: buf(4 * w, f"norm {w}", rng.uniform(0.5, 1.5, w).astype(np.float32)) for w in (DIM, FFN)}
 
     t0 = time.perf_counter()
-    shapes = {"qkv": ([Q_DIM, KV_DIM, KV_DIM], DIM), "wo": ([DIM], Q_DIM), "gate_up": ([FFN, FFN], DIM),
-              "down": ([DIM], FFN)}
+    shapes = {
+        "qkv": ([Q_DIM, KV_DIM, KV_DIM], DIM),
+        "wo": ([DIM], Q_DIM),
+        "gate_up": ([FFN, FFN], DIM),
+        "down": ([DIM], FFN),
+    }
     sets = []
     for _ in range(WEIGHT_SETS):
-        sets.append({name: TernaryMatrix.upload(device, [(random_codes(rng, n, cols), 0.01, (n, cols)) for n in parts],
-                                                name, pair_rows=name == "gate_up")
-                     for name, (parts, cols) in shapes.items()})
+        sets.append(
+            {
+                name: TernaryMatrix.upload(
+                    device,
+                    [(random_codes(rng, n, cols), 0.01, (n, cols)) for n in parts],
+                    name,
+                    pair_rows=name == "gate_up",
+                )
+                for name, (parts, cols) in shapes.items()
+            }
+        )
     print(f"weights: {time.perf_counter() - t0:.1f} s", flush=True)
     # (input, norm width, output, epilogue) of each BitLinear in the decode step
-    wiring = {"qkv": (x, DIM, qkv_out, "store"), "wo": (attn, Q_DIM, x, "residual"),
-              "gate_up": (x, DIM, hidden, "gate_relu2"), "down": (hidden, FFN, x, "residual")}
+    wiring = {
+        "qkv": (x, DIM, qkv_out, "store"),
+        "wo": (attn, Q_DIM, x, "residual"),
+        "gate_up": (x, DIM, hidden, "gate_relu2"),
+        "down": (hidden, FFN, x, "residual"),
+    }
 
     def fused_ops(rows: int, row_groups: int = 1) -> list[dict]:
-        return [{name: NormTernaryLinear(k, inp, norm_w[width], 1e-5, s[name], x_q, x_scale, out, step, ep, rows=rows,
-                                         row_groups=row_groups)
-                 for name, (inp, width, out, ep) in wiring.items()} for s in sets]
+        return [
+            {
+                name: NormTernaryLinear(
+                    k, inp, norm_w[width], 1e-5, s[name], x_q, x_scale, out, step, ep, rows=rows, row_groups=row_groups
+                )
+                for name, (inp, width, out, ep) in wiring.items()
+            }
+            for s in sets
+        ]
 
     def split_ops(rows: int) -> list[dict]:
-        return [{name: (RMSNormQuant(k, inp, norm_w[width], x_q, x_scale, step, width, 1e-5),
-                        TernaryLinear(k, s[name], x_q, x_scale, out, step, ep, gemv_rows=rows))
-                 for name, (inp, width, out, ep) in wiring.items()} for s in sets]
+        return [
+            {
+                name: (
+                    RMSNormQuant(k, inp, norm_w[width], x_q, x_scale, step, width, 1e-5),
+                    TernaryLinear(k, s[name], x_q, x_scale, out, step, ep, gemv_rows=rows),
+                )
+                for name, (inp, width, out, ep) in wiring.items()
+            }
+            for s in sets
+        ]
 
     # Decode: whole-layer chains and single-op chains ------------------------------------------------------
     variants = {}
@@ -182,9 +216,12 @@ def main() -> None:
         for rows, groups in ((16, 1), (32, 1), (8, 2), (16, 2), (8, 4), (16, 4)):
             variants[f"fused rows={rows} groups={groups}"] = ("fused", fused_ops(rows, groups))
     tiny = buf(256, "tiny")
-    dep = device.pipeline("@group(0) @binding(0) var<storage, read_write> b: array<u32>;\n"
-                          "@compute @workgroup_size(64) fn main(@builtin(local_invocation_index) i: u32) "
-                          "{ b[i] += 1u; }", "dependent tiny")
+    dep = device.pipeline(
+        "@group(0) @binding(0) var<storage, read_write> b: array<u32>;\n"
+        "@compute @workgroup_size(64) fn main(@builtin(local_invocation_index) i: u32) "
+        "{ b[i] += 1u; }",
+        "dependent tiny",
+    )
     dep_bind = device.bind_group(dep, [tiny])
 
     def record_layer(kind, ops, names):
@@ -198,6 +235,7 @@ def main() -> None:
                         op[1].record(rec, 1)
                     else:
                         op.record(rec, 1)
+
         return record
 
     lm = None
@@ -209,17 +247,30 @@ def main() -> None:
         ids = buf(16, "ids")
     gemm_ops = {}
     if want("gemm"):
-        tiles = {"16x8 MR4 MT4 single": ({"TX": 16, "TY": 8, "MR": 4, "MT": 4}, False),
-                 "16x8 MR4 MT4 pingpong": ({"TX": 16, "TY": 8, "MR": 4, "MT": 4}, True),
-                 "16x16 MR4 MT4 pingpong": ({"TX": 16, "TY": 16, "MR": 4, "MT": 4}, True),
-                 "32x8 MR2 MT4 pingpong": ({"TX": 32, "TY": 8, "MR": 2, "MT": 4}, True),
-                 "16x8 MR4 MT8 pingpong": ({"TX": 16, "TY": 8, "MR": 4, "MT": 8}, True),
-                 "8x16 MR4 MT4 pingpong": ({"TX": 8, "TY": 16, "MR": 4, "MT": 4}, True)}
+        tiles = {
+            "16x8 MR4 MT4 single": ({"TX": 16, "TY": 8, "MR": 4, "MT": 4}, False),
+            "16x8 MR4 MT4 pingpong": ({"TX": 16, "TY": 8, "MR": 4, "MT": 4}, True),
+            "16x16 MR4 MT4 pingpong": ({"TX": 16, "TY": 16, "MR": 4, "MT": 4}, True),
+            "32x8 MR2 MT4 pingpong": ({"TX": 32, "TY": 8, "MR": 2, "MT": 4}, True),
+            "16x8 MR4 MT8 pingpong": ({"TX": 16, "TY": 8, "MR": 4, "MT": 8}, True),
+            "8x16 MR4 MT4 pingpong": ({"TX": 8, "TY": 16, "MR": 4, "MT": 4}, True),
+        }
         for tname, (tile, pingpong) in tiles.items():
             try:
-                gemm_ops[tname] = {name: TernaryLinear(k, sets[0][name], x_q, x_scale, wiring[name][2], step_t,
-                                                       wiring[name][3], gemm_tile=tile, gemm_pingpong=pingpong)
-                                   for name in shapes}
+                gemm_ops[tname] = {
+                    name: TernaryLinear(
+                        k,
+                        sets[0][name],
+                        x_q,
+                        x_scale,
+                        wiring[name][2],
+                        step_t,
+                        wiring[name][3],
+                        gemm_tile=tile,
+                        gemm_pingpong=pingpong,
+                    )
+                    for name in shapes
+                }
             except TernaryShapeError as exc:  # over this device's workgroup memory
                 print(f"skipping gemm {tname}: {exc}", flush=True)
         norm_t = RMSNormQuant(k, x, norm_w[DIM], x_q, x_scale, step_t, DIM, 1e-5)
@@ -230,25 +281,38 @@ def main() -> None:
             sweep.measure("tiny dependent dispatch", lambda r: r.dispatch(dep, dep_bind, 1), 1, 200, "us")
         for vname, (kind, ops) in variants.items():
             per = 2 if kind == "split" else 1
-            sweep.measure(f"decode layer {vname}", record_layer(kind, ops, list(wiring)), LAYERS, 3,
-                          f"us per layer ({4 * per} dispatches)")
+            sweep.measure(
+                f"decode layer {vname}",
+                record_layer(kind, ops, list(wiring)),
+                LAYERS,
+                3,
+                f"us per layer ({4 * per} dispatches)",
+            )
             for name in wiring:
-                sweep.measure(f"decode {name} {vname}", record_layer(kind, ops, [name]), LAYERS, 5,
-                              f"us per op ({per} dispatches)")
+                sweep.measure(
+                    f"decode {name} {vname}",
+                    record_layer(kind, ops, [name]),
+                    LAYERS,
+                    5,
+                    f"us per op ({per} dispatches)",
+                )
         if lm is not None and want("lm_head"):
             for rows, wg in ((8, 160), (4, 64), (4, 160), (8, 64), (8, 320), (16, 160), (4, 320), (2, 320)):
                 op = LMHead(k, lm, x, logits, step, rows_per_workgroup=rows, workgroup_size=wg)
-                sweep.measure(f"lm_head rows={rows} wg={wg}", lambda r, op=op: op.record(r, 1), 1, 10,
-                              "us per dispatch (657 MB)")
+                sweep.measure(
+                    f"lm_head rows={rows} wg={wg}", lambda r, op=op: op.record(r, 1), 1, 10, "us per dispatch (657 MB)"
+                )
         if lm is not None and want("argmax"):
             for per in (4, 16):
                 op = Argmax(k, logits, ids, VOCAB, per_thread=per)
-                sweep.measure(f"argmax per_thread={per}", lambda r, op=op: op.record(r), 1, 50,
-                              "us per argmax (2 dispatches)")
+                sweep.measure(
+                    f"argmax per_thread={per}", lambda r, op=op: op.record(r), 1, 50, "us per argmax (2 dispatches)"
+                )
         for tname, ops in gemm_ops.items():
             for name, op in ops.items():
-                sweep.measure(f"gemm {name} T={t_max} {tname}", lambda r, op=op: op.record(r, t_max), 1, 10,
-                              "us per dispatch")
+                sweep.measure(
+                    f"gemm {name} T={t_max} {tname}", lambda r, op=op: op.record(r, t_max), 1, 10, "us per dispatch"
+                )
         if gemm_ops and rnd == 0:
             sweep.measure(f"rmsnorm_quant {DIM} T={t_max}", lambda r: norm_t.record(r, t_max), 1, 50, "us")
         sweep.flush()

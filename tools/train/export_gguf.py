@@ -57,7 +57,7 @@ LAYER_TENSORS = {
 SAMPLE_PROMPTS = [
     "def fibonacci(n):\n",
     "import os\nimport sys\n\n\ndef main():\n",
-    "class Stack:\n    \"\"\"A simple LIFO stack.\"\"\"\n\n    def __init__(self):\n",
+    'class Stack:\n    """A simple LIFO stack."""\n\n    def __init__(self):\n',
     "    def test_split(self):\n        self.assertEqual(",
 ]
 
@@ -100,15 +100,25 @@ def load_checkpoint(path: Path) -> dict:
     return state
 
 
-def write_gguf(state: dict, metrics: dict, manifest: dict, tokenizer_json: Path, out: Path,
-               description: str) -> int:
+def write_gguf(state: dict, metrics: dict, manifest: dict, tokenizer_json: Path, out: Path, description: str) -> int:
     cfg = state["config"]
     tensors = state["tensors"]
     w = GGUFWriter(str(out))
-    w.add_dict(bitnet_model_metadata(
-        ARCH, dim=cfg["dim"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"], n_kv_heads=cfg["n_kv_heads"],
-        ffn_dim=cfg["ffn_dim"], vocab_size=cfg["vocab_size"], context_length=cfg["context_length"],
-        rope_theta=cfg["rope_theta"], norm_eps=cfg["norm_eps"], name=out.stem))
+    w.add_dict(
+        bitnet_model_metadata(
+            ARCH,
+            dim=cfg["dim"],
+            n_layers=cfg["n_layers"],
+            n_heads=cfg["n_heads"],
+            n_kv_heads=cfg["n_kv_heads"],
+            ffn_dim=cfg["ffn_dim"],
+            vocab_size=cfg["vocab_size"],
+            context_length=cfg["context_length"],
+            rope_theta=cfg["rope_theta"],
+            norm_eps=cfg["norm_eps"],
+            name=out.stem,
+        )
+    )
     w.add("general.description", description)
     w.add("general.license", "MIT")
     w.add_dict(tokenizer_metadata(tokenizer_json))
@@ -136,10 +146,19 @@ def write_gguf(state: dict, metrics: dict, manifest: dict, tokenizer_json: Path,
 def torch_model_from_gguf(gguf) -> BitNetLM:
     """The training model in inference ('frozen') mode with every weight read back from the GGUF."""
     cfg = config_from_gguf(gguf)
-    model = BitNetLM(BitNetConfig(vocab_size=cfg.vocab_size, dim=cfg.dim, n_layers=cfg.n_layers,
-                                  n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, ffn_dim=cfg.ffn_dim,
-                                  context_length=cfg.context_length, rope_theta=cfg.rope_theta,
-                                  norm_eps=cfg.norm_eps))
+    model = BitNetLM(
+        BitNetConfig(
+            vocab_size=cfg.vocab_size,
+            dim=cfg.dim,
+            n_layers=cfg.n_layers,
+            n_heads=cfg.n_heads,
+            n_kv_heads=cfg.n_kv_heads,
+            ffn_dim=cfg.ffn_dim,
+            context_length=cfg.context_length,
+            rope_theta=cfg.rope_theta,
+            norm_eps=cfg.norm_eps,
+        )
+    )
     gguf_names = {"token_embd.weight": "token_embd.weight", "output_norm.weight": "output_norm.weight"}
     for i in range(cfg.n_layers):
         for src, dst in LAYER_TENSORS.items():
@@ -198,15 +217,19 @@ def steady_tokens_per_s(train_log: Path, run: str, tokens_per_step: int, skip_st
     return (rows[-1]["step"] - rows[0]["step"]) * tokens_per_step / (rows[-1]["elapsed_s"] - rows[0]["elapsed_s"])
 
 
-def model_card(out: Path, metrics: dict, manifest: dict, tokenizer_json: Path, samples: list[dict],
-               train_log: Path) -> dict:
+def model_card(
+    out: Path, metrics: dict, manifest: dict, tokenizer_json: Path, samples: list[dict], train_log: Path
+) -> dict:
     cfg = metrics["config"]
     hp = metrics["hyperparameters"]
     tokens_per_step = hp["batch_size"] * hp["seq_len"]
     val = metrics["validation"]
     qat = metrics["runs"]["qat"]
-    n_ternary = cfg["n_layers"] * (cfg["dim"] * cfg["dim"] * 2 + 2 * cfg["dim"] * cfg["n_kv_heads"]
-                                   * (cfg["dim"] // cfg["n_heads"]) + 3 * cfg["dim"] * cfg["ffn_dim"])
+    n_ternary = cfg["n_layers"] * (
+        cfg["dim"] * cfg["dim"] * 2
+        + 2 * cfg["dim"] * cfg["n_kv_heads"] * (cfg["dim"] // cfg["n_heads"])
+        + 3 * cfg["dim"] * cfg["ffn_dim"]
+    )
     return {
         "name": out.stem,
         "file": out.name,
@@ -216,34 +239,55 @@ def model_card(out: Path, metrics: dict, manifest: dict, tokenizer_json: Path, s
         "kind": "completion (not chat-tuned): Python source code completion",
         "license": "MIT (model weights, as the bitnet-web project); training text PSF-2.0",
         "config": cfg,
-        "parameters": {"ternary": n_ternary, "embedding_f16": cfg["vocab_size"] * cfg["dim"],
-                       "norms_f32": cfg["n_layers"] * (2 * cfg["dim"] + cfg["dim"] + cfg["ffn_dim"]) + cfg["dim"]},
+        "parameters": {
+            "ternary": n_ternary,
+            "embedding_f16": cfg["vocab_size"] * cfg["dim"],
+            "norms_f32": cfg["n_layers"] * (2 * cfg["dim"] + cfg["dim"] + cfg["ffn_dim"]) + cfg["dim"],
+        },
         "corpus": {
-            "source": manifest["source"], "python_version": manifest["python_version"],
-            "license": manifest["license"], "selection": manifest["selection"],
+            "source": manifest["source"],
+            "python_version": manifest["python_version"],
+            "license": manifest["license"],
+            "selection": manifest["selection"],
             "file_list_sha256": manifest["file_list_sha256"],
             "train": {k: v for k, v in manifest["splits"]["train"].items() if k != "paths"},
             "val": {k: v for k, v in manifest["splits"]["val"].items() if k != "paths"},
             "skipped_not_utf8": manifest["skipped_not_utf8"],
         },
-        "tokenizer": {"type": "byte-level BPE (HF tokenizers), Llama 3 pre-tokenizer regex",
-                      "vocab_size": cfg["vocab_size"],
-                      "sha256": hashlib.sha256(tokenizer_json.read_bytes()).hexdigest(),
-                      "special_tokens": {"<|begin_of_text|>": 0, "<|end_of_text|>": 1, "<|eot_id|>": 2}},
+        "tokenizer": {
+            "type": "byte-level BPE (HF tokenizers), Llama 3 pre-tokenizer regex",
+            "vocab_size": cfg["vocab_size"],
+            "sha256": hashlib.sha256(tokenizer_json.read_bytes()).hexdigest(),
+            "special_tokens": {"<|begin_of_text|>": 0, "<|end_of_text|>": 1, "<|eot_id|>": 2},
+        },
         "training": {
-            "steps": qat["steps"], "selected_step": qat["selected_step"],
+            "steps": qat["steps"],
+            "selected_step": qat["selected_step"],
             "selection": "the step with the lowest validation loss among evaluations every "
-                         f"{hp['eval_every']} steps (early stopping: later steps overfit)",
+            f"{hp['eval_every']} steps (early stopping: later steps overfit)",
             "tokens_trained": qat["tokens_trained"],
             "tokens_at_selected_step": qat["selected_step"] * tokens_per_step,
             "epochs": round(qat["epochs"], 3),
             "wall_s_including_compile_and_evals": round(qat["wall_s"], 1),
             "steady_tokens_per_s": steady_tokens_per_s(train_log, "qat", tokens_per_step),
-            "device": metrics["environment"]["device"], "torch": metrics["environment"]["torch"],
+            "device": metrics["environment"]["device"],
+            "torch": metrics["environment"]["torch"],
             "command": "python tools/train/train.py --data .device-carry/stdlib-corpus --out OUT "
-                       f"--steps {qat['steps']} --eval-every {hp['eval_every']} --fp-twin --seed {hp['seed']}",
-            "hyperparameters": {k: hp[k] for k in ("seed", "seq_len", "batch_size", "lr", "fp_lr", "warmup",
-                                                   "min_lr_ratio", "weight_decay", "grad_clip")}
+            f"--steps {qat['steps']} --eval-every {hp['eval_every']} --fp-twin --seed {hp['seed']}",
+            "hyperparameters": {
+                k: hp[k]
+                for k in (
+                    "seed",
+                    "seq_len",
+                    "batch_size",
+                    "lr",
+                    "fp_lr",
+                    "warmup",
+                    "min_lr_ratio",
+                    "weight_decay",
+                    "grad_clip",
+                )
+            }
             | {"optimizer": "AdamW (0.9, 0.95), cosine schedule, bf16 autocast, float32 master weights"},
         },
         "validation_perplexity": {k: round(v["perplexity"], 3) for k, v in val.items()},
@@ -272,8 +316,10 @@ def main() -> None:
     manifest = json.loads(args.manifest.read_text())
     tok_sha = hashlib.sha256(args.tokenizer.read_bytes()).hexdigest()
     if manifest["tokenizer_sha256"] != tok_sha:
-        raise SystemExit(f"{args.tokenizer} (sha256 {tok_sha}) is not the tokenizer the corpus was built with "
-                         f"({manifest['tokenizer_sha256']})")
+        raise SystemExit(
+            f"{args.tokenizer} (sha256 {tok_sha}) is not the tokenizer the corpus was built with "
+            f"({manifest['tokenizer_sha256']})"
+        )
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"{args.name}.gguf"
     hp = metrics["hyperparameters"]

@@ -165,8 +165,9 @@ class Block(nn.Module):
         self.ffn_sub_norm = RMSNorm(cfg.ffn_dim, cfg.norm_eps)
         self.down_proj = BitLinear(cfg.ffn_dim, cfg.dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv_cache: list | None = None, index: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: list | None = None, index: int = 0
+    ) -> torch.Tensor:
         """x (B, T, dim) at positions past..past+T-1, cos/sin for those positions; kv_cache[index]
         holds this layer's (k, v) of the `past` earlier positions and is extended in place."""
         cfg, (bsz, n, _) = self.cfg, x.shape
@@ -245,8 +246,7 @@ class BitNetLM(nn.Module):
 def greedy_generate(model: BitNetLM, prompt: list[int], n_new: int) -> list[int]:
     """Greedy continuation with a KV cache (prompt in one pass, then one token per step)."""
     if len(prompt) + n_new > model.cfg.context_length:
-        raise ValueError(f"{len(prompt)} prompt + {n_new} new tokens exceed the context of "
-                         f"{model.cfg.context_length}")
+        raise ValueError(f"{len(prompt)} prompt + {n_new} new tokens exceed the context of {model.cfg.context_length}")
     device = model.token_embd.weight.device
     cache: list = []
     logits = model(torch.tensor([prompt], device=device), cache)

@@ -43,6 +43,7 @@ CHECKPOINT_FORMAT = "bitnet-web-ternary-v1"
 
 # ----------------------------------------------------------------------------- data
 
+
 @dataclass
 class Corpus:
     train: np.ndarray  # (n_train,) uint16 token stream
@@ -65,9 +66,11 @@ def smoke_corpus(vocab: int, seed: int) -> Corpus:
     """A tiny synthetic corpus with learnable structure (repeated random phrases) for --smoke."""
     rng = np.random.default_rng(seed)
     phrases = [rng.integers(3, vocab, size=int(rng.integers(4, 12))) for _ in range(40)]
+
     def stream(n_docs: int) -> np.ndarray:
         docs = [np.concatenate([[0], *[phrases[i] for i in rng.integers(0, 40, 30)], [1]]) for _ in range(n_docs)]
         return np.concatenate(docs).astype(np.uint16)
+
     return Corpus(stream(60), stream(6), {"source": "synthetic smoke-test corpus"})
 
 
@@ -104,6 +107,7 @@ def val_windows(val: np.ndarray, seq_len: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- evaluation
 
+
 @torch.no_grad()
 def evaluate(model: BitNetLM, windows: torch.Tensor, mode: str, autocast: bool, batch: int = 32) -> dict:
     model.eval()
@@ -129,6 +133,7 @@ def unigram_eval(train: np.ndarray, windows: np.ndarray, vocab: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- checkpoint
+
 
 def pack_codes(codes: torch.Tensor) -> np.ndarray:
     """int8 codes {-1,0,1} -> uint8, 4 per byte (value+1 at bits 0,2,4,6 of consecutive elements)."""
@@ -183,6 +188,7 @@ def load_ternary_checkpoint(path: Path, device: str = "cpu") -> BitNetLM:
 
 # ----------------------------------------------------------------------------- training
 
+
 def lr_at(step: int, total: int, peak: float, warmup: int, min_ratio: float) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -197,8 +203,18 @@ def make_optimizer(model: BitNetLM, lr: float, weight_decay: float, device: str)
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=device == "cuda")
 
 
-def train_run(label: str, mode: str, args: argparse.Namespace, cfg: BitNetConfig, corpus: Corpus,
-              val: torch.Tensor, steps: int, budget_s: float, lr: float, log) -> tuple[BitNetLM, dict]:
+def train_run(
+    label: str,
+    mode: str,
+    args: argparse.Namespace,
+    cfg: BitNetConfig,
+    corpus: Corpus,
+    val: torch.Tensor,
+    steps: int,
+    budget_s: float,
+    lr: float,
+    log,
+) -> tuple[BitNetLM, dict]:
     """Train one model in `mode` ('qat' or 'fp'). steps == 0: calibrate the count from budget_s."""
     torch.manual_seed(args.seed)
     device = args.device
@@ -258,13 +274,29 @@ def train_run(label: str, mode: str, args: argparse.Namespace, cfg: BitNetConfig
                 torch.cuda.synchronize()
             t_steady = time.perf_counter()
         if step % args.log_every == 0 or step == total:
-            log({"run": label, "step": step, "loss": float(loss.detach()), "grad_norm": float(grad_norm),
-                 "lr": opt.param_groups[0]["lr"], "epoch": sampler.epoch, "elapsed_s": time.perf_counter() - t0})
-        if (total < 10**9 and (step % eval_every == 0 or step == total)):
+            log(
+                {
+                    "run": label,
+                    "step": step,
+                    "loss": float(loss.detach()),
+                    "grad_norm": float(grad_norm),
+                    "lr": opt.param_groups[0]["lr"],
+                    "epoch": sampler.epoch,
+                    "elapsed_s": time.perf_counter() - t0,
+                }
+            )
+        if total < 10**9 and (step % eval_every == 0 or step == total):
             ev = evaluate(model, val, mode, autocast=use_amp)
             model.set_mode(mode)
-            log({"run": label, "step": step, "val_nll": ev["nll_per_token"], "val_ppl": ev["perplexity"],
-                 "elapsed_s": time.perf_counter() - t0})
+            log(
+                {
+                    "run": label,
+                    "step": step,
+                    "val_nll": ev["nll_per_token"],
+                    "val_ppl": ev["perplexity"],
+                    "elapsed_s": time.perf_counter() - t0,
+                }
+            )
             if ev["nll_per_token"] < best["nll_per_token"]:
                 best = {"nll_per_token": ev["nll_per_token"], "step": step}
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -279,20 +311,31 @@ def train_run(label: str, mode: str, args: argparse.Namespace, cfg: BitNetConfig
     if best_state is not None and best["step"] != final_step:
         model.load_state_dict(best_state)  # early stopping: keep the best validation checkpoint
     stats = {
-        "mode": mode, "steps": final_step, "planned_steps": total, "stopped_by_time": stopped_by_time,
-        "selected_step": best["step"], "tokens_trained": final_step * args.batch_size * args.seq_len,
+        "mode": mode,
+        "steps": final_step,
+        "planned_steps": total,
+        "stopped_by_time": stopped_by_time,
+        "selected_step": best["step"],
+        "tokens_trained": final_step * args.batch_size * args.seq_len,
         "epochs": final_step * args.batch_size * args.seq_len / corpus.train.size,
-        "wall_s": wall, "tokens_per_s": final_step * args.batch_size * args.seq_len / wall, "peak_lr": lr,
-        "steady_tokens_per_s": None if t_steady is None or final_step <= steady_from else
-        (final_step - steady_from) * args.batch_size * args.seq_len / (wall - (t_steady - t0)),
+        "wall_s": wall,
+        "tokens_per_s": final_step * args.batch_size * args.seq_len / wall,
+        "peak_lr": lr,
+        "steady_tokens_per_s": None
+        if t_steady is None or final_step <= steady_from
+        else (final_step - steady_from) * args.batch_size * args.seq_len / (wall - (t_steady - t0)),
     }
     return model, stats
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path(".device-carry/stdlib-corpus"),
-                        help="folder with train.bin, val.bin, manifest.json (build_corpus.py)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=Path(".device-carry/stdlib-corpus"),
+        help="folder with train.bin, val.bin, manifest.json (build_corpus.py)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument("--smoke", action="store_true", help="tiny model on a synthetic corpus, CPU, seconds")
     parser.add_argument("--seed", type=int, default=1234)
@@ -318,8 +361,12 @@ def main() -> None:
     parser.add_argument("--eval-cost-s", type=float, default=1.0, help="time reserved per evaluation")
     parser.add_argument("--val-limit", type=int, default=0, help="evaluate only this many windows (0: all)")
     parser.add_argument("--log-every", type=int, default=50)
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="torch.compile the training step (default: on for CUDA)")
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile the training step (default: on for CUDA)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
@@ -333,14 +380,23 @@ def main() -> None:
         corpus = load_corpus(args.data)
         vocab = 4096 if "tokenizer_vocab_size" not in corpus.manifest else corpus.manifest["tokenizer_vocab_size"]
     if args.steps == 0 and args.warmup < 40:
-        parser.error("--steps 0 calibrates at step 40: --warmup must be >= 40 so the schedule before it "
-                     "does not depend on the calibrated total")
+        parser.error(
+            "--steps 0 calibrates at step 40: --warmup must be >= 40 so the schedule before it "
+            "does not depend on the calibrated total"
+        )
     if args.compile is None:
         args.compile = args.device == "cuda"
     vocab = max(vocab, int(corpus.train.max()) + 1)
-    cfg = BitNetConfig(vocab_size=vocab, dim=args.dim, n_layers=args.n_layers, n_heads=args.n_heads,
-                       n_kv_heads=args.n_kv_heads, ffn_dim=args.ffn_dim, context_length=args.seq_len,
-                       rope_theta=args.rope_theta)
+    cfg = BitNetConfig(
+        vocab_size=vocab,
+        dim=args.dim,
+        n_layers=args.n_layers,
+        n_heads=args.n_heads,
+        n_kv_heads=args.n_kv_heads,
+        ffn_dim=args.ffn_dim,
+        context_length=args.seq_len,
+        rope_theta=args.rope_theta,
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     log_file = (args.out / "train_log.jsonl").open("w")
 
@@ -361,8 +417,12 @@ def main() -> None:
     qat_budget = args.time_budget if args.steps == 0 else 0.0  # an explicit step count is never cut short
     model, qat_stats = train_run("qat", "qat", args, cfg, corpus, val, args.steps, qat_budget, args.lr, log)
     ckpt = args.out / "bitnet_ternary.pt"
-    info = {"seed": args.seed, "steps": qat_stats["steps"], "selected_step": qat_stats["selected_step"],
-            "tokens_trained": qat_stats["tokens_trained"]}
+    info = {
+        "seed": args.seed,
+        "steps": qat_stats["steps"],
+        "selected_step": qat_stats["selected_step"],
+        "tokens_trained": qat_stats["tokens_trained"],
+    }
     save_ternary_checkpoint(model, ckpt, info)
 
     results: dict[str, object] = {"unigram": unigram_eval(corpus.train, val_np, vocab)}
@@ -378,29 +438,41 @@ def main() -> None:
             "hyperparameters": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "runs": runs,
             "validation": results,
-            "validation_split": {"tokens": int(corpus.val.size), "windows": int(val_np.shape[0]),
-                                 "target_tokens": int(val_np.shape[0] * args.seq_len)},
+            "validation_split": {
+                "tokens": int(corpus.val.size),
+                "windows": int(val_np.shape[0]),
+                "target_tokens": int(val_np.shape[0] * args.seq_len),
+            },
             "corpus": {k: v for k, v in corpus.manifest.items() if k != "splits"},
             "checkpoint_bytes": ckpt.stat().st_size,
             "total_wall_s": time.perf_counter() - t_start,
-            "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                            "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
-                            "host": os.uname().nodename},
+            "environment": {
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
+                "host": os.uname().nodename,
+            },
         }
         (args.out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
 
     write_metrics()  # before the twin: the QAT results survive whatever happens next
     if args.fp_twin:
-        twin, fp_stats = train_run("fp_twin", "fp", args, cfg, corpus, val, qat_stats["steps"],
-                                   args.fp_time_cap, args.fp_lr, log)
+        twin, fp_stats = train_run(
+            "fp_twin", "fp", args, cfg, corpus, val, qat_stats["steps"], args.fp_time_cap, args.fp_lr, log
+        )
         runs["fp_twin"] = fp_stats
         results["fp_twin_full_precision"] = evaluate(twin, val, "fp", autocast=False)
         twin.set_mode("frozen")  # post-training ternarization of the twin's weights
         results["fp_twin_ternarized_after_training"] = evaluate(twin, val, "frozen", autocast=False)
     write_metrics()
     summary = {k: round(v["perplexity"], 3) for k, v in results.items()}
-    log({"summary_val_perplexity": summary, "qat_tokens": qat_stats["tokens_trained"],
-         "qat_wall_s": round(qat_stats["wall_s"], 1)})
+    log(
+        {
+            "summary_val_perplexity": summary,
+            "qat_tokens": qat_stats["tokens_trained"],
+            "qat_wall_s": round(qat_stats["wall_s"], 1),
+        }
+    )
 
 
 if __name__ == "__main__":

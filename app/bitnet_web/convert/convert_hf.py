@@ -24,10 +24,18 @@ from .hf_checkpoint import (  # noqa: F401  (re-exported: the converter's histor
 )
 
 
-def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, *, embed_type: str = "F16",
-            arch: str | None = None, swap_codes: bool = False, permute_qk: bool = False,
-            ones_norm: str | None = None, name: str | None = None,
-            allow_lossy_ternarization: bool = False) -> dict[str, object]:
+def convert(
+    hf_dir: str | os.PathLike,
+    out_path: str | os.PathLike,
+    *,
+    embed_type: str = "F16",
+    arch: str | None = None,
+    swap_codes: bool = False,
+    permute_qk: bool = False,
+    ones_norm: str | None = None,
+    name: str | None = None,
+    allow_lossy_ternarization: bool = False,
+) -> dict[str, object]:
     """Convert `hf_dir` to a GGUF file at `out_path`; returns a small summary dict.
 
     embed_type: 'F16' (like the 2B-4T file), 'F32' or 'BF16' for token_embd (and output.weight).
@@ -43,7 +51,15 @@ def convert(hf_dir: str | os.PathLike, out_path: str | os.PathLike, *, embed_typ
     if files is None:
         raise ConvertError(f"{os.path.join(os.fspath(hf_dir), 'config.json')}: cannot read (no such folder)")
     writer, summary = build_gguf_writer(
-        files, str(out_path), embed_type=embed_type, arch=arch, swap_codes=swap_codes, permute_qk=permute_qk,
-        ones_norm=ones_norm, name=name, allow_lossy_ternarization=allow_lossy_ternarization)
+        files,
+        str(out_path),
+        embed_type=embed_type,
+        arch=arch,
+        swap_codes=swap_codes,
+        permute_qk=permute_qk,
+        ones_norm=ones_norm,
+        name=name,
+        allow_lossy_ternarization=allow_lossy_ternarization,
+    )
     summary["bytes"] = writer.write()
     return summary

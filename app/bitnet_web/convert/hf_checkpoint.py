@@ -59,7 +59,7 @@ WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-CHAT_TEMPLATE_FILE = "chat_template.jinja"     # newer transformers keep the template here
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # newer transformers keep the template here
 # Files a checkpoint may lack: a 404 for them is not an error.
 OPTIONAL_FILES = frozenset({TOKENIZER_CONFIG_FILE, CHAT_TEMPLATE_FILE})
 
@@ -68,7 +68,8 @@ DESCRIPTION_KEY = "general.description"
 LOSSY_WARNING = (
     "EXPERIMENTAL, LOSSY: an ordinary (non-BitNet) {name} checkpoint ternarized on load by absmean "
     "post-training quantization (every Linear -> -1/0/+1 times one scale). The model was not trained "
-    "for ternary weights: expect degraded or meaningless output.")
+    "for ternary weights: expect degraded or meaningless output."
+)
 
 
 class ConvertError(GGUFError):
@@ -82,6 +83,7 @@ class LossyTernarizationError(ConvertError):
 # ---------------------------------------------------------------------------------------------
 # Which files to fetch (browser worker and CLI downloads)
 # ---------------------------------------------------------------------------------------------
+
 
 def files_to_fetch(index_json: Mapping | None = None) -> list[str]:
     """File names to download from a checkpoint folder, given its parsed model.safetensors.index.json.
@@ -113,6 +115,7 @@ def is_checkpoint_location(source: object) -> bool:
 # The files of one checkpoint: a folder on disk, cached downloads, or buffers held in memory
 # ---------------------------------------------------------------------------------------------
 
+
 def _as_uint8(data: np.ndarray | bytes | bytearray | memoryview) -> np.ndarray:
     """A downloaded file as a 1-D uint8 array (no copy for arrays, bytes or memoryviews)."""
     if isinstance(data, np.ndarray):
@@ -123,11 +126,16 @@ def _as_uint8(data: np.ndarray | bytes | bytearray | memoryview) -> np.ndarray:
 class CheckpointFiles:
     """Files of a checkpoint by name: local paths (memory-mapped) or byte buffers (the browser's)."""
 
-    def __init__(self, name: str, *, paths: Mapping[str, Path] | None = None,
-                 buffers: Mapping[str, np.ndarray | bytes | bytearray | memoryview] | None = None,
-                 source: str | None = None):
-        self.name = name                    # e.g. the repository or folder name (general.name)
-        self.source = source or name        # shown in messages
+    def __init__(
+        self,
+        name: str,
+        *,
+        paths: Mapping[str, Path] | None = None,
+        buffers: Mapping[str, np.ndarray | bytes | bytearray | memoryview] | None = None,
+        source: str | None = None,
+    ):
+        self.name = name  # e.g. the repository or folder name (general.name)
+        self.source = source or name  # shown in messages
         self.paths = {k: Path(v) for k, v in (paths or {}).items()}
         self.buffers = dict(buffers or {})
 
@@ -181,23 +189,23 @@ class CheckpointFiles:
             shards = sorted(set(weight_map.values()))
             missing = [s for s in shards if not self.has(s)]
             if missing:
-                raise SafetensorsError(f"{self.label(INDEX_FILE)}: shard {missing[0]!r} (of {len(shards)}) "
-                                       "is missing from the checkpoint")
-            return ShardedSafetensors({s: self.safetensors(s) for s in shards}, weight_map,
-                                      self.label(INDEX_FILE))
+                raise SafetensorsError(
+                    f"{self.label(INDEX_FILE)}: shard {missing[0]!r} (of {len(shards)}) is missing from the checkpoint"
+                )
+            return ShardedSafetensors({s: self.safetensors(s) for s in shards}, weight_map, self.label(INDEX_FILE))
         if self.has(WEIGHTS_FILE):
             names = [WEIGHTS_FILE]
         else:
             names = sorted(n for n in {*self.paths, *self.buffers} if n.endswith(".safetensors"))
         if not names:
-            raise ConvertError(f"{self.source}: no .safetensors file (only safetensors checkpoints are "
-                               "supported)")
+            raise ConvertError(f"{self.source}: no .safetensors file (only safetensors checkpoints are supported)")
         return ShardedSafetensors({n: self.safetensors(n) for n in names})
 
 
 # ---------------------------------------------------------------------------------------------
 # Ternary weights
 # ---------------------------------------------------------------------------------------------
+
 
 def unpack_hf_ternary(packed: np.ndarray) -> np.ndarray:
     """transformers' packing along dim 0: (out/4, in) uint8 -> int8 values (out, in)."""
@@ -209,7 +217,7 @@ def hf_packed_codes(packed: np.ndarray) -> np.ndarray:
     rows = packed.shape[0]
     out = np.empty((4 * rows, *packed.shape[1:]), dtype=np.uint8)
     for i in range(4):
-        np.bitwise_and(packed >> np.uint8(2 * i), np.uint8(3), out=out[i * rows:(i + 1) * rows])
+        np.bitwise_and(packed >> np.uint8(2 * i), np.uint8(3), out=out[i * rows : (i + 1) * rows])
     return out
 
 
@@ -220,12 +228,12 @@ def i2s_from_codes(codes: np.ndarray, scale: float) -> np.ndarray:
     n = codes.size
     blocks = codes.reshape(-1, 4, 32)
     out = np.zeros(n // 4 + 32, dtype=np.uint8)
-    packed = out[:n // 4].reshape(-1, 32)
+    packed = out[: n // 4].reshape(-1, 32)
     np.left_shift(blocks[:, 0], 6, out=packed)
     packed |= blocks[:, 1] << 4
     packed |= blocks[:, 2] << 2
     packed |= blocks[:, 3]
-    out[n // 4:n // 4 + 4] = np.array([scale], dtype="<f4").view(np.uint8)
+    out[n // 4 : n // 4 + 4] = np.array([scale], dtype="<f4").view(np.uint8)
     return out
 
 
@@ -235,8 +243,9 @@ def permute_for_interleaved_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, out // n_heads // 2, *rest).swapaxes(1, 2).reshape(out, *rest)
 
 
-def linear_ternary_codes(weights: ShardedSafetensors, key: str, out_features: int, in_features: int,
-                         linear_class: str) -> tuple[np.ndarray, float]:
+def linear_ternary_codes(
+    weights: ShardedSafetensors, key: str, out_features: int, in_features: int, linear_class: str
+) -> tuple[np.ndarray, float]:
     """(uint8 codes (out, in) = value + 1, multiplying scale) of one HF Linear `key`."""
     wname, sname = f"{key}.weight", f"{key}.weight_scale"
     st = weights.file(wname)
@@ -251,14 +260,18 @@ def linear_ternary_codes(weights: ShardedSafetensors, key: str, out_features: in
         packed = st.array(wname).view(np.uint8)
         bad = (packed & (packed >> 1) & 0x55) != 0
         if bad.any():
-            raise ConvertError(f"{st.source}: {wname} holds code 3 (packed byte index "
-                               f"{int(np.argmax(bad.reshape(-1)))}); not a ternary packed weight")
+            raise ConvertError(
+                f"{st.source}: {wname} holds code 3 (packed byte index "
+                f"{int(np.argmax(bad.reshape(-1)))}); not a ternary packed weight"
+            )
         if scale is None:
             raise ConvertError(f"{st.source}: packed {wname} has no {sname}")
         return hf_packed_codes(packed), scale
     if shape != (out_features, in_features):
-        raise ConvertError(f"{st.source}: {wname} has shape {list(shape)} {dtype}, expected [{out_features}, "
-                           f"{in_features}] (or packed uint8 [{out_features // 4}, {in_features}])")
+        raise ConvertError(
+            f"{st.source}: {wname} has shape {list(shape)} {dtype}, expected [{out_features}, "
+            f"{in_features}] (or packed uint8 [{out_features // 4}, {in_features}])"
+        )
     if dtype not in ("F32", "F16", "BF16", "F64"):
         raise ConvertError(f"{st.source}: {wname} has dtype {dtype}, expected a float type or packed uint8")
     w = st.float32(wname)
@@ -274,6 +287,7 @@ def linear_ternary_codes(weights: ShardedSafetensors, key: str, out_features: in
 # ---------------------------------------------------------------------------------------------
 # Tokenizer
 # ---------------------------------------------------------------------------------------------
+
 
 def _is_byte_level(data: dict) -> bool:
     return "ByteLevel" in json.dumps([data.get("pre_tokenizer"), data.get("decoder")])
@@ -299,23 +313,23 @@ def tokenizer_metadata(files: CheckpointFiles, vocab_size: int, config: dict) ->
     data = files.json(TOKENIZER_FILE)
     model = data.get("model", {})
     if model.get("type") != "BPE":
-        raise ConvertError(f"{label}: tokenizer model {model.get('type')!r}; only byte-level BPE is "
-                           "supported")
+        raise ConvertError(f"{label}: tokenizer model {model.get('type')!r}; only byte-level BPE is supported")
     if not _is_byte_level(data):
-        raise ConvertError(f"{label}: a BPE tokenizer without a ByteLevel pre-tokenizer/decoder "
-                           "(SentencePiece style); only byte-level BPE (GPT-2 / Llama 3 style) is supported")
+        raise ConvertError(
+            f"{label}: a BPE tokenizer without a ByteLevel pre-tokenizer/decoder "
+            "(SentencePiece style); only byte-level BPE (GPT-2 / Llama 3 style) is supported"
+        )
     tokens: list[str | None] = [None] * vocab_size
     types = np.full(vocab_size, TOKEN_TYPE_NORMAL, dtype=np.int32)
     for text, tid in model.get("vocab", {}).items():
         if not isinstance(tid, int) or not 0 <= tid < vocab_size:
-            raise ConvertError(f"{label}: token {text!r} has id {tid}, outside the model vocabulary "
-                               f"{vocab_size}")
+            raise ConvertError(f"{label}: token {text!r} has id {tid}, outside the model vocabulary {vocab_size}")
         tokens[tid] = text
     by_text: dict[str, int] = {}
     for added in data.get("added_tokens", []):
         tid = added["id"]
         if tid >= vocab_size:
-            continue        # no embedding row: the model can neither read nor produce it
+            continue  # no embedding row: the model can neither read nor produce it
         if tid < 0:
             raise ConvertError(f"{label}: added token {added['content']!r} has id {tid}")
         tokens[tid] = added["content"]
@@ -364,11 +378,21 @@ def tokenizer_metadata(files: CheckpointFiles, vocab_size: int, config: dict) ->
 # config.json -> what to build
 # ---------------------------------------------------------------------------------------------
 
-_HF_LINEARS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-               "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-               "ffn_down": "mlp.down_proj"}
-_HF_NORMS = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-             "attn_sub_norm": "self_attn.attn_sub_norm", "ffn_sub_norm": "mlp.ffn_sub_norm"}
+_HF_LINEARS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_HF_NORMS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_sub_norm": "self_attn.attn_sub_norm",
+    "ffn_sub_norm": "mlp.ffn_sub_norm",
+}
 _SUB_NORMS = ("attn_sub_norm", "ffn_sub_norm")
 
 
@@ -402,8 +426,10 @@ def _model_kind(config: dict, label: str, arch: str | None) -> tuple[str, bool]:
         if act != "silu":
             raise ConvertError(f"{label}: a llama model with hidden_act {act!r}; only silu is supported")
         return arch or "llama", quant.get("quant_method") != "bitnet"
-    raise ConvertError(f"{label}: model_type {model_type!r} is not supported (bitnet, or llama: BitNet "
-                       "variants, or ordinary ones with lossy ternarization)")
+    raise ConvertError(
+        f"{label}: model_type {model_type!r} is not supported (bitnet, or llama: BitNet "
+        "variants, or ordinary ones with lossy ternarization)"
+    )
 
 
 def _linear_class(config: dict, label: str) -> str:
@@ -412,15 +438,19 @@ def _linear_class(config: dict, label: str) -> str:
     if not quant:
         return "autobitlinear"
     if quant.get("quant_method") != "bitnet":
-        raise ConvertError(f"{label}: quantization_config.quant_method {quant.get('quant_method')!r} is not "
-                           "supported (only 'bitnet')")
+        raise ConvertError(
+            f"{label}: quantization_config.quant_method {quant.get('quant_method')!r} is not supported (only 'bitnet')"
+        )
     if quant.get("use_rms_norm"):
-        raise ConvertError(f"{label}: quantization_config.use_rms_norm (an RMSNorm inside every BitLinear) "
-                           "is not supported")
+        raise ConvertError(
+            f"{label}: quantization_config.use_rms_norm (an RMSNorm inside every BitLinear) is not supported"
+        )
     skipped = [m for m in quant.get("modules_to_not_convert") or [] if "lm_head" not in m]
     if skipped:
-        raise ConvertError(f"{label}: quantization_config.modules_to_not_convert keeps {skipped[:3]} in full "
-                           "precision; only ternary decoder Linears are supported")
+        raise ConvertError(
+            f"{label}: quantization_config.modules_to_not_convert keeps {skipped[:3]} in full "
+            "precision; only ternary decoder Linears are supported"
+        )
     linear_class = quant.get("linear_class", "bitlinear")
     if linear_class not in ("autobitlinear", "bitlinear"):
         raise ConvertError(f"{label}: quantization_config.linear_class {linear_class!r} is not supported")
@@ -428,17 +458,18 @@ def _linear_class(config: dict, label: str) -> str:
 
 
 class ConfigCheck(NamedTuple):
-    arch: str                   # the GGUF architecture the checkpoint becomes
-    lossy: bool                 # an ordinary checkpoint, ternarized by absmean (opt-in)
-    linear_class: str           # how weight_scale is used: 'autobitlinear' multiplies, 'bitlinear' divides
-    warning: str | None         # general.description of a lossy GGUF
+    arch: str  # the GGUF architecture the checkpoint becomes
+    lossy: bool  # an ordinary checkpoint, ternarized by absmean (opt-in)
+    linear_class: str  # how weight_scale is used: 'autobitlinear' multiplies, 'bitlinear' divides
+    warning: str | None  # general.description of a lossy GGUF
 
 
 _REQUIRED_CONFIG = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
-def check_config(config: dict, label: str = CONFIG_FILE, *, arch: str | None = None,
-                 allow_lossy_ternarization: bool = False) -> ConfigCheck:
+def check_config(
+    config: dict, label: str = CONFIG_FILE, *, arch: str | None = None, allow_lossy_ternarization: bool = False
+) -> ConfigCheck:
     """Everything config.json alone decides, checked before any weights are read: the browser calls this
     as soon as config.json has arrived, so an unsupported model is refused before gigabytes of shards are
     fetched. Raises ConvertError (LossyTernarizationError without the opt-in) naming `label`."""
@@ -453,7 +484,8 @@ def check_config(config: dict, label: str = CONFIG_FILE, *, arch: str | None = N
                 f"{label}: an ordinary {config.get('model_type')} checkpoint (no BitNet "
                 "quantization_config). Ternarizing it is lossy post-training quantization and needs an "
                 "explicit opt-in (allow_lossy_ternarization=True, CLI --ternarize-lossy, in the app the "
-                "EXPERIMENTAL, LOSSY box under the URL)")
+                "EXPERIMENTAL, LOSSY box under the URL)"
+            )
         warning = LOSSY_WARNING.format(name=config.get("model_type"))
     scaling = _rope_scaling(config)
     if scaling is not None:
@@ -467,11 +499,20 @@ def check_config(config: dict, label: str = CONFIG_FILE, *, arch: str | None = N
 # Checkpoint -> GGUFWriter (the one code path of convert_hf.convert and the in-memory loaders)
 # ---------------------------------------------------------------------------------------------
 
-def build_gguf_writer(files: CheckpointFiles, out_path: str = "<memory>", *, embed_type: str = "F16",
-                      arch: str | None = None, swap_codes: bool = False, permute_qk: bool = False,
-                      ones_norm: str | None = None, name: str | None = None,
-                      allow_lossy_ternarization: bool = False, progress: ProgressCallback | None = None
-                      ) -> tuple[GGUFWriter, dict[str, object]]:
+
+def build_gguf_writer(
+    files: CheckpointFiles,
+    out_path: str = "<memory>",
+    *,
+    embed_type: str = "F16",
+    arch: str | None = None,
+    swap_codes: bool = False,
+    permute_qk: bool = False,
+    ones_norm: str | None = None,
+    name: str | None = None,
+    allow_lossy_ternarization: bool = False,
+    progress: ProgressCallback | None = None,
+) -> tuple[GGUFWriter, dict[str, object]]:
     """A GGUFWriter for the checkpoint (tensor data produced only when written) and a summary dict.
 
     Options as `convert_hf.convert`; `progress('convert', i, n)` is called as tensor i starts.
@@ -488,7 +529,8 @@ def build_gguf_writer(files: CheckpointFiles, out_path: str = "<memory>", *, emb
     rope = config.get("rope_parameters") or {}
     rope_theta = float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0)
     arch, lossy, linear_class, warning = check_config(
-        config, cfg_label, arch=arch, allow_lossy_ternarization=allow_lossy_ternarization)
+        config, cfg_label, arch=arch, allow_lossy_ternarization=allow_lossy_ternarization
+    )
     if embed_type not in ("F16", "F32", "BF16"):
         raise ValueError(f"embed_type must be F16, F32 or BF16, not {embed_type!r}")
     model_name = name or files.name
@@ -499,16 +541,26 @@ def build_gguf_writer(files: CheckpointFiles, out_path: str = "<memory>", *, emb
     embd_name = "model.embed_tokens.weight"
     embd_shape = weights.file(embd_name).shape(embd_name)
     if embd_shape != (vocab_size, dim):
-        raise ConvertError(f"{files.source}: {embd_name} has shape {list(embd_shape)}, expected "
-                           f"[{vocab_size}, {dim}]")
+        raise ConvertError(f"{files.source}: {embd_name} has shape {list(embd_shape)}, expected [{vocab_size}, {dim}]")
     untied = "lm_head.weight" in weights and not config.get("tie_word_embeddings", False)
 
     writer = GGUFWriter(str(out_path))
-    writer.add_dict(bitnet_model_metadata(
-        arch, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, ffn_dim=ffn_dim,
-        vocab_size=vocab_size, context_length=int(config.get("max_position_embeddings", 4096)),
-        rope_theta=rope_theta, norm_eps=float(config.get("rms_norm_eps", 1e-5)), head_dim=head_dim,
-        name=model_name))
+    writer.add_dict(
+        bitnet_model_metadata(
+            arch,
+            dim=dim,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            ffn_dim=ffn_dim,
+            vocab_size=vocab_size,
+            context_length=int(config.get("max_position_embeddings", 4096)),
+            rope_theta=rope_theta,
+            norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+            head_dim=head_dim,
+            name=model_name,
+        )
+    )
     if head_dim * n_heads != dim:
         writer.add(Keys.arch(Keys.KEY_LENGTH, arch), head_dim)
         writer.add(Keys.arch(Keys.VALUE_LENGTH, arch), head_dim)
@@ -521,7 +573,7 @@ def build_gguf_writer(files: CheckpointFiles, out_path: str = "<memory>", *, emb
         writer.add_dict(synthetic_vocab_metadata(vocab_size))
 
     float_type = GGMLType[embed_type]
-    started = [0]       # tensors whose data was requested so far
+    started = [0]  # tensors whose data was requested so far
 
     def reported(make: Callable[[], object]) -> Callable[[], object]:
         def run() -> object:
@@ -529,6 +581,7 @@ def build_gguf_writer(files: CheckpointFiles, out_path: str = "<memory>", *, emb
                 progress("convert", started[0], len(writer.tensors))
             started[0] += 1
             return make()
+
         return run
 
     def embedding_tensor(hf_name: str):
@@ -536,14 +589,17 @@ def build_gguf_writer(files: CheckpointFiles, out_path: str = "<memory>", *, emb
         def chunks():
             st = weights.file(hf_name)
             if st.dtype(hf_name) not in ("F32", "F16", "BF16"):
-                raise ConvertError(f"{st.source}: {hf_name} has dtype {st.dtype(hf_name)}, expected "
-                                   "F32/F16/BF16")
+                raise ConvertError(f"{st.source}: {hf_name} has dtype {st.dtype(hf_name)}, expected F32/F16/BF16")
             raw = st.array(hf_name)
             rows = max(1, (1 << 22) // max(1, raw.shape[1]))
             for start in range(0, raw.shape[0], rows):
-                part = raw[start:start + rows]
-                yield (part.astype(np.uint32) << 16).view(np.float32) if st.dtype(hf_name) == "BF16" \
+                part = raw[start : start + rows]
+                yield (
+                    (part.astype(np.uint32) << 16).view(np.float32)
+                    if st.dtype(hf_name) == "BF16"
                     else part.astype(np.float32)
+                )
+
         return chunks
 
     def norm_tensor(hf_name: str, gguf_name: str):
@@ -559,19 +615,26 @@ def build_gguf_writer(files: CheckpointFiles, out_path: str = "<memory>", *, emb
             if permute and heads is not None:
                 codes = permute_for_interleaved_rope(codes, heads)
             if codes.size % 128:
-                raise ConvertError(f"{files.source}: {key}.weight has {codes.size} values, not whole I2_S "
-                                   "blocks of 128")
+                raise ConvertError(
+                    f"{files.source}: {key}.weight has {codes.size} values, not whole I2_S blocks of 128"
+                )
             return i2s_from_codes(codes, scale)
+
         return make
 
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
-    shapes = {"attn_q": (q_dim, dim), "attn_k": (kv_dim, dim), "attn_v": (kv_dim, dim),
-              "attn_output": (dim, q_dim), "ffn_gate": (ffn_dim, dim), "ffn_up": (ffn_dim, dim),
-              "ffn_down": (dim, ffn_dim)}
+    shapes = {
+        "attn_q": (q_dim, dim),
+        "attn_k": (kv_dim, dim),
+        "attn_v": (kv_dim, dim),
+        "attn_output": (dim, q_dim),
+        "ffn_gate": (ffn_dim, dim),
+        "ffn_up": (ffn_dim, dim),
+        "ffn_down": (dim, ffn_dim),
+    }
     heads_of = {"attn_q": n_heads, "attn_k": n_kv_heads}
 
-    writer.add_tensor("token_embd.weight", (vocab_size, dim), float_type,
-                      reported(embedding_tensor(embd_name)))
+    writer.add_tensor("token_embd.weight", (vocab_size, dim), float_type, reported(embedding_tensor(embd_name)))
     known = {embd_name, "model.norm.weight", "lm_head.weight"}
     for i in range(n_layers):
         hf = f"model.layers.{i}."
@@ -579,30 +642,42 @@ def build_gguf_writer(files: CheckpointFiles, out_path: str = "<memory>", *, emb
             hf_name = hf + hf_norm + ".weight"
             gguf_name = f"blk.{i}.{short}.weight"
             if short in _SUB_NORMS and arch == "llama" and hf_name not in weights:
-                continue                                # llama-layout BitNets may have no sub-norms
+                continue  # llama-layout BitNets may have no sub-norms
             shape = weights.file(hf_name).shape(hf_name)
             writer.add_tensor(gguf_name, shape, GGMLType.F32, reported(norm_tensor(hf_name, gguf_name)))
             known.add(hf_name)
         for short, hf_lin in _HF_LINEARS.items():
             key = hf + hf_lin
-            weights.file(key + ".weight")               # fail early if missing
+            weights.file(key + ".weight")  # fail early if missing
             out_f, in_f = shapes[short]
-            writer.add_tensor(f"blk.{i}.{short}.weight", shapes[short], GGMLType.I2_S,
-                              reported(ternary_tensor(key, out_f, in_f, heads_of.get(short))))
+            writer.add_tensor(
+                f"blk.{i}.{short}.weight",
+                shapes[short],
+                GGMLType.I2_S,
+                reported(ternary_tensor(key, out_f, in_f, heads_of.get(short))),
+            )
             known.update({key + ".weight", key + ".weight_scale"})
-    writer.add_tensor("output_norm.weight", (dim,), GGMLType.F32,
-                      reported(norm_tensor("model.norm.weight", "output_norm.weight")))
+    writer.add_tensor(
+        "output_norm.weight", (dim,), GGMLType.F32, reported(norm_tensor("model.norm.weight", "output_norm.weight"))
+    )
     if untied:
-        writer.add_tensor("output.weight", (vocab_size, dim), float_type,
-                          reported(embedding_tensor("lm_head.weight")))
+        writer.add_tensor("output.weight", (vocab_size, dim), float_type, reported(embedding_tensor("lm_head.weight")))
     unknown = sorted(n for n in weights if n not in known and "rotary_emb" not in n)
     if unknown:
-        raise ConvertError(f"{files.source}: unexpected tensors in the checkpoint (e.g. {unknown[:3]}); "
-                           f"not a {'LlamaForCausalLM' if arch == 'llama' else 'BitNetForCausalLM'} layout "
-                           "this loader knows")
-    summary = {"path": str(out_path), "arch": arch, "tensors": len(writer.tensors), "untied": untied,
-               "tokenizer": TOKENIZER_FILE if files.has(TOKENIZER_FILE) else "synthetic", "lossy": lossy,
-               "linear_class": linear_class}
+        raise ConvertError(
+            f"{files.source}: unexpected tensors in the checkpoint (e.g. {unknown[:3]}); "
+            f"not a {'LlamaForCausalLM' if arch == 'llama' else 'BitNetForCausalLM'} layout "
+            "this loader knows"
+        )
+    summary = {
+        "path": str(out_path),
+        "arch": arch,
+        "tensors": len(writer.tensors),
+        "untied": untied,
+        "tokenizer": TOKENIZER_FILE if files.has(TOKENIZER_FILE) else "synthetic",
+        "lossy": lossy,
+        "linear_class": linear_class,
+    }
     return writer, summary
 
 
@@ -610,35 +685,60 @@ def build_gguf_writer(files: CheckpointFiles, out_path: str = "<memory>", *, emb
 # Loading into memory
 # ---------------------------------------------------------------------------------------------
 
-def load_files(files: CheckpointFiles, *, allow_lossy_ternarization: bool = False, embed_type: str = "F16",
-               progress: ProgressCallback | None = None) -> GGUFFile:
+
+def load_files(
+    files: CheckpointFiles,
+    *,
+    allow_lossy_ternarization: bool = False,
+    embed_type: str = "F16",
+    progress: ProgressCallback | None = None,
+) -> GGUFFile:
     """Build the GGUF of `files` in one uint8 buffer and parse it (ready for Engine.load / load_async)."""
-    writer, _ = build_gguf_writer(files, embed_type=embed_type, progress=progress,
-                                  allow_lossy_ternarization=allow_lossy_ternarization)
+    writer, _ = build_gguf_writer(
+        files, embed_type=embed_type, progress=progress, allow_lossy_ternarization=allow_lossy_ternarization
+    )
     buffer = writer.to_buffer()
     if progress:
         progress("convert", len(writer.tensors), len(writer.tensors))
     return GGUFFile.from_buffer(buffer, source=files.source)
 
 
-def load_from_buffers(files: Mapping[str, np.ndarray | bytes | bytearray | memoryview], *,
-                      name: str = "model", allow_lossy_ternarization: bool = False, embed_type: str = "F16",
-                      progress: ProgressCallback | None = None) -> GGUFFile:
+def load_from_buffers(
+    files: Mapping[str, np.ndarray | bytes | bytearray | memoryview],
+    *,
+    name: str = "model",
+    allow_lossy_ternarization: bool = False,
+    embed_type: str = "F16",
+    progress: ProgressCallback | None = None,
+) -> GGUFFile:
     """The browser's entry point: {file name: downloaded bytes (uint8 array)} -> GGUFFile.
 
     `files` holds what `files_to_fetch` listed (optional files may be absent). `name` becomes
     general.name (e.g. 'microsoft/bitnet-b1.58-2B-4T'). The buffers are read, not kept: the GGUF is a
     new buffer, so the caller may drop them afterwards.
     """
-    return load_files(CheckpointFiles(name, buffers=files), embed_type=embed_type, progress=progress,
-                      allow_lossy_ternarization=allow_lossy_ternarization)
+    return load_files(
+        CheckpointFiles(name, buffers=files),
+        embed_type=embed_type,
+        progress=progress,
+        allow_lossy_ternarization=allow_lossy_ternarization,
+    )
 
 
-def load_folder(folder: str | os.PathLike, *, allow_lossy_ternarization: bool = False,
-                embed_type: str = "F16", progress: ProgressCallback | None = None) -> GGUFFile:
+def load_folder(
+    folder: str | os.PathLike,
+    *,
+    allow_lossy_ternarization: bool = False,
+    embed_type: str = "F16",
+    progress: ProgressCallback | None = None,
+) -> GGUFFile:
     """A checkpoint folder on disk -> GGUFFile (the safetensors files are memory-mapped)."""
-    return load_files(CheckpointFiles.from_folder(folder), embed_type=embed_type, progress=progress,
-                      allow_lossy_ternarization=allow_lossy_ternarization)
+    return load_files(
+        CheckpointFiles.from_folder(folder),
+        embed_type=embed_type,
+        progress=progress,
+        allow_lossy_ternarization=allow_lossy_ternarization,
+    )
 
 
 def _is_not_found(exc: BaseException) -> bool:
@@ -685,8 +785,9 @@ def download_checkpoint(url: str, progress: ProgressCallback | None = None) -> C
     return CheckpointFiles(checkpoint_name(base), paths=paths, source=base)
 
 
-def load(location: str | os.PathLike, *, allow_lossy_ternarization: bool = False,
-         progress: ProgressCallback | None = None) -> GGUFFile:
+def load(
+    location: str | os.PathLike, *, allow_lossy_ternarization: bool = False, progress: ProgressCallback | None = None
+) -> GGUFFile:
     """A checkpoint folder path or folder URL (downloaded once into the cache) -> GGUFFile (CPython)."""
     text = os.fspath(location)
     if isinstance(text, str) and text.startswith(("http://", "https://")):

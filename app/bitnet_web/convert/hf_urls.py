@@ -44,5 +44,5 @@ def checkpoint_name(base_url: str) -> str:
     segments = [s for s in urllib.parse.urlsplit(base_url).path.split("/") if s]
     for i in range(len(segments) - 1, 1, -1):
         if segments[i] == "resolve":
-            return "/".join(segments[i - 2:i])
+            return "/".join(segments[i - 2 : i])
     return segments[-1] if segments else base_url

@@ -29,8 +29,7 @@ TOKEN_TYPE_NORMAL, TOKEN_TYPE_CONTROL = 1, 3
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map used by byte-level BPE vocabularies."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
-        + list(range(ord("®"), ord("ÿ") + 1))
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -82,15 +81,27 @@ def synthetic_vocab_metadata(vocab_size: int, *, with_eot_key: bool = False) -> 
     return md
 
 
-def bitnet_model_metadata(arch: str, *, dim: int, n_layers: int, n_heads: int, n_kv_heads: int,
-                          ffn_dim: int, vocab_size: int, context_length: int, rope_theta: float,
-                          norm_eps: float = 1e-5, head_dim: int | None = None,
-                          name: str = "bitnet-web random") -> dict[str, object]:
+def bitnet_model_metadata(
+    arch: str,
+    *,
+    dim: int,
+    n_layers: int,
+    n_heads: int,
+    n_kv_heads: int,
+    ffn_dim: int,
+    vocab_size: int,
+    context_length: int,
+    rope_theta: float,
+    norm_eps: float = 1e-5,
+    head_dim: int | None = None,
+    name: str = "bitnet-web random",
+) -> dict[str, object]:
     """The model keys of the 2B-4T file (types as bitnet.cpp's converter writes them)."""
     head_dim = head_dim or dim // n_heads
 
     def k(key: str) -> str:
         return Keys.arch(key, arch)
+
     return {
         Keys.ARCHITECTURE: arch,
         Keys.NAME: name,
@@ -114,12 +125,26 @@ def write_random_bitnet(path: str, **kwargs) -> int:
     return random_bitnet_writer(path, **kwargs).write()
 
 
-def random_bitnet_writer(path: str, *, dim: int, n_layers: int, n_heads: int, n_kv_heads: int,
-                         ffn_dim: int, vocab_size: int, context_length: int = 4096, seed: int = 0,
-                         arch: str = "bitnet-b1.58", embed_std: float = 1.0,
-                         tokenizer_metadata: dict[str, object] | None = None,
-                         rope_theta: float = 500000.0, untied: bool = False, norm_eps: float = 1e-5,
-                         sub_norms: bool = True, head_dim: int | None = None) -> GGUFWriter:
+def random_bitnet_writer(
+    path: str,
+    *,
+    dim: int,
+    n_layers: int,
+    n_heads: int,
+    n_kv_heads: int,
+    ffn_dim: int,
+    vocab_size: int,
+    context_length: int = 4096,
+    seed: int = 0,
+    arch: str = "bitnet-b1.58",
+    embed_std: float = 1.0,
+    tokenizer_metadata: dict[str, object] | None = None,
+    rope_theta: float = 500000.0,
+    untied: bool = False,
+    norm_eps: float = 1e-5,
+    sub_norms: bool = True,
+    head_dim: int | None = None,
+) -> GGUFWriter:
     """A GGUFWriter set up with a random BitNet model (nothing generated until `write()`).
 
     Weights: uniform random ternary I2_S with per-tensor scale U(0.5, 1.5) / sqrt(2/3 * in_features)
@@ -131,10 +156,21 @@ def random_bitnet_writer(path: str, *, dim: int, n_layers: int, n_heads: int, n_
     head_dim = head_dim or dim // n_heads
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
     w = GGUFWriter(path)
-    w.add_dict(bitnet_model_metadata(arch, dim=dim, n_layers=n_layers, n_heads=n_heads,
-                                     n_kv_heads=n_kv_heads, ffn_dim=ffn_dim, vocab_size=vocab_size,
-                                     context_length=context_length, rope_theta=rope_theta,
-                                     norm_eps=norm_eps, head_dim=head_dim))
+    w.add_dict(
+        bitnet_model_metadata(
+            arch,
+            dim=dim,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            ffn_dim=ffn_dim,
+            vocab_size=vocab_size,
+            context_length=context_length,
+            rope_theta=rope_theta,
+            norm_eps=norm_eps,
+            head_dim=head_dim,
+        )
+    )
     w.add_dict(tokenizer_metadata if tokenizer_metadata is not None else synthetic_vocab_metadata(vocab_size))
 
     counter = iter(range(1 << 30))
@@ -144,16 +180,18 @@ def random_bitnet_writer(path: str, *, dim: int, n_layers: int, n_heads: int, n_
 
     def embedding(gen: np.random.Generator) -> Callable[[], Iterator[np.ndarray]]:
         def chunks() -> Iterator[np.ndarray]:
-            rows = max(1, (1 << 22) // dim)          # ~4M values per chunk
+            rows = max(1, (1 << 22) // dim)  # ~4M values per chunk
             for start in range(0, vocab_size, rows):
                 n = min(rows, vocab_size - start)
                 yield (gen.standard_normal((n, dim), dtype=np.float32) * np.float32(embed_std)).astype("<f2")
+
         return chunks
 
     def ternary(gen: np.random.Generator, out_f: int, in_f: int) -> Callable[[], np.ndarray]:
         def make() -> np.ndarray:
             scale = gen.uniform(0.5, 1.5) / np.sqrt(2.0 / 3.0 * in_f)
             return random_i2s_bytes(gen, out_f * in_f, float(scale))
+
         return make
 
     def norm(gen: np.random.Generator, n: int) -> Callable[[], np.ndarray]:

@@ -23,6 +23,7 @@ GGUF_MAX_ARRAY_NESTING = 16
 # Errors
 # ---------------------------------------------------------------------------------------------
 
+
 class GGUFError(Exception):
     """Any problem with a GGUF file. Messages name the byte offset and the field."""
 
@@ -46,10 +47,10 @@ class GGUFLengthError(GGUFTruncatedError, GGUFFormatError):
     """
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Type tables
 # ---------------------------------------------------------------------------------------------
+
 
 class GGUFValueType(IntEnum):
     UINT8 = 0
@@ -85,8 +86,8 @@ VALUE_DTYPES: dict[GGUFValueType, np.dtype] = {
 # Smallest encoding of one value of each type, used to reject lying array lengths before reading.
 MIN_VALUE_BYTES: dict[GGUFValueType, int] = {
     **{t: d.itemsize for t, d in VALUE_DTYPES.items()},
-    GGUFValueType.STRING: 8,            # u64 length, empty string
-    GGUFValueType.ARRAY: 4 + 8,         # u32 element type + u64 count, empty array
+    GGUFValueType.STRING: 8,  # u64 length, empty string
+    GGUFValueType.ARRAY: 4 + 8,  # u32 element type + u64 count, empty array
 }
 
 
@@ -97,7 +98,7 @@ class GGMLType(IntEnum):
     BF16 = 30
     TQ1_0 = 34
     TQ2_0 = 35
-    I2_S = 36      # bitnet.cpp fork only: upstream ggml does not know 36
+    I2_S = 36  # bitnet.cpp fork only: upstream ggml does not know 36
 
 
 QK_K = 256
@@ -107,12 +108,12 @@ GGML_BLOCK_SIZES: dict[GGMLType, tuple[int, int]] = {
     GGMLType.F32: (1, 4),
     GGMLType.F16: (1, 2),
     GGMLType.BF16: (1, 2),
-    GGMLType.Q8_0: (32, 2 + 32),                          # f16 d + 32 x int8
-    GGMLType.TQ1_0: (QK_K, (QK_K - 4 * QK_K // 64) // 5 + QK_K // 64 + 2),   # qs[48] + qh[4] + f16 d
-    GGMLType.TQ2_0: (QK_K, QK_K // 4 + 2),                # qs[64] + f16 d
-    GGMLType.I2_S: (4, 1),                                # + 32 bytes per tensor
+    GGMLType.Q8_0: (32, 2 + 32),  # f16 d + 32 x int8
+    GGMLType.TQ1_0: (QK_K, (QK_K - 4 * QK_K // 64) // 5 + QK_K // 64 + 2),  # qs[48] + qh[4] + f16 d
+    GGMLType.TQ2_0: (QK_K, QK_K // 4 + 2),  # qs[64] + f16 d
+    GGMLType.I2_S: (4, 1),  # + 32 bytes per tensor
 }
-I2S_TAIL_BYTES = 32   # float32 scale + 28 bytes padding after the packed codes
+I2S_TAIL_BYTES = 32  # float32 scale + 28 bytes padding after the packed codes
 
 
 def tensor_nbytes(ggml_type: GGMLType, n_elements: int) -> int:
@@ -139,6 +140,7 @@ class TokenType(IntEnum):
 # ---------------------------------------------------------------------------------------------
 # Metadata keys (one namespace; "{arch}" is replaced by general.architecture)
 # ---------------------------------------------------------------------------------------------
+
 
 class Keys:
     ARCHITECTURE = "general.architecture"

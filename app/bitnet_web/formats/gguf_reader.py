@@ -54,11 +54,12 @@ class _NeedMore(Exception):
 # Records
 # ---------------------------------------------------------------------------------------------
 
+
 class TensorInfo(NamedTuple):
     name: str
-    shape: tuple[int, ...]      # numpy order, outermost first: token_embd is (n_vocab, n_embd)
+    shape: tuple[int, ...]  # numpy order, outermost first: token_embd is (n_vocab, n_embd)
     ggml_type: GGMLType
-    offset: int                 # absolute byte offset in the file
+    offset: int  # absolute byte offset in the file
     n_bytes: int
     n_elements: int
 
@@ -67,14 +68,15 @@ class TensorInfo(NamedTuple):
 # The parsing primitive
 # ---------------------------------------------------------------------------------------------
 
+
 class _Cursor:
     """Reads fields from `data` (a prefix of a file of `total` bytes, or all of it)."""
 
     def __init__(self, data: np.ndarray, total: int | None):
         self.data = data
-        self.mem = memoryview(data)        # for fast struct/str access in string-heavy arrays
+        self.mem = memoryview(data)  # for fast struct/str access in string-heavy arrays
         self.avail = len(data)
-        self.total = total                 # None: size of the whole file unknown
+        self.total = total  # None: size of the whole file unknown
         self.pos = 0
 
     def remaining(self) -> int | None:
@@ -85,7 +87,8 @@ class _Cursor:
         if self.total is not None and end > self.total:
             raise GGUFTruncatedError(
                 f"file truncated: {field} at byte offset {self.pos} needs {nbytes} bytes, "
-                f"but the file ends at {self.total}")
+                f"but the file ends at {self.total}"
+            )
         if end > self.avail:
             raise _NeedMore
 
@@ -93,7 +96,7 @@ class _Cursor:
         """The one primitive: `count` values of `dtype` at the cursor, as a view; advances."""
         nbytes = dtype.itemsize * count
         self.need(nbytes, field)
-        out = self.data[self.pos:self.pos + nbytes].view(dtype)
+        out = self.data[self.pos : self.pos + nbytes].view(dtype)
         self.pos += nbytes
         return out
 
@@ -116,7 +119,8 @@ class _Cursor:
             raise GGUFLengthError(
                 f"{field} at byte offset {at} claims {count} elements (at least "
                 f"{count * min_bytes_each} bytes) but only {remaining} bytes remain in the file "
-                "(truncated file or corrupt length)")
+                "(truncated file or corrupt length)"
+            )
 
     def string(self, field: str) -> str:
         at = self.pos
@@ -126,10 +130,9 @@ class _Cursor:
         start = self.pos
         self.pos += n
         try:
-            return str(self.mem[start:start + n], "utf-8")
+            return str(self.mem[start : start + n], "utf-8")
         except UnicodeDecodeError as e:
-            raise GGUFFormatError(
-                f"{field} at byte offset {start + e.start} is not valid UTF-8 ({e.reason})") from None
+            raise GGUFFormatError(f"{field} at byte offset {start + e.start} is not valid UTF-8 ({e.reason})") from None
 
     def string_array(self, count: int, field: str) -> list[str]:
         """`count` strings. Tokenizer vocabularies hold ~400k of them, so a fast path decodes from
@@ -147,10 +150,11 @@ class _Cursor:
             if self.total is not None and n > self.total - start:
                 raise GGUFLengthError(
                     f"{field}[{i}] at byte offset {start - 8} claims a string of {n} bytes but only "
-                    f"{self.total - start} bytes remain in the file (truncated file or corrupt length)")
+                    f"{self.total - start} bytes remain in the file (truncated file or corrupt length)"
+                )
             self.need(n, f"{field}[{i}]")
             try:
-                out.append(str(mem[start:start + n], "utf-8"))
+                out.append(str(mem[start : start + n], "utf-8"))
             except UnicodeDecodeError as e:
                 raise GGUFFormatError(
                     f"{field}[{i}] at byte offset {start + e.start} is not valid UTF-8 ({e.reason})"
@@ -162,7 +166,7 @@ class _Cursor:
         window = 1 << 20
         limit = self.avail if self.total is None else min(self.avail, self.total)
         pos = self.pos
-        base, chunk = pos, bytes(self.mem[pos:min(pos + window, limit)])
+        base, chunk = pos, bytes(self.mem[pos : min(pos + window, limit)])
         unpack, append = struct.unpack_from, out.append
         try:
             for _ in range(count):
@@ -171,15 +175,15 @@ class _Cursor:
                     if pos + 8 > limit:
                         return
                     base, rel = pos, 0
-                    chunk = bytes(self.mem[pos:min(pos + window, limit)])
+                    chunk = bytes(self.mem[pos : min(pos + window, limit)])
                 (n,) = unpack("<Q", chunk, rel)
                 end = rel + 8 + n
                 if end > len(chunk):
                     if pos + 8 + n > limit:
                         return
                     base, rel, end = pos, 0, 8 + n
-                    chunk = bytes(self.mem[pos:min(pos + max(window, 8 + n), limit)])
-                append(chunk[rel + 8:end].decode("utf-8"))
+                    chunk = bytes(self.mem[pos : min(pos + max(window, 8 + n), limit)])
+                append(chunk[rel + 8 : end].decode("utf-8"))
                 pos = base + end
         except UnicodeDecodeError:
             return
@@ -205,8 +209,7 @@ class _Cursor:
     def array(self, field: str, depth: int = 0) -> object:
         at = self.pos
         if depth > GGUF_MAX_ARRAY_NESTING:
-            raise GGUFFormatError(f"{field} at byte offset {at}: arrays nested more than "
-                                  f"{GGUF_MAX_ARRAY_NESTING} deep")
+            raise GGUFFormatError(f"{field} at byte offset {at}: arrays nested more than {GGUF_MAX_ARRAY_NESTING} deep")
         etype = self.u32(f"element type of {field}")
         if etype not in MIN_VALUE_BYTES:
             raise GGUFFormatError(f"{field} at byte offset {at} is an array of unknown value type {etype}")
@@ -227,11 +230,16 @@ class _Cursor:
 
 
 _SCALAR_FORMATS: dict[int, tuple[str, int]] = {
-    GGUFValueType.UINT8: ("<B", 1), GGUFValueType.INT8: ("<b", 1),
-    GGUFValueType.UINT16: ("<H", 2), GGUFValueType.INT16: ("<h", 2),
-    GGUFValueType.UINT32: ("<I", 4), GGUFValueType.INT32: ("<i", 4),
-    GGUFValueType.FLOAT32: ("<f", 4), GGUFValueType.BOOL: ("<B", 1),
-    GGUFValueType.UINT64: ("<Q", 8), GGUFValueType.INT64: ("<q", 8),
+    GGUFValueType.UINT8: ("<B", 1),
+    GGUFValueType.INT8: ("<b", 1),
+    GGUFValueType.UINT16: ("<H", 2),
+    GGUFValueType.INT16: ("<h", 2),
+    GGUFValueType.UINT32: ("<I", 4),
+    GGUFValueType.INT32: ("<i", 4),
+    GGUFValueType.FLOAT32: ("<f", 4),
+    GGUFValueType.BOOL: ("<B", 1),
+    GGUFValueType.UINT64: ("<Q", 8),
+    GGUFValueType.INT64: ("<q", 8),
     GGUFValueType.FLOAT64: ("<d", 8),
 }
 
@@ -245,6 +253,7 @@ _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
 # The file
 # ---------------------------------------------------------------------------------------------
 
+
 class GGUFFile:
     """A parsed GGUF file: metadata, tensor table, and views of the tensor data.
 
@@ -252,28 +261,37 @@ class GGUFFile:
     arrays as np.bool_); string arrays as list[str]; nested arrays as lists.
     """
 
-    def __init__(self, data: np.ndarray, *, version: int, metadata: dict[str, object],
-                 tensors: dict[str, TensorInfo], alignment: int, data_offset: int,
-                 header_size: int, total_size: int | None, source: str = "<buffer>"):
-        self.data = data                    # uint8 buffer (the whole file, or a prefix of it)
+    def __init__(
+        self,
+        data: np.ndarray,
+        *,
+        version: int,
+        metadata: dict[str, object],
+        tensors: dict[str, TensorInfo],
+        alignment: int,
+        data_offset: int,
+        header_size: int,
+        total_size: int | None,
+        source: str = "<buffer>",
+    ):
+        self.data = data  # uint8 buffer (the whole file, or a prefix of it)
         self.version = version
         self.metadata = metadata
         self.tensors = tensors
         self.alignment = alignment
-        self.data_offset = data_offset      # absolute offset where tensor data starts
-        self.header_size = header_size      # bytes of magic + metadata + tensor infos
+        self.data_offset = data_offset  # absolute offset where tensor data starts
+        self.header_size = header_size  # bytes of magic + metadata + tensor infos
         self.total_size = total_size
         self.source = source
 
     # -- constructors -------------------------------------------------------------------------
 
     @classmethod
-    def from_buffer(cls, data: np.ndarray | bytes | bytearray | memoryview, source: str = "<buffer>"
-                    ) -> GGUFFile:
+    def from_buffer(cls, data: np.ndarray | bytes | bytearray | memoryview, source: str = "<buffer>") -> GGUFFile:
         """Parse a complete file held in memory (a uint8 array: no copy is made of it)."""
         buf = _as_uint8(data)
         gguf = _parse(buf, len(buf), source)
-        assert gguf is not None    # the whole file is present, so nothing can be "need more"
+        assert gguf is not None  # the whole file is present, so nothing can be "need more"
         return gguf
 
     # -- metadata helpers ---------------------------------------------------------------------
@@ -306,8 +324,9 @@ class GGUFFile:
         if end > len(self.data):
             raise GGUFTruncatedError(
                 f"{self.source}: tensor {name!r} data at byte offset {info.offset}..{end} is not loaded "
-                f"(buffer holds {len(self.data)} bytes)")
-        return self.data[info.offset:end]
+                f"(buffer holds {len(self.data)} bytes)"
+            )
+        return self.data[info.offset : end]
 
     def tensor(self, name: str) -> np.ndarray:
         """Float values in `shape`: views for F32/F16, float32 copies for BF16 and quantized types.
@@ -359,13 +378,16 @@ class GGUFFile:
                 self.i2s_scale(info.name)
 
     def __repr__(self) -> str:
-        return (f"GGUFFile({self.source!r}, v{self.version}, arch={self.architecture!r}, "
-                f"{len(self.metadata)} keys, {len(self.tensors)} tensors)")
+        return (
+            f"GGUFFile({self.source!r}, v{self.version}, arch={self.architecture!r}, "
+            f"{len(self.metadata)} keys, {len(self.tensors)} tensors)"
+        )
 
 
 def open_gguf(path: str) -> GGUFFile:
     """Memory-map and parse a GGUF file (tensor data stays on disk until touched)."""
     import os
+
     size = os.path.getsize(path)
     if size == 0:
         raise GGUFTruncatedError(f"{path}: file is empty (expected the magic 'GGUF' at byte offset 0)")
@@ -375,8 +397,7 @@ def open_gguf(path: str) -> GGUFFile:
     return gguf
 
 
-def parse_header(prefix: bytes | bytearray | memoryview | np.ndarray, total_size: int | None
-                 ) -> GGUFFile | None:
+def parse_header(prefix: bytes | bytearray | memoryview | np.ndarray, total_size: int | None) -> GGUFFile | None:
     """Parse metadata and tensor table from the first bytes of a file.
 
     Returns None while `prefix` is too short. `total_size` (the full file size, e.g. from
@@ -422,10 +443,10 @@ def _parse_cursor(cur: _Cursor, source: str) -> GGUFFile:
     if version == 1:
         raise GGUFUnsupportedError(
             "GGUF version 1 (byte offset 4) is not supported (32-bit counts); re-convert the model "
-            "with a current llama.cpp to get version 3")
+            "with a current llama.cpp to get version 3"
+        )
     if version not in SUPPORTED_VERSIONS:
-        raise GGUFUnsupportedError(
-            f"unknown GGUF version {version} at byte offset 4 (supported: 2, 3)")
+        raise GGUFUnsupportedError(f"unknown GGUF version {version} at byte offset 4 (supported: 2, 3)")
 
     n_tensors_at = cur.pos
     n_tensors = cur.u64("tensor count")
@@ -445,8 +466,7 @@ def _parse_cursor(cur: _Cursor, source: str) -> GGUFFile:
         metadata[key] = cur.value(vtype, repr(key), vtype_at)
 
     alignment = metadata.get(Keys.ALIGNMENT, GGUF_DEFAULT_ALIGNMENT)
-    if (not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0
-            or alignment & (alignment - 1)):
+    if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0 or alignment & (alignment - 1):
         raise GGUFFormatError(f"general.alignment {alignment!r} is not a positive power of two")
 
     # Tensor infos: offsets are relative to the data section, which starts after the table.
@@ -462,10 +482,11 @@ def _parse_cursor(cur: _Cursor, source: str) -> GGUFFile:
         n_dims = cur.u32(f"tensor {name!r} n_dims")
         if not 1 <= n_dims <= GGML_MAX_DIMS:
             raise GGUFFormatError(
-                f"tensor {name!r}: n_dims {n_dims} at byte offset {n_dims_at} not in 1..{GGML_MAX_DIMS}")
+                f"tensor {name!r}: n_dims {n_dims} at byte offset {n_dims_at} not in 1..{GGML_MAX_DIMS}"
+            )
         ne = [int(x) for x in cur.view(np.dtype("<u8"), n_dims, f"tensor {name!r} dims")]
         n_elements = 1
-        extent = 1      # product of the non-zero dims: numpy refuses such shapes even for empty arrays
+        extent = 1  # product of the non-zero dims: numpy refuses such shapes even for empty arrays
         for d in ne:
             n_elements *= d
             extent *= max(d, 1)
@@ -484,13 +505,15 @@ def _parse_cursor(cur: _Cursor, source: str) -> GGUFFile:
         if ne[0] % block:
             raise GGUFFormatError(
                 f"tensor {name!r} ({ggml_type.name}): row length {ne[0]} is not a multiple of the "
-                f"block size {block} (byte offset {n_dims_at + 4})")
+                f"block size {block} (byte offset {n_dims_at + 4})"
+            )
         offset_at = cur.pos
         rel_offset = cur.u64(f"tensor {name!r} data offset")
         if rel_offset % alignment:
             raise GGUFFormatError(
                 f"tensor {name!r}: data offset {rel_offset} (field at byte offset {offset_at}) is not a "
-                f"multiple of general.alignment {alignment}")
+                f"multiple of general.alignment {alignment}"
+            )
         raw_infos.append((name, tuple(reversed(ne)), ggml_type, rel_offset, n_elements, offset_at))
 
     header_size = cur.pos
@@ -498,16 +521,23 @@ def _parse_cursor(cur: _Cursor, source: str) -> GGUFFile:
 
     tensors: dict[str, TensorInfo] = {}
     for name, shape, ggml_type, rel, n_el, _ in raw_infos:
-        tensors[name] = TensorInfo(name, shape, ggml_type, data_offset + rel,
-                                   tensor_nbytes(ggml_type, n_el), n_el)
+        tensors[name] = TensorInfo(name, shape, ggml_type, data_offset + rel, tensor_nbytes(ggml_type, n_el), n_el)
     _check_tensor_extents(raw_infos, tensors, cur.total, data_offset)
 
-    return GGUFFile(cur.data, version=version, metadata=metadata, tensors=tensors, alignment=alignment,
-                    data_offset=data_offset, header_size=header_size, total_size=cur.total, source=source)
+    return GGUFFile(
+        cur.data,
+        version=version,
+        metadata=metadata,
+        tensors=tensors,
+        alignment=alignment,
+        data_offset=data_offset,
+        header_size=header_size,
+        total_size=cur.total,
+        source=source,
+    )
 
 
-def _check_tensor_extents(raw_infos: list, tensors: dict[str, TensorInfo], total: int | None,
-                          data_offset: int) -> None:
+def _check_tensor_extents(raw_infos: list, tensors: dict[str, TensorInfo], total: int | None, data_offset: int) -> None:
     """Tensor data inside the file and no two tensors overlapping."""
     offset_field = {name: at for name, *_, at in raw_infos}
     ordered = sorted(tensors.values(), key=lambda t: t.offset)
@@ -516,26 +546,29 @@ def _check_tensor_extents(raw_infos: list, tensors: dict[str, TensorInfo], total
             raise GGUFFormatError(
                 f"tensors {prev.name!r} (bytes {prev.offset}..{prev.offset + prev.n_bytes}) and "
                 f"{nxt.name!r} (from byte {nxt.offset}, offset field at byte offset "
-                f"{offset_field[nxt.name]}) overlap")
+                f"{offset_field[nxt.name]}) overlap"
+            )
     if total is None:
         return
     for t in ordered:
         if t.offset + t.n_bytes > total:
             raise GGUFFormatError(
                 f"tensor {t.name!r} data (bytes {t.offset}..{t.offset + t.n_bytes}, offset field at "
-                f"byte offset {offset_field[t.name]}) extends past the end of the file ({total} bytes)")
+                f"byte offset {offset_field[t.name]}) extends past the end of the file ({total} bytes)"
+            )
 
 
 def _q8_0_decode(raw: np.ndarray, n_elements: int) -> np.ndarray:
     blocks = raw.reshape(-1, 34)
-    d = blocks[:, :2].copy().view("<f2").astype(np.float32)        # (nb, 1)
-    q = blocks[:, 2:].view(np.int8).astype(np.float32)              # (nb, 32)
+    d = blocks[:, :2].copy().view("<f2").astype(np.float32)  # (nb, 1)
+    q = blocks[:, 2:].view(np.int8).astype(np.float32)  # (nb, 32)
     return (q * d).reshape(n_elements)
 
 
 # ---------------------------------------------------------------------------------------------
 # Human-readable summary (python -m bitnet_web inspect)
 # ---------------------------------------------------------------------------------------------
+
 
 def _fmt_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -549,14 +582,17 @@ def describe(gguf: GGUFFile) -> str:
     """A readable summary: architecture, dimensions, tensors by type, tokenizer, chat template."""
     md = gguf.metadata
     arch = gguf.architecture
-    lines = [f"file: {gguf.source}", f"GGUF version {gguf.version}, {len(md)} metadata keys, "
-             f"alignment {gguf.alignment}, tensor data at byte {gguf.data_offset}"]
+    lines = [
+        f"file: {gguf.source}",
+        f"GGUF version {gguf.version}, {len(md)} metadata keys, "
+        f"alignment {gguf.alignment}, tensor data at byte {gguf.data_offset}",
+    ]
     lines.append(f"architecture: {arch if arch is not None else '(none)'}")
     if isinstance(md.get(Keys.NAME), str):
         lines.append(f"name: {md[Keys.NAME]}")
     if arch is not None:
         prefix = arch + "."
-        dims = [(k[len(prefix):], v) for k, v in md.items() if k.startswith(prefix)]
+        dims = [(k[len(prefix) :], v) for k, v in md.items() if k.startswith(prefix)]
         for k, v in dims:
             lines.append(f"  {k}: {_short(v)}")
     if Keys.FILE_TYPE in md:
@@ -587,8 +623,7 @@ def describe(gguf: GGUFFile) -> str:
         merges = md.get(Keys.MERGES)
         if merges is not None:
             parts.append(f"merges {_count(merges)}")
-        for label, key in (("bos", Keys.BOS_ID), ("eos", Keys.EOS_ID), ("eot", Keys.EOT_ID),
-                           ("pad", Keys.PAD_ID)):
+        for label, key in (("bos", Keys.BOS_ID), ("eos", Keys.EOS_ID), ("eot", Keys.EOT_ID), ("pad", Keys.PAD_ID)):
             tid = md.get(key)
             if isinstance(tid, int):
                 text = tokens[tid] if isinstance(tokens, list) and 0 <= tid < len(tokens) else "?"

@@ -20,18 +20,18 @@ import numpy as np
 from .ggml import GGUF_DEFAULT_ALIGNMENT, VALUE_DTYPES, GGMLType, GGUFValueType, Keys, tensor_nbytes
 from .quants import i2s_encode, tq1_0_encode, tq2_0_encode
 
-TensorSource = (np.ndarray | bytes | tuple | Callable[[], object] | Iterator)
+TensorSource = np.ndarray | bytes | tuple | Callable[[], object] | Iterator
 
 
 class Typed(NamedTuple):
     """A metadata value with an explicit GGUF type; for arrays, `vtype` is the element type."""
+
     vtype: GGUFValueType
     value: object
     is_array: bool = False
 
 
-_NUMPY_TO_VALUE = {np.dtype(d).newbyteorder("<"): t for t, d in VALUE_DTYPES.items()
-                   if t != GGUFValueType.BOOL}
+_NUMPY_TO_VALUE = {np.dtype(d).newbyteorder("<"): t for t, d in VALUE_DTYPES.items() if t != GGUFValueType.BOOL}
 _NUMPY_TO_VALUE[np.dtype(np.bool_)] = GGUFValueType.BOOL
 
 
@@ -78,14 +78,15 @@ def _encode_array(etype: GGUFValueType | None, values: object) -> bytes:
     values = list(values)
     if etype is None:
         if not values:
-            etype = GGUFValueType.STRING     # an empty list: string array (e.g. empty merges)
+            etype = GGUFValueType.STRING  # an empty list: string array (e.g. empty merges)
         elif isinstance(values[0], list | tuple | np.ndarray):
             etype = GGUFValueType.ARRAY
         else:
             etype = _infer_scalar_type(values[0])
             if etype in (GGUFValueType.UINT32, GGUFValueType.INT32):
-                etype = GGUFValueType.INT32 if min(values) >= -(1 << 31) and max(values) < 1 << 31 \
-                    else GGUFValueType.INT64
+                etype = (
+                    GGUFValueType.INT32 if min(values) >= -(1 << 31) and max(values) < 1 << 31 else GGUFValueType.INT64
+                )
     head = struct.pack("<IQ", etype, len(values))
     if etype == GGUFValueType.STRING:
         return head + b"".join(_encode_string(s) for s in values)
@@ -94,8 +95,7 @@ def _encode_array(etype: GGUFValueType | None, values: object) -> bytes:
         sibling = next((v for v in values if len(v)), None)
         inner = None
         if sibling is not None and not isinstance(sibling, np.ndarray):
-            inner = _infer_scalar_type(sibling[0]) if not isinstance(sibling[0], list | tuple) \
-                else GGUFValueType.ARRAY
+            inner = _infer_scalar_type(sibling[0]) if not isinstance(sibling[0], list | tuple) else GGUFValueType.ARRAY
             if inner == GGUFValueType.UINT32:
                 inner = GGUFValueType.INT32
         return head + b"".join(_encode_array(None if len(v) else inner, v) for v in values)
@@ -136,7 +136,7 @@ def q8_0_encode(x: np.ndarray) -> np.ndarray:
 
 class _PendingTensor(NamedTuple):
     name: str
-    shape: tuple[int, ...]      # numpy order (outermost first)
+    shape: tuple[int, ...]  # numpy order (outermost first)
     ggml_type: GGMLType
     n_elements: int
     n_bytes: int
@@ -203,7 +203,7 @@ class GGUFWriter:
         rel = 0
         for t in self.tensors:
             parts.append(_encode_string(t.name))
-            ne = tuple(reversed(t.shape))           # GGUF stores ggml order, innermost first
+            ne = tuple(reversed(t.shape))  # GGUF stores ggml order, innermost first
             parts.append(struct.pack(f"<I{len(ne)}Q", len(ne), *ne))
             parts.append(struct.pack("<IQ", t.ggml_type, rel))
             rel += self._padded(t.n_bytes)
@@ -227,8 +227,10 @@ class GGUFWriter:
                 yield chunk
                 written += len(chunk)
             if written != t.n_bytes:
-                raise ValueError(f"tensor {t.name!r} ({t.ggml_type.name} {list(t.shape)}): data has "
-                                 f"{written} bytes, expected {t.n_bytes}")
+                raise ValueError(
+                    f"tensor {t.name!r} ({t.ggml_type.name} {list(t.shape)}): data has "
+                    f"{written} bytes, expected {t.n_bytes}"
+                )
             yield b"\0" * (self._padded(written) - written)
 
     def write(self) -> int:
@@ -246,7 +248,7 @@ class GGUFWriter:
             data = np.frombuffer(chunk, dtype=np.uint8)
             if pos + len(data) > len(out):
                 raise ValueError(f"tensor data overruns the planned file size {len(out)}")
-            out[pos:pos + len(data)] = data
+            out[pos : pos + len(data)] = data
             pos += len(data)
         return out
 

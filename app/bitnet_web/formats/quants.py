@@ -35,14 +35,14 @@ import numpy as np
 
 from .ggml import GGMLType, GGUFError, GGUFFormatError
 
-I2S_BLOCK = 128            # values per x86 block (32 bytes)
-I2S_BLOCK_ARM = 64         # values per ARM block (16 bytes)
-I2S_TAIL = 32              # float32 scale + 28 bytes padding
+I2S_BLOCK = 128  # values per x86 block (32 bytes)
+I2S_BLOCK_ARM = 64  # values per ARM block (16 bytes)
+I2S_TAIL = 32  # float32 scale + 28 bytes padding
 QK_K = 256
 
 # byte -> its four 2-bit codes, most significant first (shifts 6, 4, 2, 0), as values code - 1.
 _SHIFTS_DESC = np.array([6, 4, 2, 0], dtype=np.uint8)
-_BYTE_TO_VALUES = (((np.arange(256, dtype=np.uint8)[:, None] >> _SHIFTS_DESC) & 3).astype(np.int8) - 1)
+_BYTE_TO_VALUES = ((np.arange(256, dtype=np.uint8)[:, None] >> _SHIFTS_DESC) & 3).astype(np.int8) - 1
 
 
 def _where(where: str | None) -> str:
@@ -62,6 +62,7 @@ def _prod(shape: tuple[int, ...] | int) -> int:
 # I2_S
 # ---------------------------------------------------------------------------------------------
 
+
 def i2s_nbytes(n_elements: int) -> int:
     """Bytes of an I2_S tensor: n/4 code bytes + float32 scale + 28 bytes padding."""
     return n_elements // 4 + I2S_TAIL
@@ -73,11 +74,14 @@ def i2s_scale(raw: np.ndarray, n_elements: int, *, where: str | None = None) -> 
     if len(raw) < off + 4:
         raise GGUFFormatError(
             f"{_where(where)}: {len(raw)} bytes, too short for {n_elements} values "
-            f"(scale expected at byte {off}; an I2_S tensor has n/4 + 32 = {i2s_nbytes(n_elements)} bytes)")
-    scale = float(raw[off:off + 4].view("<f4")[0])
+            f"(scale expected at byte {off}; an I2_S tensor has n/4 + 32 = {i2s_nbytes(n_elements)} bytes)"
+        )
+    scale = float(raw[off : off + 4].view("<f4")[0])
     if not np.isfinite(scale) or scale < 0:
-        raise GGUFFormatError(f"{_where(where)}: I2_S scale at byte +{off} of the tensor data is {scale}, "
-                              "expected a finite non-negative number")
+        raise GGUFFormatError(
+            f"{_where(where)}: I2_S scale at byte +{off} of the tensor data is {scale}, "
+            "expected a finite non-negative number"
+        )
     return scale
 
 
@@ -88,7 +92,8 @@ def _check_codes(codes: np.ndarray, where: str | None) -> None:
         i = int(np.argmax(bad))
         raise GGUFFormatError(
             f"{_where(where)}: code 3 at byte +{i} of the tensor data; I2_S only uses codes 0, 1, 2 "
-            "(a foreign or corrupt encoding)")
+            "(a foreign or corrupt encoding)"
+        )
 
 
 def _check_i2s_size(raw: np.ndarray, n: int, block: int, where: str | None) -> None:
@@ -96,7 +101,8 @@ def _check_i2s_size(raw: np.ndarray, n: int, block: int, where: str | None) -> N
         raise GGUFFormatError(f"{_where(where)}: {n} values is not a multiple of the I2_S block of {block}")
     if len(raw) < n // 4 + 4:
         raise GGUFFormatError(
-            f"{_where(where)}: {len(raw)} bytes, too short for {n} values (needs n/4 + 32 = {i2s_nbytes(n)})")
+            f"{_where(where)}: {len(raw)} bytes, too short for {n} values (needs n/4 + 32 = {i2s_nbytes(n)})"
+        )
 
 
 def i2s_check_layout(raw: np.ndarray, shape: tuple[int, ...], *, where: str | None = None) -> float:
@@ -107,17 +113,20 @@ def i2s_check_layout(raw: np.ndarray, shape: tuple[int, ...], *, where: str | No
     """
     n = _prod(shape)
     _check_i2s_size(raw, n, I2S_BLOCK, where)
-    _check_codes(raw[:n // 4], where)
+    _check_codes(raw[: n // 4], where)
     scale = i2s_scale(raw, n, where=where)
-    pad = raw[n // 4 + 4:n // 4 + I2S_TAIL]
+    pad = raw[n // 4 + 4 : n // 4 + I2S_TAIL]
     if pad.any():
-        raise GGUFFormatError(f"{_where(where)}: padding bytes after the scale (byte +{n // 4 + 4}) are "
-                              "not zero; not an I2_S tensor as bitnet.cpp writes it")
+        raise GGUFFormatError(
+            f"{_where(where)}: padding bytes after the scale (byte +{n // 4 + 4}) are "
+            "not zero; not an I2_S tensor as bitnet.cpp writes it"
+        )
     return scale
 
 
-def i2s_decode(raw: np.ndarray, shape: tuple[int, ...], *, layout: str = "x86",
-               where: str | None = None) -> tuple[np.ndarray, float]:
+def i2s_decode(
+    raw: np.ndarray, shape: tuple[int, ...], *, layout: str = "x86", where: str | None = None
+) -> tuple[np.ndarray, float]:
     """I2_S bytes -> (int8 values -1/0/+1 in `shape`, float scale). Rejects code 3 and bad scales."""
     if layout == "arm":
         return i2s_decode_arm(raw, shape, where=where)
@@ -126,20 +135,19 @@ def i2s_decode(raw: np.ndarray, shape: tuple[int, ...], *, layout: str = "x86",
     n = _prod(shape)
     _check_i2s_size(raw, n, I2S_BLOCK, where)
     scale = i2s_scale(raw, n, where=where)
-    codes = raw[:n // 4]
+    codes = raw[: n // 4]
     _check_codes(codes, where)
     # (blocks, byte 0..31, group 0..3) -> (blocks, group, byte): value index group*32 + byte
     values = _BYTE_TO_VALUES[codes.reshape(-1, 32)].transpose(0, 2, 1)
     return values.reshape(shape), scale
 
 
-def i2s_decode_arm(raw: np.ndarray, shape: tuple[int, ...], *, where: str | None = None
-                   ) -> tuple[np.ndarray, float]:
+def i2s_decode_arm(raw: np.ndarray, shape: tuple[int, ...], *, where: str | None = None) -> tuple[np.ndarray, float]:
     """Decode the ARM NEON layout: blocks of 64 values in 16 bytes."""
     n = _prod(shape)
     _check_i2s_size(raw, n, I2S_BLOCK_ARM, where)
     scale = i2s_scale(raw, n, where=where)
-    codes = raw[:n // 4]
+    codes = raw[: n // 4]
     _check_codes(codes, where)
     values = _BYTE_TO_VALUES[codes.reshape(-1, 16)].transpose(0, 2, 1)
     return values.reshape(shape), scale
@@ -156,11 +164,11 @@ def i2s_encode(values: np.ndarray, scale: float, *, layout: str = "x86") -> np.n
         raise ValueError(f"I2_S needs a multiple of {4 * group} values, got {n}")
     if v.size and (v.min() < -1 or v.max() > 1):
         raise ValueError("I2_S values must be -1, 0 or +1")
-    codes = (v.reshape(-1, 4, group).astype(np.int16) + 1).astype(np.uint8)   # (blocks, group, byte)
+    codes = (v.reshape(-1, 4, group).astype(np.int16) + 1).astype(np.uint8)  # (blocks, group, byte)
     packed = (codes[:, 0] << 6) | (codes[:, 1] << 4) | (codes[:, 2] << 2) | codes[:, 3]
     out = np.zeros(n // 4 + I2S_TAIL, dtype=np.uint8)
-    out[:n // 4] = packed.reshape(-1)
-    out[n // 4:n // 4 + 4] = np.array([scale], dtype="<f4").view(np.uint8)
+    out[: n // 4] = packed.reshape(-1)
+    out[n // 4 : n // 4 + 4] = np.array([scale], dtype="<f4").view(np.uint8)
     return out
 
 
@@ -178,18 +186,19 @@ def random_i2s_bytes(rng: np.random.Generator, n_elements: int, scale: float) ->
     """
     digits = np.arange(81)
     table = np.zeros(81, dtype=np.uint8)
-    for _ in range(4):    # first draw digit -> shift 6, last -> shift 0
+    for _ in range(4):  # first draw digit -> shift 6, last -> shift 0
         table = (table << 2) | (digits % 3).astype(np.uint8)
         digits //= 3
     out = np.zeros(n_elements // 4 + I2S_TAIL, dtype=np.uint8)
-    out[:n_elements // 4] = table[rng.integers(0, 81, size=n_elements // 4, dtype=np.uint8)]
-    out[n_elements // 4:n_elements // 4 + 4] = np.array([scale], dtype="<f4").view(np.uint8)
+    out[: n_elements // 4] = table[rng.integers(0, 81, size=n_elements // 4, dtype=np.uint8)]
+    out[n_elements // 4 : n_elements // 4 + 4] = np.array([scale], dtype="<f4").view(np.uint8)
     return out
 
 
 # ---------------------------------------------------------------------------------------------
 # Absmean ternarization (BitNet b1.58 weight quantizer)
 # ---------------------------------------------------------------------------------------------
+
 
 def ternarize(w: np.ndarray) -> tuple[np.ndarray, float]:
     """Absmean: scale = mean|w| (at least 1e-5), values = clamp(round(w / scale), -1, 1).
@@ -246,10 +255,12 @@ def _tq2_codes(blocks: np.ndarray) -> np.ndarray:
 
 def _tq1_codes(blocks: np.ndarray) -> np.ndarray:
     """(nb, 54) -> codes (nb, 256) in 0..2."""
+
     def digits(b: np.ndarray, count: int) -> np.ndarray:
         # b: (nb, width) -> (nb, count, width); digit n = ((q * 3^n) mod 256) * 3 >> 8
-        q = (b[:, None, :] * _POW3[:count, None]).astype(np.uint8)      # wraps mod 256 like uint8_t
+        q = (b[:, None, :] * _POW3[:count, None]).astype(np.uint8)  # wraps mod 256 like uint8_t
         return ((q.astype(np.uint16) * 3) >> 8).astype(np.uint8)
+
     nb = len(blocks)
     first = digits(blocks[:, :32], 5).reshape(nb, 160)
     second = digits(blocks[:, 32:48], 5).reshape(nb, 80)
@@ -280,7 +291,7 @@ def tq2_0_encode(w: np.ndarray) -> np.ndarray:
     _, q, d16 = _block_absmax_scales(w)
     nb = len(q)
     q = q.reshape(nb, 2, 4, 32)
-    qs = q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)   # (nb, 2, 32)
+    qs = q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)  # (nb, 2, 32)
     out = np.empty((nb, _TQ2_BYTES), dtype=np.uint8)
     out[:, :64] = qs.reshape(nb, 64)
     out[:, 64:] = d16.astype("<f2").view(np.uint8).reshape(nb, 2)
@@ -309,8 +320,9 @@ def tq1_0_encode(w: np.ndarray) -> np.ndarray:
     return out.reshape(-1)
 
 
-def tq_to_i2s(raw: np.ndarray, shape: tuple[int, ...], ggml_type: GGMLType | int, *,
-              where: str | None = None) -> tuple[np.ndarray, float]:
+def tq_to_i2s(
+    raw: np.ndarray, shape: tuple[int, ...], ggml_type: GGMLType | int, *, where: str | None = None
+) -> tuple[np.ndarray, float]:
     """A TQ1_0/TQ2_0 tensor -> (int8 ternary values in `shape`, one per-tensor scale).
 
     BitNet tensors are ternary times one scale, so every block that is not all zero must carry the
@@ -323,8 +335,9 @@ def tq_to_i2s(raw: np.ndarray, shape: tuple[int, ...], ggml_type: GGMLType | int
         blocks = _tq_blocks(raw, shape, _TQ2_BYTES, "TQ2_0", where)
         codes = _tq2_codes(blocks)
         if (codes == 3).any():
-            raise GGUFFormatError(f"{label}: TQ2_0 code 3 in block {int(np.argmax((codes == 3).any(1)))}; "
-                                  "not a ternary tensor")
+            raise GGUFFormatError(
+                f"{label}: TQ2_0 code 3 in block {int(np.argmax((codes == 3).any(1)))}; not a ternary tensor"
+            )
     elif ggml_type == GGMLType.TQ1_0:
         blocks = _tq_blocks(raw, shape, _TQ1_BYTES, "TQ1_0", where)
         codes = _tq1_codes(blocks)
@@ -339,10 +352,11 @@ def tq_to_i2s(raw: np.ndarray, shape: tuple[int, ...], ggml_type: GGMLType | int
         return values.reshape(shape), 0.0
     ds = d[live]
     lo, hi = float(ds.min()), float(ds.max())
-    if hi - lo > hi * 2.0 ** -10:
+    if hi - lo > hi * 2.0**-10:
         raise GGUFFormatError(
             f"{label}: block scales range from {lo} to {hi}; a BitNet tensor has one scale per tensor, "
-            "so this tensor cannot be converted to ternary values + one scale")
+            "so this tensor cannot be converted to ternary values + one scale"
+        )
     if hi <= 0:
         raise GGUFFormatError(f"{label}: non-zero ternary values with block scale {hi}")
     return values.reshape(shape), float(np.median(ds))

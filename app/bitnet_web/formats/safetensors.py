@@ -25,13 +25,22 @@ from typing import NamedTuple
 
 import numpy as np
 
-MAX_HEADER_BYTES = 100_000_000      # the reference implementation's limit
+MAX_HEADER_BYTES = 100_000_000  # the reference implementation's limit
 
 # safetensors dtype -> little-endian numpy dtype of one element (BF16 as its raw uint16 bits).
 DTYPES: dict[str, np.dtype] = {
-    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
-    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
-    "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"),
+    "U32": np.dtype("<u4"),
+    "U16": np.dtype("<u2"),
+    "U8": np.dtype("u1"),
     "BOOL": np.dtype("?"),
 }
 # Known to the format but without a numpy dtype here: sizes are checked, values are not readable.
@@ -41,15 +50,15 @@ OPAQUE_DTYPE_SIZES: dict[str, int] = {"F8_E4M3": 1, "F8_E5M2": 1, "C64": 8}
 class SafetensorsError(ValueError):
     """A .safetensors file or index that cannot be read; the message names file, tensor and offset."""
 
-    failure_kind = "bad_model"      # how the browser UI classifies it (web/shared/failures.py)
+    failure_kind = "bad_model"  # how the browser UI classifies it (web/shared/failures.py)
 
 
 class TensorEntry(NamedTuple):
     name: str
-    dtype: str                  # safetensors dtype string: 'BF16', 'U8', ...
+    dtype: str  # safetensors dtype string: 'BF16', 'U8', ...
     shape: tuple[int, ...]
-    begin: int                  # absolute byte offset in the file
-    end: int                    # absolute, exclusive
+    begin: int  # absolute byte offset in the file
+    end: int  # absolute, exclusive
 
     @property
     def n_bytes(self) -> int:
@@ -81,12 +90,13 @@ class SafetensorsFile:
         self.source = source
         self.metadata: dict[str, str] = {}
         self.tensors: dict[str, TensorEntry] = {}
-        self.header_size = 0            # 8 + N: where the tensor data starts
+        self.header_size = 0  # 8 + N: where the tensor data starts
         self._parse()
 
     @classmethod
-    def from_buffer(cls, data: np.ndarray | bytes | bytearray | memoryview, source: str = "<buffer>"
-                    ) -> SafetensorsFile:
+    def from_buffer(
+        cls, data: np.ndarray | bytes | bytearray | memoryview, source: str = "<buffer>"
+    ) -> SafetensorsFile:
         """Parse a file held in memory (a uint8 array is used as is, no copy)."""
         if not isinstance(data, np.ndarray):
             data = np.frombuffer(data, dtype=np.uint8)
@@ -100,16 +110,19 @@ class SafetensorsFile:
     def _parse(self) -> None:
         size = len(self.data)
         if size < 8:
-            raise self._fail(f"file has {size} bytes, too short for the 8-byte header length at byte "
-                             "offset 0")
+            raise self._fail(f"file has {size} bytes, too short for the 8-byte header length at byte offset 0")
         (n,) = struct.unpack("<Q", self.data[:8].tobytes())
         if n > MAX_HEADER_BYTES:
-            raise self._fail(f"header length {n} (at byte offset 0) is absurd: over the {MAX_HEADER_BYTES} "
-                             "byte limit (not a safetensors file, or a corrupt one)")
+            raise self._fail(
+                f"header length {n} (at byte offset 0) is absurd: over the {MAX_HEADER_BYTES} "
+                "byte limit (not a safetensors file, or a corrupt one)"
+            )
         if 8 + n > size:
-            raise self._fail(f"header length {n} (at byte offset 0) runs past the end of the file "
-                             f"({size} bytes): truncated or not a safetensors file")
-        raw = self.data[8:8 + n].tobytes()
+            raise self._fail(
+                f"header length {n} (at byte offset 0) runs past the end of the file "
+                f"({size} bytes): truncated or not a safetensors file"
+            )
+        raw = self.data[8 : 8 + n].tobytes()
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -117,7 +130,7 @@ class SafetensorsFile:
         try:
             header = json.loads(text, object_pairs_hook=_no_duplicates)
         except json.JSONDecodeError as e:
-            where = 8 + len(text[:e.pos].encode("utf-8"))
+            where = 8 + len(text[: e.pos].encode("utf-8"))
             raise self._fail(f"header is not JSON at byte offset {where} ({e.msg})") from None
         except SafetensorsError as e:
             raise self._fail(f"header has a {e}") from None
@@ -143,23 +156,28 @@ class SafetensorsFile:
         if itemsize is None:
             known = ", ".join([*DTYPES, *OPAQUE_DTYPE_SIZES])
             raise self._fail(f"tensor {name!r} has unknown dtype {dtype!r} (known: {known})")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                  for d in shape):
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
             raise self._fail(f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
-        if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
-                or offsets[0] > offsets[1]):
-            raise self._fail(f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end] with "
-                             "0 <= begin <= end")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+            or offsets[0] > offsets[1]
+        ):
+            raise self._fail(f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end] with 0 <= begin <= end")
         begin, end = offsets
         n_elements = 1
         for d in shape:
             n_elements *= d
         expected = n_elements * itemsize
         if end - begin != expected:
-            raise self._fail(f"tensor {name!r}: data_offsets {begin}..{end} hold {end - begin} bytes, but "
-                             f"shape {shape} of {dtype} needs {expected} (data starts at byte offset "
-                             f"{self.header_size})")
+            raise self._fail(
+                f"tensor {name!r}: data_offsets {begin}..{end} hold {end - begin} bytes, but "
+                f"shape {shape} of {dtype} needs {expected} (data starts at byte offset "
+                f"{self.header_size})"
+            )
         return TensorEntry(name, dtype, tuple(shape), self.header_size + begin, self.header_size + end)
 
     def _check_extents(self, entries: list[TensorEntry]) -> None:
@@ -169,18 +187,25 @@ class SafetensorsFile:
         previous = None
         for e in sorted(entries, key=lambda e: (e.begin, e.end)):
             if e.begin < pos:
-                raise self._fail(f"tensor {e.name!r} (bytes {e.begin}..{e.end}) overlaps tensor "
-                                 f"{previous.name!r} (bytes {previous.begin}..{previous.end})")
+                raise self._fail(
+                    f"tensor {e.name!r} (bytes {e.begin}..{e.end}) overlaps tensor "
+                    f"{previous.name!r} (bytes {previous.begin}..{previous.end})"
+                )
             if e.begin > pos:
-                raise self._fail(f"bytes {pos}..{e.begin} before tensor {e.name!r} belong to no tensor "
-                                 "(corrupt offsets)")
+                raise self._fail(
+                    f"bytes {pos}..{e.begin} before tensor {e.name!r} belong to no tensor (corrupt offsets)"
+                )
             if e.end > size:
-                raise self._fail(f"tensor {e.name!r} data (bytes {e.begin}..{e.end}) runs past the end of "
-                                 f"the file ({size} bytes): truncated file or corrupt offsets")
+                raise self._fail(
+                    f"tensor {e.name!r} data (bytes {e.begin}..{e.end}) runs past the end of "
+                    f"the file ({size} bytes): truncated file or corrupt offsets"
+                )
             pos, previous = e.end, e
         if pos != size:
-            raise self._fail(f"bytes {pos}..{size} at the end of the file belong to no tensor "
-                             "(corrupt offsets or a file with trailing data)")
+            raise self._fail(
+                f"bytes {pos}..{size} at the end of the file belong to no tensor "
+                "(corrupt offsets or a file with trailing data)"
+            )
 
     # -- access -------------------------------------------------------------------------------
 
@@ -208,14 +233,15 @@ class SafetensorsFile:
     def raw_bytes(self, name: str) -> np.ndarray:
         """The tensor's bytes as a uint8 view of the buffer (no copy)."""
         e = self.entry(name)
-        return self.data[e.begin:e.end]
+        return self.data[e.begin : e.end]
 
     def array(self, name: str) -> np.ndarray:
         """A view in the tensor's shape and dtype; BF16 comes back as its raw uint16 bits."""
         e = self.entry(name)
         if e.dtype not in DTYPES:
-            raise SafetensorsError(f"{self.source}: tensor {name!r} has dtype {e.dtype}, which this reader "
-                                   "can size but not interpret")
+            raise SafetensorsError(
+                f"{self.source}: tensor {name!r} has dtype {e.dtype}, which this reader can size but not interpret"
+            )
         return self.raw_bytes(name).view(DTYPES[e.dtype]).reshape(e.shape)
 
     def float32(self, name: str) -> np.ndarray:
@@ -232,6 +258,7 @@ class SafetensorsFile:
 def open_safetensors(path: str) -> SafetensorsFile:
     """Memory-map and parse a .safetensors file (tensor data stays on disk until touched)."""
     import os
+
     if os.path.getsize(path) == 0:
         raise SafetensorsError(f"{path}: file is empty (expected the 8-byte header length at byte offset 0)")
     return SafetensorsFile(np.memmap(path, dtype=np.uint8, mode="r"), str(path))
@@ -240,6 +267,7 @@ def open_safetensors(path: str) -> SafetensorsFile:
 # ---------------------------------------------------------------------------------------------
 # Sharded checkpoints
 # ---------------------------------------------------------------------------------------------
+
 
 def parse_index(index: Mapping | str | bytes, source: str = "model.safetensors.index.json") -> dict[str, str]:
     """The weight_map {tensor: shard file name} of an index (its text or its parsed JSON), checked."""
@@ -253,8 +281,9 @@ def parse_index(index: Mapping | str | bytes, source: str = "model.safetensors.i
         raise SafetensorsError(f"{source}: no 'weight_map' object of tensor name -> file name")
     for tensor, shard in weight_map.items():
         if "/" in shard or "\\" in shard or shard in ("", ".", ".."):
-            raise SafetensorsError(f"{source}: tensor {tensor!r} names shard {shard!r}, not a file name in "
-                                   "the same folder")
+            raise SafetensorsError(
+                f"{source}: tensor {tensor!r} names shard {shard!r}, not a file name in the same folder"
+            )
     return dict(weight_map)
 
 
@@ -265,31 +294,41 @@ class ShardedSafetensors:
     in a shard must be where the index says. Without one, the files must not share tensor names.
     """
 
-    def __init__(self, files: Mapping[str, SafetensorsFile], weight_map: Mapping[str, str] | None = None,
-                 index_source: str = "model.safetensors.index.json"):
+    def __init__(
+        self,
+        files: Mapping[str, SafetensorsFile],
+        weight_map: Mapping[str, str] | None = None,
+        index_source: str = "model.safetensors.index.json",
+    ):
         self.files = dict(files)
         self.where: dict[str, SafetensorsFile] = {}
         if weight_map is not None:
             for tensor, shard in weight_map.items():
                 st = self.files.get(shard)
                 if st is None:
-                    raise SafetensorsError(f"{index_source}: tensor {tensor!r} is in shard {shard!r}, which "
-                                           f"is missing (have: {', '.join(sorted(self.files)) or 'none'})")
+                    raise SafetensorsError(
+                        f"{index_source}: tensor {tensor!r} is in shard {shard!r}, which "
+                        f"is missing (have: {', '.join(sorted(self.files)) or 'none'})"
+                    )
                 if tensor not in st:
-                    raise SafetensorsError(f"{st.source}: tensor {tensor!r} is missing from this shard, "
-                                           f"where {index_source} says it is")
+                    raise SafetensorsError(
+                        f"{st.source}: tensor {tensor!r} is missing from this shard, where {index_source} says it is"
+                    )
                 self.where[tensor] = st
             for shard, st in self.files.items():
                 stray = [t for t in st if weight_map.get(t) != shard]
                 if stray:
-                    raise SafetensorsError(f"{st.source}: tensor {stray[0]!r} is not listed for this shard "
-                                           f"in {index_source} (it names {weight_map.get(stray[0])!r})")
+                    raise SafetensorsError(
+                        f"{st.source}: tensor {stray[0]!r} is not listed for this shard "
+                        f"in {index_source} (it names {weight_map.get(stray[0])!r})"
+                    )
         else:
             for st in self.files.values():
                 for tensor in st:
                     if tensor in self.where:
-                        raise SafetensorsError(f"tensor {tensor!r} is in both {self.where[tensor].source} "
-                                               f"and {st.source}")
+                        raise SafetensorsError(
+                            f"tensor {tensor!r} is in both {self.where[tensor].source} and {st.source}"
+                        )
                     self.where[tensor] = st
 
     def __contains__(self, name: object) -> bool:

@@ -32,10 +32,28 @@ from .base import (
 IN_BROWSER = sys.platform == "emscripten"
 
 __all__ = [
-    "COPY_DST", "COPY_SRC", "MAP_READ", "READBACK_USAGE", "STORAGE", "STORAGE_USAGE", "UNIFORM",
-    "UNIFORM_USAGE", "BindGroup", "Buffer", "Device", "GPUDeviceLostError", "GPUError", "GPULimits",
-    "GPUOutOfMemoryError", "GPUUnavailableError", "IN_BROWSER", "Pipeline", "Recorder", "open_device",
-    "open_device_async", "shard_rows",
+    "COPY_DST",
+    "COPY_SRC",
+    "MAP_READ",
+    "READBACK_USAGE",
+    "STORAGE",
+    "STORAGE_USAGE",
+    "UNIFORM",
+    "UNIFORM_USAGE",
+    "BindGroup",
+    "Buffer",
+    "Device",
+    "GPUDeviceLostError",
+    "GPUError",
+    "GPULimits",
+    "GPUOutOfMemoryError",
+    "GPUUnavailableError",
+    "IN_BROWSER",
+    "Pipeline",
+    "Recorder",
+    "open_device",
+    "open_device_async",
+    "shard_rows",
 ]
 
 

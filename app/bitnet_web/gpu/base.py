@@ -202,13 +202,10 @@ class Device:
     def _check_upload(buffer: Buffer, offset: int, data: np.ndarray) -> np.ndarray:
         data = np.ascontiguousarray(data)
         if offset % 4 or data.nbytes % 4:
-            raise GPUError(
-                f"upload to {buffer.label!r}: offset {offset} and size {data.nbytes} must be multiples of 4"
-            )
+            raise GPUError(f"upload to {buffer.label!r}: offset {offset} and size {data.nbytes} must be multiples of 4")
         if offset + data.nbytes > buffer.nbytes:
             raise GPUError(
-                f"upload to {buffer.label!r}: {data.nbytes} bytes at offset {offset} overrun its "
-                f"{buffer.nbytes} bytes"
+                f"upload to {buffer.label!r}: {data.nbytes} bytes at offset {offset} overrun its {buffer.nbytes} bytes"
             )
         return data
 

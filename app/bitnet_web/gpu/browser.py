@@ -118,7 +118,7 @@ class RecordedPrograms:
 
         program = to_js([value for command in commands for value in command])
         entries.insert(0, (list(commands), program, _count_passes(commands)))  # a copy no recorder can extend
-        del entries[self.capacity:]
+        del entries[self.capacity :]
         self.built += 1
         return program, entries[0][2]
 
@@ -149,8 +149,7 @@ class _FinishedCommands:
     """A finished recorder's command list: recording into it is a caller bug, reported at once."""
 
     def append(self, command: tuple) -> None:
-        raise GPUError("this recorder is finished (its commands are encoded): record the next step "
-                       "with device.begin()")
+        raise GPUError("this recorder is finished (its commands are encoded): record the next step with device.begin()")
 
 
 _FINISHED = _FinishedCommands()
@@ -241,7 +240,8 @@ class BrowserDevice(Device):
         architecture = getattr(info, "architecture", "") if info is not None else ""
         self.adapter_name = f"{vendor} / {architecture} (WebGPU)".strip()
         self.is_cpu = bool(getattr(adapter, "isFallbackAdapter", False)) or "swiftshader" in (
-            f"{vendor} {architecture}".lower())
+            f"{vendor} {architecture}".lower()
+        )
         limits = device.limits
         binding = int(limits.maxStorageBufferBindingSize)
         if max_binding_size is not None:
@@ -254,9 +254,7 @@ class BrowserDevice(Device):
             max_compute_workgroups_per_dimension=int(limits.maxComputeWorkgroupsPerDimension),
             min_storage_buffer_offset_alignment=int(limits.minStorageBufferOffsetAlignment),
         )
-        self.features = frozenset(
-            normalize_feature(f) for f in _WANTED_FEATURES if device.features.has(f)
-        )
+        self.features = frozenset(normalize_feature(f) for f in _WANTED_FEATURES if device.features.has(f))
         self.live_buffers = 0
         self.bytes_allocated = 0
         self.lost_reason: str | None = None
@@ -440,4 +438,3 @@ class BrowserDevice(Device):
         if self.lost_reason is None:
             self.lost_reason = "destroyed"
         self._device.destroy()
-

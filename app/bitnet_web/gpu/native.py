@@ -132,8 +132,9 @@ class ProfilingRecorder(NativeRecorder):
 class NativeDevice(Device):
     backend = "wgpu-native"
 
-    def __init__(self, max_binding_size: int | None = None, power_preference: str = "high-performance",
-                 profile: bool = False):
+    def __init__(
+        self, max_binding_size: int | None = None, power_preference: str = "high-performance", profile: bool = False
+    ):
         try:
             import wgpu
         except ImportError as exc:  # pragma: no cover - depends on the install
@@ -240,9 +241,7 @@ class NativeDevice(Device):
                 layout=pipeline.bind_group_layout, entries=entries, label=label or pipeline.label
             )
         except Exception as exc:
-            raise GPUError(
-                f"binding {[b.label for b in buffers]} to kernel {pipeline.label!r} failed: {exc}"
-            ) from exc
+            raise GPUError(f"binding {[b.label for b in buffers]} to kernel {pipeline.label!r} failed: {exc}") from exc
         return BindGroup(handle, label or pipeline.label, tuple(buffers), raw=getattr(handle, "_internal", None))
 
     def begin(self) -> NativeRecorder:
@@ -255,8 +254,9 @@ class NativeDevice(Device):
     def begin_profiled(self) -> ProfilingRecorder:
         """A recorder that timestamps every dispatch; read the result with `read_profile`."""
         if not self.profiling:
-            raise GPUUnavailableError("profiling needs NativeDevice(profile=True) on an adapter with "
-                                      "timestamp-query-inside-passes")
+            raise GPUUnavailableError(
+                "profiling needs NativeDevice(profile=True) on an adapter with timestamp-query-inside-passes"
+            )
         from wgpu.backends.wgpu_native.extras import write_timestamp
 
         if not hasattr(self, "_query_set"):

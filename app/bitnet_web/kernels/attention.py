@@ -47,8 +47,7 @@ class AttentionScratch:
     The size does not depend on `max_context` (splits are capped at MAX_SPLITS, tiles dealt evenly).
     """
 
-    def __init__(self, device: gpu.Device, n_heads: int, head_dim: int, max_context: int,
-                 max_tokens_split: int = 1):
+    def __init__(self, device: gpu.Device, n_heads: int, head_dim: int, max_context: int, max_tokens_split: int = 1):
         self.n_heads = n_heads
         self.head_dim = head_dim
         self.max_tokens_split = max_tokens_split
@@ -71,10 +70,24 @@ class Attention:
     dispatch first. The model then records only this op per layer.
     """
 
-    def __init__(self, kernels: KernelCache, params: StepParams, cache: KVCache, layer: int, q: gpu.Buffer,
-                 out: gpu.Buffer, *, n_heads: int, max_tokens: int, scratch: AttentionScratch | None = None,
-                 scale: float | None = None, rope: RopeKV | None = None, tiled_prefill: bool = True,
-                 prefill_query_rows: int | None = None, prefill_rows_per_thread: int | None = None):
+    def __init__(
+        self,
+        kernels: KernelCache,
+        params: StepParams,
+        cache: KVCache,
+        layer: int,
+        q: gpu.Buffer,
+        out: gpu.Buffer,
+        *,
+        n_heads: int,
+        max_tokens: int,
+        scratch: AttentionScratch | None = None,
+        scale: float | None = None,
+        rope: RopeKV | None = None,
+        tiled_prefill: bool = True,
+        prefill_query_rows: int | None = None,
+        prefill_rows_per_thread: int | None = None,
+    ):
         device = kernels.device
         n_kv_heads, head_dim = cache.n_kv_heads, cache.head_dim
         what = f"Attention layer {layer}"
@@ -87,8 +100,10 @@ class Attention:
         row_bytes = n_heads * head_dim * F32
         for buffer, name in ((q, "q"), (out, "out")):
             if buffer.nbytes < max_tokens * row_bytes:
-                raise ValueError(f"{what}: {name} buffer {buffer.label!r} has {buffer.nbytes} bytes, needs "
-                                 f"{max_tokens * row_bytes} for {max_tokens} tokens")
+                raise ValueError(
+                    f"{what}: {name} buffer {buffer.label!r} has {buffer.nbytes} bytes, needs "
+                    f"{max_tokens * row_bytes} for {max_tokens} tokens"
+                )
         if rope is not None and (rope.cache is not cache or rope.layer != layer or rope.q_out is not q):
             raise ValueError(f"{what}: the RopeKV passed as `rope` must write this layer's cache and q buffer")
         if scratch is None:
@@ -100,13 +115,17 @@ class Attention:
         self.tile = tile_rows(head_dim)
         max_query_rows = WORKGROUP // max(head_dim // 4, self.tile)
         if group > max_query_rows:
-            raise ValueError(f"{what}: {group} query heads per KV head with head_dim {head_dim} exceed one "
-                             f"workgroup (at most {max_query_rows})")
+            raise ValueError(
+                f"{what}: {group} query heads per KV head with head_dim {head_dim} exceed one "
+                f"workgroup (at most {max_query_rows})"
+            )
         self.block_tokens = max_query_rows // group  # BQ: tokens per prefill workgroup
         limit = device.limits.max_compute_workgroup_storage_size
         if _workgroup_bytes(self.block_tokens * group, head_dim) > limit:
-            raise ValueError(f"{what}: needs {_workgroup_bytes(self.block_tokens * group, head_dim)} bytes of "
-                             f"workgroup memory, over this device's {limit}")
+            raise ValueError(
+                f"{what}: needs {_workgroup_bytes(self.block_tokens * group, head_dim)} bytes of "
+                f"workgroup memory, over this device's {limit}"
+            )
 
         self.device = device
         self.params = params
@@ -121,23 +140,36 @@ class Attention:
         self.rope = rope
         # The fused path rotates whole vec4 columns: rotary dims must fill them.
         self.fused_rope = rope is not None and rope.table.rope_dim % 8 == 0
-        shape = dict(STEP_PARAMS=STEP_PARAMS_WGSL, HQ=n_heads, HKV=n_kv_heads, HD=head_dim, TILE=self.tile,
-                     WG=WORKGROUP, MAX_SPLITS=scratch.max_splits,
-                     SCALE=float(1.0 / math.sqrt(head_dim)) if scale is None else float(scale),
-                     ROPE_DIM=rope.table.rope_dim if rope is not None else head_dim,
-                     NEOX=rope.style == "neox" if rope is not None else True)
+        shape = dict(
+            STEP_PARAMS=STEP_PARAMS_WGSL,
+            HQ=n_heads,
+            HKV=n_kv_heads,
+            HD=head_dim,
+            TILE=self.tile,
+            WG=WORKGROUP,
+            MAX_SPLITS=scratch.max_splits,
+            SCALE=float(1.0 / math.sqrt(head_dim)) if scale is None else float(scale),
+            ROPE_DIM=rope.table.rope_dim if rope is not None else head_dim,
+            NEOX=rope.style == "neox" if rope is not None else True,
+        )
         self.prefill_pipeline = kernels.pipeline("attention", BQ=self.block_tokens, SPLIT=False, **shape)
         self.tiled = None  # (pipeline, tokens per workgroup) of attention_prefill.wgsl, when it fits
         if tiled_prefill:
-            self.tiled = _tiled_prefill_pipeline(kernels, shape, group, prefill_query_rows,
-                                                 prefill_rows_per_thread or PREFILL_ROWS_PER_THREAD)
+            self.tiled = _tiled_prefill_pipeline(
+                kernels, shape, group, prefill_query_rows, prefill_rows_per_thread or PREFILL_ROWS_PER_THREAD
+            )
         self.split_pipeline = kernels.pipeline("attention", BQ=1, SPLIT=True, **shape)
         if self.fused_rope:
             self.rope_split_pipeline = kernels.pipeline("attention", "main_rope", BQ=1, SPLIT=True, **shape)
             self.rope_direct_pipeline = kernels.pipeline("attention", "main_rope", BQ=1, SPLIT=False, **shape)
         self.combine_pipeline = kernels.pipeline(
-            "attention_combine", STEP_PARAMS=STEP_PARAMS_WGSL, HQ=n_heads, HD=head_dim, TILE=self.tile,
-            WG=WORKGROUP, MAX_SPLITS=scratch.max_splits,
+            "attention_combine",
+            STEP_PARAMS=STEP_PARAMS_WGSL,
+            HQ=n_heads,
+            HD=head_dim,
+            TILE=self.tile,
+            WG=WORKGROUP,
+            MAX_SPLITS=scratch.max_splits,
         )
         self.combine_group = device.bind_group(
             self.combine_pipeline, [params.buffer, scratch.acc, scratch.stats, out], f"attention combine {layer}"
@@ -150,20 +182,25 @@ class Attention:
         k, v = self.cache.k[self.layer], self.cache.v[self.layer]
         params, stats, label = self.params.buffer, self.scratch.stats, f"layer {self.layer}"
         self.prefill_group = self.device.bind_group(
-            self.prefill_pipeline, [params, self.q, k, v, self.out, stats], f"attention prefill {label}")
+            self.prefill_pipeline, [params, self.q, k, v, self.out, stats], f"attention prefill {label}"
+        )
         if self.tiled is not None:
-            self.tiled_group = self.device.bind_group(self.tiled[0], [params, self.q, k, v, self.out],
-                                                      f"tiled attention prefill {label}")
+            self.tiled_group = self.device.bind_group(
+                self.tiled[0], [params, self.q, k, v, self.out], f"tiled attention prefill {label}"
+            )
         self.split_group = self.device.bind_group(
-            self.split_pipeline, [params, self.q, k, v, self.scratch.acc, stats], f"attention split {label}")
+            self.split_pipeline, [params, self.q, k, v, self.scratch.acc, stats], f"attention split {label}"
+        )
         if self.fused_rope:
             qkv, table = self.rope.qkv, self.rope.table.buffer
             self.rope_split_group = self.device.bind_group(
-                self.rope_split_pipeline, [params, qkv, k, v, self.scratch.acc, stats, table],
-                f"rope+attention split {label}")
+                self.rope_split_pipeline,
+                [params, qkv, k, v, self.scratch.acc, stats, table],
+                f"rope+attention split {label}",
+            )
             self.rope_direct_group = self.device.bind_group(
-                self.rope_direct_pipeline, [params, qkv, k, v, self.out, stats, table],
-                f"rope+attention {label}")
+                self.rope_direct_pipeline, [params, qkv, k, v, self.out, stats, table], f"rope+attention {label}"
+            )
 
     def record(self, recorder: gpu.Recorder, n_tokens: int, pos: int | None = None) -> None:
         """Add this layer's attention (and RoPE + KV append when built with `rope`).
@@ -191,12 +228,14 @@ class Attention:
             pipeline, block = self.tiled
             recorder.dispatch(pipeline, self.tiled_group, -(-n_tokens // block), self.n_kv_heads, 1)
         else:
-            recorder.dispatch(self.prefill_pipeline, self.prefill_group, 1, self.n_kv_heads,
-                              -(-n_tokens // self.block_tokens))
+            recorder.dispatch(
+                self.prefill_pipeline, self.prefill_group, 1, self.n_kv_heads, -(-n_tokens // self.block_tokens)
+            )
 
 
-def _tiled_prefill_pipeline(kernels: KernelCache, shape: dict, group: int, query_rows: int | None,
-                            rows_per_thread: int) -> tuple[gpu.Pipeline, int] | None:
+def _tiled_prefill_pipeline(
+    kernels: KernelCache, shape: dict, group: int, query_rows: int | None, rows_per_thread: int
+) -> tuple[gpu.Pipeline, int] | None:
     """attention_prefill.wgsl's pipeline and tokens per workgroup for these shapes, or None where it
     does not apply (head_dim not a multiple of 64, more query heads per KV head than rows, or too
     little workgroup memory / too few invocations on this device for every row count)."""
@@ -208,14 +247,26 @@ def _tiled_prefill_pipeline(kernels: KernelCache, shape: dict, group: int, query
         threads = 16 * rows // rows_per_thread
         # qs [rows, C4] + kv [TK, C4 + 1] vec4, scores [rows, TK + 1] + three per-row f32
         nbytes = 16 * (rows * c4 + PREFILL_KEYS * (c4 + 1)) + 4 * rows * (PREFILL_KEYS + 4)
-        if (rows % rows_per_thread or rows < group or nbytes > limits.max_compute_workgroup_storage_size
-                or threads > limits.max_compute_invocations_per_workgroup):
+        if (
+            rows % rows_per_thread
+            or rows < group
+            or nbytes > limits.max_compute_workgroup_storage_size
+            or threads > limits.max_compute_invocations_per_workgroup
+        ):
             continue
         block = rows // group
         keep = ("STEP_PARAMS", "HQ", "HKV", "HD", "SCALE")
-        pipeline = kernels.pipeline("attention_prefill", BQ=block, NQP=rows, RQ=rows_per_thread, WG=threads,
-                                    CV=c4 // 16, KV_ITEMS=PREFILL_KEYS * c4 // threads,
-                                    Q_ITEMS=rows * c4 // threads, **{k: shape[k] for k in keep})
+        pipeline = kernels.pipeline(
+            "attention_prefill",
+            BQ=block,
+            NQP=rows,
+            RQ=rows_per_thread,
+            WG=threads,
+            CV=c4 // 16,
+            KV_ITEMS=PREFILL_KEYS * c4 // threads,
+            Q_ITEMS=rows * c4 // threads,
+            **{k: shape[k] for k in keep},
+        )
         return pipeline, block
     return None
 

@@ -33,8 +33,7 @@ def _shader_source(name: str) -> str:
     return (shader_dir() / f"{name}.wgsl").read_text(encoding="utf-8")
 
 
-def load_shader(name: str, enables: tuple[str, ...] = (), defines: tuple[str, ...] = (),
-                **constants: object) -> str:
+def load_shader(name: str, enables: tuple[str, ...] = (), defines: tuple[str, ...] = (), **constants: object) -> str:
     """The text of shaders/<name>.wgsl with `${NAME}` placeholders filled from `constants`.
 
     `enables` become `enable X;` lines at the top (e.g. 'f16', 'subgroups'); they must come
@@ -66,7 +65,7 @@ def select_blocks(source: str, defines: tuple[str, ...] | frozenset[str], name: 
     for number, line in enumerate(source.splitlines(keepends=True), start=1):
         marker = line.strip()
         if marker.startswith("//#if "):
-            word = marker[len("//#if "):].strip()
+            word = marker[len("//#if ") :].strip()
             condition = (word[1:] not in defines) if word.startswith("!") else (word in defines)
             stack.append((condition, active))
             active = active and condition
@@ -112,8 +111,7 @@ def unroll_loops(source: str, constants: dict[str, object], name: str = "shader"
                 var, count_text = parts[1], parts[3]
                 count = int(count_text) if count_text.isdigit() else constants.get(count_text)
                 if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-                    raise ValueError(f"{name}.wgsl line {i + 1}: loop count {count_text!r} is not an integer "
-                                     "constant")
+                    raise ValueError(f"{name}.wgsl line {i + 1}: loop count {count_text!r} is not an integer constant")
                 depth, end = 1, i + 1
                 while end < stop and depth:
                     inner = lines[end].strip()
@@ -187,13 +185,22 @@ class KernelCache:
         self.device = device
         self._pipelines: dict[tuple, gpu.Pipeline] = {}
 
-    def pipeline(self, name: str, entry_point: str = "main", enables: tuple[str, ...] = (),
-                 defines: tuple[str, ...] = (), **constants: object) -> gpu.Pipeline:
+    def pipeline(
+        self,
+        name: str,
+        entry_point: str = "main",
+        enables: tuple[str, ...] = (),
+        defines: tuple[str, ...] = (),
+        **constants: object,
+    ) -> gpu.Pipeline:
         key = (name, entry_point, enables, tuple(sorted(defines)), tuple(sorted(constants.items())))
         found = self._pipelines.get(key)
         if found is None:
-            label = (f"{name}:{entry_point}" + "".join(f" {d}" for d in sorted(defines))
-                     + "".join(f" {k}={v}" for k, v in sorted(constants.items())))
+            label = (
+                f"{name}:{entry_point}"
+                + "".join(f" {d}" for d in sorted(defines))
+                + "".join(f" {k}={v}" for k, v in sorted(constants.items()))
+            )
             found = self.device.pipeline(load_shader(name, enables, defines, **constants), label, entry_point)
             self._pipelines[key] = found
         return found

@@ -119,18 +119,28 @@ class Int8Matrix:
 class EmbeddingLookup:
     """token_ids (T,) u32 -> x (T, n_cols) f32: rows of an F16 matrix, one dispatch per shard."""
 
-    def __init__(self, kernels: KernelCache, table: F16Matrix, token_ids: gpu.Buffer, x: gpu.Buffer,
-                 step: StepParams | None = None, label: str = "embedding"):
+    def __init__(
+        self,
+        kernels: KernelCache,
+        table: F16Matrix,
+        token_ids: gpu.Buffer,
+        x: gpu.Buffer,
+        step: StepParams | None = None,
+        label: str = "embedding",
+    ):
         d = table.n_cols
         if x.nbytes < 4 * d or token_ids.nbytes < 4:
-            raise EmbeddingShapeError(f"{label}: x ({x.nbytes} bytes) must hold a row of {d} f32 and token_ids "
-                                      f"({token_ids.nbytes} bytes) at least one id")
+            raise EmbeddingShapeError(
+                f"{label}: x ({x.nbytes} bytes) must hold a row of {d} f32 and token_ids "
+                f"({token_ids.nbytes} bytes) at least one id"
+            )
         self.max_tokens = min(x.nbytes // (4 * d), token_ids.nbytes // 4)
         self.groups_x = ceil_div(d // 4, EMBED_WORKGROUP)
         self.dispatches = []
         for i, (start, stop, buffer) in enumerate(table.shards):
-            pipeline = kernels.pipeline("embedding", D4=d // 4, START=start, STOP=stop, V=table.n_rows,
-                                        FIRST_SHARD=i == 0, WG=EMBED_WORKGROUP)
+            pipeline = kernels.pipeline(
+                "embedding", D4=d // 4, START=start, STOP=stop, V=table.n_rows, FIRST_SHARD=i == 0, WG=EMBED_WORKGROUP
+            )
             bind = kernels.device.bind_group(pipeline, [token_ids, buffer, x], f"{label} shard {i}")
             self.dispatches.append((pipeline, bind))
 
@@ -146,14 +156,24 @@ class LMHead:
     StepParams.n_tokens, which must then equal n (all-logits prefill).
     """
 
-    def __init__(self, kernels: KernelCache, matrix: F16Matrix | Int8Matrix, x: gpu.Buffer, logits: gpu.Buffer,
-                 step: StepParams, label: str = "lm_head", rows_per_workgroup: int = LM_HEAD_ROWS,
-                 workgroup_size: int = LM_HEAD_WORKGROUP):
+    def __init__(
+        self,
+        kernels: KernelCache,
+        matrix: F16Matrix | Int8Matrix,
+        x: gpu.Buffer,
+        logits: gpu.Buffer,
+        step: StepParams,
+        label: str = "lm_head",
+        rows_per_workgroup: int = LM_HEAD_ROWS,
+        workgroup_size: int = LM_HEAD_WORKGROUP,
+    ):
         d, v = matrix.n_cols, matrix.n_rows
         int8 = isinstance(matrix, Int8Matrix)
         if x.nbytes < 4 * d or logits.nbytes < 4 * v:
-            raise EmbeddingShapeError(f"{label}: x ({x.nbytes} bytes) must hold a row of {d} f32 and logits "
-                                      f"({logits.nbytes} bytes) a row of {v} f32")
+            raise EmbeddingShapeError(
+                f"{label}: x ({x.nbytes} bytes) must hold a row of {d} f32 and logits "
+                f"({logits.nbytes} bytes) a row of {v} f32"
+            )
         self.max_tokens = min(x.nbytes // (4 * d), logits.nbytes // (4 * v))
         device = kernels.device
         limit = device.limits.max_compute_workgroups_per_dimension
@@ -167,30 +187,56 @@ class LMHead:
         self.multi_tokens = next((t for t in (LM_HEAD_TOKENS, 2) if 4 * rows_per_workgroup * t * slots + 4 <= room), 1)
         workgroup_bytes = 4 * rows_per_workgroup * self.multi_tokens * slots + 4
         if workgroup_bytes > room:
-            raise EmbeddingShapeError(f"{label}: {rows_per_workgroup} rows x {workgroup_size} threads need "
-                                      f"{workgroup_bytes} bytes of workgroup memory, over the device's "
-                                      f"{device.limits.max_compute_workgroup_storage_size}")
+            raise EmbeddingShapeError(
+                f"{label}: {rows_per_workgroup} rows x {workgroup_size} threads need "
+                f"{workgroup_bytes} bytes of workgroup memory, over the device's "
+                f"{device.limits.max_compute_workgroup_storage_size}"
+            )
         if workgroup_size > device.limits.max_compute_invocations_per_workgroup:
-            raise EmbeddingShapeError(f"{label}: {workgroup_size} threads per workgroup, over the device's "
-                                      f"{device.limits.max_compute_invocations_per_workgroup}")
+            raise EmbeddingShapeError(
+                f"{label}: {workgroup_size} threads per workgroup, over the device's "
+                f"{device.limits.max_compute_invocations_per_workgroup}"
+            )
         self.single, self.multi = [], []
         for i, (start, stop, buffer) in enumerate(matrix.shards):
             groups = ceil_div(stop - start, rows_per_workgroup)
             if groups > limit:
-                raise EmbeddingShapeError(f"{label}: shard of {stop - start} rows needs {groups} workgroups, "
-                                          f"over the device limit of {limit}; raise rows_per_workgroup")
+                raise EmbeddingShapeError(
+                    f"{label}: shard of {stop - start} rows needs {groups} workgroups, "
+                    f"over the device limit of {limit}; raise rows_per_workgroup"
+                )
             chunks = d // (16 if int8 else 8)  # 16-byte loads per row
-            common = dict(D8=chunks, SHARD_ROWS=stop - start, START=start, V=v, ROWS=rows_per_workgroup,
-                          WG=workgroup_size, SLOTS=slots, ITERS=ceil_div(chunks, workgroup_size))
+            common = dict(
+                D8=chunks,
+                SHARD_ROWS=stop - start,
+                START=start,
+                V=v,
+                ROWS=rows_per_workgroup,
+                WG=workgroup_size,
+                SLOTS=slots,
+                ITERS=ceil_div(chunks, workgroup_size),
+            )
             variant = sg + (("INT8",) if int8 else ())
             extra = [matrix.scales] if int8 else []
             one = kernels.pipeline("lm_head", enables=enables, defines=variant, TOK=1, **common)
-            many = kernels.pipeline("lm_head", enables=enables, defines=variant + ("MULTI",),
-                                    TOK=self.multi_tokens, STEP_PARAMS=STEP_PARAMS_WGSL, **common)
-            self.single.append((one, device.bind_group(one, [buffer, x, logits, *extra], f"{label} shard {i}"),
-                                groups))
-            self.multi.append((many, device.bind_group(many, [buffer, x, logits, *extra, step.buffer],
-                                                       f"{label} shard {i} (all tokens)"), groups))
+            many = kernels.pipeline(
+                "lm_head",
+                enables=enables,
+                defines=variant + ("MULTI",),
+                TOK=self.multi_tokens,
+                STEP_PARAMS=STEP_PARAMS_WGSL,
+                **common,
+            )
+            self.single.append((one, device.bind_group(one, [buffer, x, logits, *extra], f"{label} shard {i}"), groups))
+            self.multi.append(
+                (
+                    many,
+                    device.bind_group(
+                        many, [buffer, x, logits, *extra, step.buffer], f"{label} shard {i} (all tokens)"
+                    ),
+                    groups,
+                )
+            )
 
     def record(self, recorder: gpu.Recorder, n_tokens: int = 1) -> None:
         if n_tokens == 1:
@@ -209,11 +255,22 @@ class Argmax:
     one workgroup combines their partial results (kept in a small buffer owned by the op).
     """
 
-    def __init__(self, kernels: KernelCache, logits: gpu.Buffer, out_ids: gpu.Buffer, vocab_size: int,
-                 slot: int = 0, row: int = 0, label: str = "argmax", per_thread: int = ARGMAX_PER_THREAD):
+    def __init__(
+        self,
+        kernels: KernelCache,
+        logits: gpu.Buffer,
+        out_ids: gpu.Buffer,
+        vocab_size: int,
+        slot: int = 0,
+        row: int = 0,
+        label: str = "argmax",
+        per_thread: int = ARGMAX_PER_THREAD,
+    ):
         if logits.nbytes < 4 * vocab_size * (row + 1) or out_ids.nbytes < 4 * (slot + 1):
-            raise EmbeddingShapeError(f"{label}: logits ({logits.nbytes} bytes) must hold row {row} of "
-                                      f"{vocab_size} f32 and out_ids ({out_ids.nbytes} bytes) slot {slot}")
+            raise EmbeddingShapeError(
+                f"{label}: logits ({logits.nbytes} bytes) must hold row {row} of "
+                f"{vocab_size} f32 and out_ids ({out_ids.nbytes} bytes) slot {slot}"
+            )
         device = kernels.device
         subgroups = subgroups_available(device)
         self.groups = ceil_div(vocab_size, ARGMAX_WORKGROUP * per_thread)

@@ -28,10 +28,22 @@ class CacheBoundOp(Protocol):
 class KVCache:
     """K and V for every layer. `k[layer]`, `v[layer]`: [capacity, n_kv_heads * head_dim] f32 buffers."""
 
-    def __init__(self, device: gpu.Device, n_layers: int, n_kv_heads: int, head_dim: int, max_context: int,
-                 initial_capacity: int = 256):
-        for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
-                            ("max_context", max_context), ("initial_capacity", initial_capacity)):
+    def __init__(
+        self,
+        device: gpu.Device,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        max_context: int,
+        initial_capacity: int = 256,
+    ):
+        for name, value in (
+            ("n_layers", n_layers),
+            ("n_kv_heads", n_kv_heads),
+            ("head_dim", head_dim),
+            ("max_context", max_context),
+            ("initial_capacity", initial_capacity),
+        ):
             if value <= 0:
                 raise ValueError(f"KVCache: {name} must be positive, got {value}")
         self.device = device

@@ -92,9 +92,11 @@ def pack_ternary_rows(raw_tensors: list[tuple[np.ndarray, int, int]]) -> tuple[n
             raise TernaryShapeError(f"{where}: raw bytes must be a 1-D uint8 array, got {raw.dtype} {raw.shape}")
         n_code_bytes = n_rows * cols // 4
         if raw.size != n_code_bytes + I2S_TRAILER:
-            raise TernaryShapeError(f"{where}: {raw.size} bytes, expected {n_code_bytes + I2S_TRAILER} "
-                                    f"(n/4 code bytes + {I2S_TRAILER}-byte scale trailer)")
-        scale = float(raw[n_code_bytes:n_code_bytes + 4].view("<f4")[0])
+            raise TernaryShapeError(
+                f"{where}: {raw.size} bytes, expected {n_code_bytes + I2S_TRAILER} "
+                f"(n/4 code bytes + {I2S_TRAILER}-byte scale trailer)"
+            )
+        scale = float(raw[n_code_bytes : n_code_bytes + 4].view("<f4")[0])
         if not np.isfinite(scale):
             raise TernaryShapeError(f"{where}: the scale at byte {n_code_bytes} is {scale}")
         codes.append(raw[:n_code_bytes])
@@ -119,8 +121,13 @@ class TernaryMatrix:
     label: str
 
     @classmethod
-    def upload(cls, device: gpu.Device, parts: list[tuple[np.ndarray, float, tuple[int, int]]], label: str,
-               pair_rows: bool = False) -> TernaryMatrix:
+    def upload(
+        cls,
+        device: gpu.Device,
+        parts: list[tuple[np.ndarray, float, tuple[int, int]]],
+        label: str,
+        pair_rows: bool = False,
+    ) -> TernaryMatrix:
         """Upload tensors given as (packed codes uint8 [n*k/4] without trailer, scale, shape (n, k)),
         concatenated by rows. `pair_rows`: exactly two tensors of one shape (gate, then up)."""
         if not parts:
@@ -130,15 +137,19 @@ class TernaryMatrix:
         for i, (codes, _, shape) in enumerate(parts):
             n, k = (int(d) for d in shape)
             if k != n_cols or k <= 0 or k % I2S_BLOCK or n <= 0:
-                raise TernaryShapeError(f"{label}: tensor #{i} has shape {shape}; fused tensors need the same "
-                                        f"column count, a positive multiple of {I2S_BLOCK}")
+                raise TernaryShapeError(
+                    f"{label}: tensor #{i} has shape {shape}; fused tensors need the same "
+                    f"column count, a positive multiple of {I2S_BLOCK}"
+                )
             if np.asarray(codes).size != n * k // 4:
-                raise TernaryShapeError(f"{label}: tensor #{i} {shape} has {np.asarray(codes).size} code bytes, "
-                                        f"expected {n * k // 4}")
+                raise TernaryShapeError(
+                    f"{label}: tensor #{i} {shape} has {np.asarray(codes).size} code bytes, expected {n * k // 4}"
+                )
             part_rows.append(n)
         if pair_rows and (len(parts) != 2 or part_rows[0] != part_rows[1]):
-            raise TernaryShapeError(f"{label}: pair_rows needs two tensors of equal shape (gate, up), "
-                                    f"got rows {part_rows}")
+            raise TernaryShapeError(
+                f"{label}: pair_rows needs two tensors of equal shape (gate, up), got rows {part_rows}"
+            )
         n_rows = sum(part_rows)
         codes_buf = device.buffer(n_rows * n_cols // 4, label=f"{label} codes")
         offset = 0
@@ -146,20 +157,22 @@ class TernaryMatrix:
             codes = np.ascontiguousarray(codes, dtype=np.uint8).reshape(-1)
             device.upload(codes_buf, offset, codes)
             offset += codes.size
-        scales = np.concatenate([np.full(n, s, dtype=np.float32) for n, (_, s, _) in zip(part_rows, parts,
-                                                                                         strict=True)])
+        scales = np.concatenate(
+            [np.full(n, s, dtype=np.float32) for n, (_, s, _) in zip(part_rows, parts, strict=True)]
+        )
         scales_buf = device.buffer(scales.nbytes, label=f"{label} scales")
         device.upload(scales_buf, 0, scales)
         return cls(codes_buf, scales_buf, n_rows, n_cols, tuple(part_rows), pair_rows, label)
 
     @classmethod
-    def from_i2s(cls, device: gpu.Device, raw_tensors: list[tuple[np.ndarray, int, int]], label: str,
-                 pair_rows: bool = False) -> TernaryMatrix:
+    def from_i2s(
+        cls, device: gpu.Device, raw_tensors: list[tuple[np.ndarray, int, int]], label: str, pair_rows: bool = False
+    ) -> TernaryMatrix:
         """Upload GGUF I2_S tensors given as (raw bytes incl. trailer, n_rows, n_cols)."""
         codes, scales = pack_ternary_rows(raw_tensors)
         parts, offset = [], 0
         for _, n, k in raw_tensors:
-            parts.append((codes[offset:offset + n * k // 4], float(scales[offset * 4 // k]), (n, k)))
+            parts.append((codes[offset : offset + n * k // 4], float(scales[offset * 4 // k]), (n, k)))
             offset += n * k // 4
         return cls.upload(device, parts, label, pair_rows)
 
@@ -177,10 +190,22 @@ class TernaryLinear:
     the GEMM bounds rows by StepParams.n_tokens, which must equal n_tokens.
     """
 
-    def __init__(self, kernels: KernelCache, weights: TernaryMatrix, x_q: gpu.Buffer, x_scale: gpu.Buffer,
-                 out: gpu.Buffer, step: StepParams, epilogue: str = "store", label: str | None = None,
-                 use_dot4: bool | None = None, gemv_rows: int = GEMV_ROWS, gemv_workgroup_size: int | None = None,
-                 gemm_tile: dict[str, int] | None = None, gemm_pingpong: bool = False):
+    def __init__(
+        self,
+        kernels: KernelCache,
+        weights: TernaryMatrix,
+        x_q: gpu.Buffer,
+        x_scale: gpu.Buffer,
+        out: gpu.Buffer,
+        step: StepParams,
+        epilogue: str = "store",
+        label: str | None = None,
+        use_dot4: bool | None = None,
+        gemv_rows: int = GEMV_ROWS,
+        gemv_workgroup_size: int | None = None,
+        gemm_tile: dict[str, int] | None = None,
+        gemm_pingpong: bool = False,
+    ):
         label = label or f"{weights.label} {epilogue}"
         op = f"TernaryLinear {label!r}"
         if epilogue not in EPILOGUES:
@@ -195,8 +220,10 @@ class TernaryLinear:
         self.n_rows, self.n_cols, self.out_width, self.epilogue = n, k, out_w, epilogue
         self.max_tokens = min(x_q.nbytes // k, x_scale.nbytes // 4, out.nbytes // (4 * out_w))
         if self.max_tokens < 1:
-            raise TernaryShapeError(f"{op}: buffers too small for one token: x_q {x_q.nbytes} bytes (needs {k}), "
-                                    f"x_scale {x_scale.nbytes} (needs 4), out {out.nbytes} (needs {4 * out_w})")
+            raise TernaryShapeError(
+                f"{op}: buffers too small for one token: x_q {x_q.nbytes} bytes (needs {k}), "
+                f"x_scale {x_scale.nbytes} (needs 4), out {out.nbytes} (needs {4 * out_w})"
+            )
         device = kernels.device
         limit = device.limits.max_compute_workgroups_per_dimension
         subgroups = subgroups_available(device)
@@ -207,19 +234,30 @@ class TernaryLinear:
 
         wg = gemv_workgroup_size or gemv_workgroup(k)
         if wg > device.limits.max_compute_invocations_per_workgroup:
-            raise TernaryShapeError(f"{op}: {wg} threads per workgroup, over the device's "
-                                    f"{device.limits.max_compute_invocations_per_workgroup}")
+            raise TernaryShapeError(
+                f"{op}: {wg} threads per workgroup, over the device's "
+                f"{device.limits.max_compute_invocations_per_workgroup}"
+            )
         if wg < gemv_rows:
-            raise TernaryShapeError(f"{op}: the GEMV workgroup ({wg} threads) must have at least gemv_rows "
-                                    f"({gemv_rows}) threads")
+            raise TernaryShapeError(
+                f"{op}: the GEMV workgroup ({wg} threads) must have at least gemv_rows ({gemv_rows}) threads"
+            )
         outs = gemv_rows // 2 if gated else gemv_rows
         self.gemv_groups = ceil_div(out_w, outs)
-        self.gemv = kernels.pipeline("ternary_gemv", enables=enables,
-                                     defines=dot + (("SUBGROUPS",) if subgroups else ()),
-                                     K=k, N=n, ROWS=gemv_rows, WG=wg, ITERS=ceil_div(k // 64, wg),
-                                     EPILOGUE=EPILOGUES[epilogue])
-        self.gemv_bind = device.bind_group(self.gemv, [weights.codes, weights.scales, x_q, x_scale, out],
-                                           f"{label} gemv")
+        self.gemv = kernels.pipeline(
+            "ternary_gemv",
+            enables=enables,
+            defines=dot + (("SUBGROUPS",) if subgroups else ()),
+            K=k,
+            N=n,
+            ROWS=gemv_rows,
+            WG=wg,
+            ITERS=ceil_div(k // 64, wg),
+            EPILOGUE=EPILOGUES[epilogue],
+        )
+        self.gemv_bind = device.bind_group(
+            self.gemv, [weights.codes, weights.scales, x_q, x_scale, out], f"{label} gemv"
+        )
 
         tile = {**GEMM_TILE, **default_gemm_tile(device, n, k), **(gemm_tile or {})}
         rt, tt, kb = tile["TX"] * tile["MR"], tile["TY"] * tile["MT"], tile["KB"]
@@ -231,23 +269,35 @@ class TernaryLinear:
         # Two staging buffers (one barrier per K block) measured no faster on the H100 (run 25): off by default.
         pingpong = bool(gemm_pingpong)
         gemm_bytes = gemm_workgroup_bytes(tile, pingpong)
-        if gemm_bytes > room or \
-                tile["TX"] * tile["TY"] > device.limits.max_compute_invocations_per_workgroup:
-            raise TernaryShapeError(f"{op}: GEMM tile {tile} needs {gemm_bytes} bytes of workgroup memory and "
-                                    f"{tile['TX'] * tile['TY']} threads, over this device's limits")
+        if gemm_bytes > room or tile["TX"] * tile["TY"] > device.limits.max_compute_invocations_per_workgroup:
+            raise TernaryShapeError(
+                f"{op}: GEMM tile {tile} needs {gemm_bytes} bytes of workgroup memory and "
+                f"{tile['TX'] * tile['TY']} threads, over this device's limits"
+            )
         self.gemm_groups = ceil_div(out_w, rt // 2 if gated else rt)
         self.gemm_token_tile = tt
         threads = tile["TX"] * tile["TY"]
-        self.gemm = kernels.pipeline("ternary_gemm", defines=dot + (("PINGPONG",) if pingpong else ()),
-                                     STEP_PARAMS=STEP_PARAMS_WGSL, BUFS=2 if pingpong else 1,
-                                     K=k, N=n, EPILOGUE=EPILOGUES[epilogue], MRH=tile["MR"] // 2, SV=8 * kb,
-                                     W_ITEMS=ceil_div(rt * 2 * kb, threads), X_ITEMS=ceil_div(tt * 8 * kb, threads),
-                                     **tile)
-        self.gemm_bind = device.bind_group(self.gemm, [step.buffer, weights.codes, weights.scales, x_q, x_scale,
-                                                       out], f"{label} gemm")
+        self.gemm = kernels.pipeline(
+            "ternary_gemm",
+            defines=dot + (("PINGPONG",) if pingpong else ()),
+            STEP_PARAMS=STEP_PARAMS_WGSL,
+            BUFS=2 if pingpong else 1,
+            K=k,
+            N=n,
+            EPILOGUE=EPILOGUES[epilogue],
+            MRH=tile["MR"] // 2,
+            SV=8 * kb,
+            W_ITEMS=ceil_div(rt * 2 * kb, threads),
+            X_ITEMS=ceil_div(tt * 8 * kb, threads),
+            **tile,
+        )
+        self.gemm_bind = device.bind_group(
+            self.gemm, [step.buffer, weights.codes, weights.scales, x_q, x_scale, out], f"{label} gemm"
+        )
         if max(self.gemv_groups, self.gemm_groups) > limit:
-            raise TernaryShapeError(f"{op}: {n} rows need {self.gemv_groups} workgroups, over the device "
-                                    f"limit of {limit} per dimension")
+            raise TernaryShapeError(
+                f"{op}: {n} rows need {self.gemv_groups} workgroups, over the device limit of {limit} per dimension"
+            )
 
     def record(self, recorder: gpu.Recorder, n_tokens: int) -> None:
         if n_tokens == 1:
@@ -283,11 +333,24 @@ class NormTernaryLinear:
     threads per group.
     """
 
-    def __init__(self, kernels: KernelCache, x: gpu.Buffer, norm_weight: gpu.Buffer | None, eps: float,
-                 weights: TernaryMatrix, x_q: gpu.Buffer, x_scale: gpu.Buffer, out: gpu.Buffer, step: StepParams,
-                 epilogue: str = "store", label: str | None = None, use_dot4: bool | None = None,
-                 rows: int = NORM_GEMV_ROWS, workgroup_size: int | None = None,
-                 row_groups: int | None = None):
+    def __init__(
+        self,
+        kernels: KernelCache,
+        x: gpu.Buffer,
+        norm_weight: gpu.Buffer | None,
+        eps: float,
+        weights: TernaryMatrix,
+        x_q: gpu.Buffer,
+        x_scale: gpu.Buffer,
+        out: gpu.Buffer,
+        step: StepParams,
+        epilogue: str = "store",
+        label: str | None = None,
+        use_dot4: bool | None = None,
+        rows: int = NORM_GEMV_ROWS,
+        workgroup_size: int | None = None,
+        row_groups: int | None = None,
+    ):
         label = label or f"{weights.label} {epilogue} (normed input)"
         op = f"NormTernaryLinear {label!r}"
         k = weights.n_cols
@@ -299,9 +362,11 @@ class NormTernaryLinear:
         chunks = k // 64
         gw = workgroup_size or max(64, ceil_div(chunks, 32) * 32)
         if gw < chunks or gw < rows or rows % 2 or rows <= 0 or row_groups not in (1, 2, 4):
-            raise TernaryShapeError(f"{op}: needs an even rows ({rows}) <= threads per row group ({gw}), at least "
-                                    f"K/64 = {chunks} threads per row group and row_groups in 1, 2, 4 (got "
-                                    f"{row_groups})")
+            raise TernaryShapeError(
+                f"{op}: needs an even rows ({rows}) <= threads per row group ({gw}), at least "
+                f"K/64 = {chunks} threads per row group and row_groups in 1, 2, 4 (got "
+                f"{row_groups})"
+            )
         if gw & (gw - 1) and not subgroups_available(kernels.device):
             gw = 1 << (gw - 1).bit_length()  # the tree reduction without subgroups needs a power of two
         wg = gw * row_groups
@@ -310,25 +375,40 @@ class NormTernaryLinear:
         workgroup_bytes = 8 * wg + 4 * rows * row_groups + 8 + (k if row_groups > 1 else 0)
         too_big = workgroup_bytes > limits.max_compute_workgroup_storage_size
         if wg > limits.max_compute_invocations_per_workgroup or too_big:
-            raise TernaryShapeError(f"{op}: K={k} needs {wg} threads and {workgroup_bytes} bytes of workgroup "
-                                    f"memory per workgroup, over this device's limits "
-                                    f"({limits.max_compute_invocations_per_workgroup} threads, "
-                                    f"{limits.max_compute_workgroup_storage_size} bytes): use RMSNormQuant + "
-                                    f"TernaryLinear")
+            raise TernaryShapeError(
+                f"{op}: K={k} needs {wg} threads and {workgroup_bytes} bytes of workgroup "
+                f"memory per workgroup, over this device's limits "
+                f"({limits.max_compute_invocations_per_workgroup} threads, "
+                f"{limits.max_compute_workgroup_storage_size} bytes): use RMSNormQuant + "
+                f"TernaryLinear"
+            )
         device = kernels.device
         subgroups = subgroups_available(device)
         if use_dot4 is None:
             use_dot4 = packed_dot_available(device)
-        defines = (("DOT4",) if use_dot4 else ()) + (("SUBGROUPS",) if subgroups else ()) + \
-            (("NORMALIZE", "HAS_WEIGHT") if norm_weight is not None else ()) + \
-            (("SHARED_ROW",) if row_groups > 1 else ())
+        defines = (
+            (("DOT4",) if use_dot4 else ())
+            + (("SUBGROUPS",) if subgroups else ())
+            + (("NORMALIZE", "HAS_WEIGHT") if norm_weight is not None else ())
+            + (("SHARED_ROW",) if row_groups > 1 else ())
+        )
         gated = EPILOGUES[epilogue] >= 2
         total = rows * row_groups
         self.groups = ceil_div(self.linear.out_width, total // 2 if gated else total)
-        self.fused = kernels.pipeline("ternary_gemv_norm", enables=wgsl_enables(device, subgroups=subgroups),
-                                      defines=defines, K=k, N=weights.n_rows, ROWS=rows, GROUPS=row_groups, GW=gw,
-                                      SVEC=4 // row_groups, EPILOGUE=EPILOGUES[epilogue], EPS=float(eps),
-                                      K_F=float(k))
+        self.fused = kernels.pipeline(
+            "ternary_gemv_norm",
+            enables=wgsl_enables(device, subgroups=subgroups),
+            defines=defines,
+            K=k,
+            N=weights.n_rows,
+            ROWS=rows,
+            GROUPS=row_groups,
+            GW=gw,
+            SVEC=4 // row_groups,
+            EPILOGUE=EPILOGUES[epilogue],
+            EPS=float(eps),
+            K_F=float(k),
+        )
         buffers = [weights.codes, weights.scales, x] + ([norm_weight] if norm_weight is not None else []) + [out]
         self.fused_bind = device.bind_group(self.fused, buffers, f"{label} fused")
         # CPU adapters (lavapipe, SwiftShader) run the fused kernel's per-workgroup norm 2-3x slower

@@ -22,8 +22,9 @@ class NormShapeError(ValueError):
 def _check_rows(buffer: gpu.Buffer, row_bytes: int, what: str, op: str) -> int:
     """How many rows of `row_bytes` fit in `buffer` (at least one, or a clear error)."""
     if buffer.nbytes < row_bytes:
-        raise NormShapeError(f"{op}: {what} buffer {buffer.label!r} has {buffer.nbytes} bytes, "
-                             f"less than one row of {row_bytes} bytes")
+        raise NormShapeError(
+            f"{op}: {what} buffer {buffer.label!r} has {buffer.nbytes} bytes, less than one row of {row_bytes} bytes"
+        )
     return buffer.nbytes // row_bytes
 
 
@@ -31,8 +32,14 @@ def _norm_constants(width: int, eps: float, op: str) -> dict[str, object]:
     if width <= 0 or width % 4:
         raise NormShapeError(f"{op}: width must be a positive multiple of 4, got {width}")
     w4 = width // 4
-    return {"STEP_PARAMS": STEP_PARAMS_WGSL, "W4": w4, "WG": NORM_WORKGROUP,
-            "ITEMS": ceil_div(w4, NORM_WORKGROUP), "EPS": float(eps), "W_F": float(width)}
+    return {
+        "STEP_PARAMS": STEP_PARAMS_WGSL,
+        "W4": w4,
+        "WG": NORM_WORKGROUP,
+        "ITEMS": ceil_div(w4, NORM_WORKGROUP),
+        "EPS": float(eps),
+        "W_F": float(width),
+    }
 
 
 class RMSNormQuant:
@@ -42,21 +49,36 @@ class RMSNormQuant:
     Dispatch: one workgroup per token row.
     """
 
-    def __init__(self, kernels: KernelCache, x: gpu.Buffer, weight: gpu.Buffer | None, x_q: gpu.Buffer,
-                 x_scale: gpu.Buffer, step: StepParams, width: int, eps: float, label: str = "rmsnorm_quant"):
+    def __init__(
+        self,
+        kernels: KernelCache,
+        x: gpu.Buffer,
+        weight: gpu.Buffer | None,
+        x_q: gpu.Buffer,
+        x_scale: gpu.Buffer,
+        step: StepParams,
+        width: int,
+        eps: float,
+        label: str = "rmsnorm_quant",
+    ):
         op = f"RMSNormQuant {label!r}"
         constants = _norm_constants(width, eps, op)
         self.width = width
-        self.max_tokens = min(_check_rows(x, 4 * width, "x", op), _check_rows(x_q, width, "x_q", op),
-                              _check_rows(x_scale, 4, "x_scale", op))
+        self.max_tokens = min(
+            _check_rows(x, 4 * width, "x", op),
+            _check_rows(x_q, width, "x_q", op),
+            _check_rows(x_scale, 4, "x_scale", op),
+        )
         if weight is not None and weight.nbytes < 4 * width:
-            raise NormShapeError(f"{op}: norm weight {weight.label!r} has {weight.nbytes} bytes, "
-                                 f"expected {4 * width} ({width} f32)")
+            raise NormShapeError(
+                f"{op}: norm weight {weight.label!r} has {weight.nbytes} bytes, expected {4 * width} ({width} f32)"
+            )
         device = kernels.device
         subgroups = subgroups_available(device)
         defines = (("SUBGROUPS",) if subgroups else ()) + (("NORMALIZE", "HAS_WEIGHT") if weight is not None else ())
-        self.pipeline = kernels.pipeline("rmsnorm_quant", enables=wgsl_enables(device, subgroups=subgroups),
-                                         defines=defines, **constants)
+        self.pipeline = kernels.pipeline(
+            "rmsnorm_quant", enables=wgsl_enables(device, subgroups=subgroups), defines=defines, **constants
+        )
         buffers = [step.buffer, x] + ([weight] if weight is not None else []) + [x_q, x_scale]
         self.bind_group = device.bind_group(self.pipeline, buffers, label)
 
@@ -71,23 +93,32 @@ class RMSNorm:
     of `y`, which is what the LM head needs when only the next token's logits are wanted.
     """
 
-    def __init__(self, kernels: KernelCache, x: gpu.Buffer, weight: gpu.Buffer, y: gpu.Buffer, step: StepParams,
-                 width: int, eps: float, label: str = "rmsnorm"):
+    def __init__(
+        self,
+        kernels: KernelCache,
+        x: gpu.Buffer,
+        weight: gpu.Buffer,
+        y: gpu.Buffer,
+        step: StepParams,
+        width: int,
+        eps: float,
+        label: str = "rmsnorm",
+    ):
         op = f"RMSNorm {label!r}"
         constants = _norm_constants(width, eps, op)
         self.width = width
         self.max_tokens = min(_check_rows(x, 4 * width, "x", op), _check_rows(y, 4 * width, "y", op))
         if weight.nbytes < 4 * width:
-            raise NormShapeError(f"{op}: norm weight {weight.label!r} has {weight.nbytes} bytes, "
-                                 f"expected {4 * width} ({width} f32)")
+            raise NormShapeError(
+                f"{op}: norm weight {weight.label!r} has {weight.nbytes} bytes, expected {4 * width} ({width} f32)"
+            )
         device = kernels.device
         subgroups = subgroups_available(device)
         enables = wgsl_enables(device, subgroups=subgroups)
         base = ("SUBGROUPS",) if subgroups else ()
         buffers = [step.buffer, x, weight, y]
         self.pipeline_all = kernels.pipeline("rmsnorm", enables=enables, defines=base, **constants)
-        self.pipeline_last = kernels.pipeline("rmsnorm", enables=enables, defines=base + ("LAST_ONLY",),
-                                              **constants)
+        self.pipeline_last = kernels.pipeline("rmsnorm", enables=enables, defines=base + ("LAST_ONLY",), **constants)
         self.bind_group_all = device.bind_group(self.pipeline_all, buffers, label)
         self.bind_group_last = device.bind_group(self.pipeline_last, buffers, label + " (last row)")
 

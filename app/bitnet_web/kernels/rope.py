@@ -55,8 +55,20 @@ class RopeKV:
     One dispatch per step.
     """
 
-    def __init__(self, kernels: KernelCache, params: StepParams, cache: KVCache, layer: int, table: RopeTable,
-                 qkv: gpu.Buffer, q_out: gpu.Buffer, *, n_heads: int, style: str, max_tokens: int):
+    def __init__(
+        self,
+        kernels: KernelCache,
+        params: StepParams,
+        cache: KVCache,
+        layer: int,
+        table: RopeTable,
+        qkv: gpu.Buffer,
+        q_out: gpu.Buffer,
+        *,
+        n_heads: int,
+        style: str,
+        max_tokens: int,
+    ):
         n_kv_heads, head_dim = cache.n_kv_heads, cache.head_dim
         if style not in ROPE_STYLES:
             raise ValueError(f"RopeKV layer {layer}: rope style must be one of {ROPE_STYLES}, got {style!r}")
@@ -85,8 +97,14 @@ class RopeKV:
         self.max_tokens = max_tokens
         self.style = style
         self.pipeline = kernels.pipeline(
-            "rope", STEP_PARAMS=STEP_PARAMS_WGSL, HQ=n_heads, HKV=n_kv_heads, HD=head_dim,
-            ROPE_DIM=table.rope_dim, NEOX=style == "neox", WG=WORKGROUP,
+            "rope",
+            STEP_PARAMS=STEP_PARAMS_WGSL,
+            HQ=n_heads,
+            HKV=n_kv_heads,
+            HD=head_dim,
+            ROPE_DIM=table.rope_dim,
+            NEOX=style == "neox",
+            WG=WORKGROUP,
         )
         self.groups_x = -(-(n_heads + 2 * n_kv_heads) * head_dim // 2 // WORKGROUP)
         self.bind_group: gpu.BindGroup
@@ -97,8 +115,14 @@ class RopeKV:
         """Rebuild the bind group after the cache's buffers were replaced (capacity growth)."""
         self.bind_group = self.device.bind_group(
             self.pipeline,
-            [self.params.buffer, self.qkv, self.table.buffer, self.q_out,
-             self.cache.k[self.layer], self.cache.v[self.layer]],
+            [
+                self.params.buffer,
+                self.qkv,
+                self.table.buffer,
+                self.q_out,
+                self.cache.k[self.layer],
+                self.cache.v[self.layer],
+            ],
             f"rope+kv layer {self.layer}",
         )
 

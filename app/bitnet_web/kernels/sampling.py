@@ -24,15 +24,30 @@ class GPUSampler:
     PARAMS_NBYTES = 32
     STATE_NBYTES = 4 * (4 + GPU_PENALTY_WINDOW_MAX)  # counter, status, ring length, ring head, ring
 
-    def __init__(self, kernels: KernelCache, logits: gpu.Buffer, out_ids: gpu.Buffer, vocab_size: int,
-                 slot: int = 0, row: int = 0, label: str = "sampler"):
+    def __init__(
+        self,
+        kernels: KernelCache,
+        logits: gpu.Buffer,
+        out_ids: gpu.Buffer,
+        vocab_size: int,
+        slot: int = 0,
+        row: int = 0,
+        label: str = "sampler",
+    ):
         if logits.nbytes < 4 * vocab_size * (row + 1) or out_ids.nbytes < 4 * (slot + 1):
-            raise ValueError(f"{label}: logits ({logits.nbytes} bytes) must hold row {row} of {vocab_size} f32 "
-                             f"and out_ids ({out_ids.nbytes} bytes) slot {slot}")
+            raise ValueError(
+                f"{label}: logits ({logits.nbytes} bytes) must hold row {row} of {vocab_size} f32 "
+                f"and out_ids ({out_ids.nbytes} bytes) slot {slot}"
+            )
         device = kernels.device
         self.device = device
-        shape = dict(WG=SAMPLE_WORKGROUP, N=SORT_WIDTH, K=GPU_TOP_K_MAX, PER=SORT_WIDTH // SAMPLE_WORKGROUP,
-                     PAIRS=SORT_WIDTH // (2 * SAMPLE_WORKGROUP))
+        shape = dict(
+            WG=SAMPLE_WORKGROUP,
+            N=SORT_WIDTH,
+            K=GPU_TOP_K_MAX,
+            PER=SORT_WIDTH // SAMPLE_WORKGROUP,
+            PAIRS=SORT_WIDTH // (2 * SAMPLE_WORKGROUP),
+        )
         self.buffers: list[gpu.Buffer] = []
         self.dispatches: list[tuple[gpu.Pipeline, object, int]] = []
 
@@ -70,9 +85,11 @@ class GPUSampler:
         greedy = settings.temperature == 0
         window = settings.repeat_last_n if settings.repetition_penalty != 1.0 else 0
         if not (greedy or 0 < settings.top_k <= GPU_TOP_K_MAX) or not 0 <= window <= GPU_PENALTY_WINDOW_MAX:
-            raise ValueError(f"the GPU sampler needs top_k in 1..{GPU_TOP_K_MAX} (or temperature 0) and a "
-                             f"repetition-penalty window in 0..{GPU_PENALTY_WINDOW_MAX}, got top_k={settings.top_k}, "
-                             f"repeat_last_n={settings.repeat_last_n}")
+            raise ValueError(
+                f"the GPU sampler needs top_k in 1..{GPU_TOP_K_MAX} (or temperature 0) and a "
+                f"repetition-penalty window in 0..{GPU_PENALTY_WINDOW_MAX}, got top_k={settings.top_k}, "
+                f"repeat_last_n={settings.repeat_last_n}"
+            )
         params = np.zeros(8, dtype=np.uint32)
         params[0] = 1 if greedy else settings.top_k
         floats = [1.0, 0.0, 1.0] if greedy else [settings.top_p, settings.min_p, 1.0 / settings.temperature]
@@ -83,7 +100,7 @@ class GPUSampler:
         recent = list(history)[-window:] if window else []
         state = np.zeros(4 + GPU_PENALTY_WINDOW_MAX, dtype=np.uint32)
         state[0], state[2], state[3] = first_draw, len(recent), len(recent) % window if window else 0
-        state[4:4 + len(recent)] = recent
+        state[4 : 4 + len(recent)] = recent
         self.device.upload(self.params, 0, params)
         self.device.upload(self.state, 0, state)
         self.penalty_active = window > 0

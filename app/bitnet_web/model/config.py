@@ -28,7 +28,7 @@ ARCH_TRAITS: dict[str, dict[str, object]] = {
 
 TERNARY_TYPES = (GGMLType.I2_S, GGMLType.TQ1_0, GGMLType.TQ2_0)
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
-MATMUL_BLOCK = 128          # I2_S block: every BitLinear input width must be a multiple of this
+MATMUL_BLOCK = 128  # I2_S block: every BitLinear input width must be a multiple of this
 DEFAULT_ROPE_THETA = 10000.0
 
 
@@ -39,21 +39,21 @@ class ModelConfigError(GGUFError):
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str
-    vocab_size: int           # rows of token_embd (the logits width)
+    vocab_size: int  # rows of token_embd (the logits width)
     context_length: int
-    dim: int                  # embedding width
+    dim: int  # embedding width
     n_layers: int
     ffn_dim: int
     n_heads: int
     n_kv_heads: int
     head_dim: int
-    rope_dim: int             # leading dims of each head that get RoPE (= head_dim for BitNet)
+    rope_dim: int  # leading dims of each head that get RoPE (= head_dim for BitNet)
     rope_theta: float
     norm_eps: float
-    activation: str           # 'relu2' | 'silu'
-    rope_style: str           # 'neox' (pairs i, i + d/2) | 'interleaved' (pairs 2i, 2i+1)
-    tied_embeddings: bool     # LM head is token_embd (no output.weight)
-    has_sub_norms: bool       # attn_sub_norm before attn_output, ffn_sub_norm before ffn_down
+    activation: str  # 'relu2' | 'silu'
+    rope_style: str  # 'neox' (pairs i, i + d/2) | 'interleaved' (pairs 2i, 2i+1)
+    tied_embeddings: bool  # LM head is token_embd (no output.weight)
+    has_sub_norms: bool  # attn_sub_norm before attn_output, ffn_sub_norm before ffn_down
 
     @property
     def q_dim(self) -> int:
@@ -66,9 +66,22 @@ class ModelConfig:
 
 def layer_tensor_names(i: int) -> dict[str, str]:
     p = f"blk.{i}."
-    return {k: p + k + ".weight" for k in (
-        "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_sub_norm",
-        "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "ffn_sub_norm")}
+    return {
+        k: p + k + ".weight"
+        for k in (
+            "attn_norm",
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "attn_sub_norm",
+            "ffn_norm",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+            "ffn_sub_norm",
+        )
+    }
 
 
 def _int_key(gguf: GGUFFile, key: str, problems: list[str], required: bool = True) -> int | None:
@@ -103,11 +116,13 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     problems: list[str] = []
     arch = gguf.metadata.get(Keys.ARCHITECTURE)
     if not isinstance(arch, str):
-        raise ModelConfigError(f"{gguf.source}: missing metadata key {Keys.ARCHITECTURE} "
-                               f"(supported: {', '.join(ARCH_TRAITS)})")
+        raise ModelConfigError(
+            f"{gguf.source}: missing metadata key {Keys.ARCHITECTURE} (supported: {', '.join(ARCH_TRAITS)})"
+        )
     if arch not in ARCH_TRAITS:
-        raise ModelConfigError(f"{gguf.source}: unsupported architecture {arch!r} "
-                               f"(supported: {', '.join(ARCH_TRAITS)})")
+        raise ModelConfigError(
+            f"{gguf.source}: unsupported architecture {arch!r} (supported: {', '.join(ARCH_TRAITS)})"
+        )
     traits = ARCH_TRAITS[arch]
 
     def k(key: str) -> str:
@@ -127,16 +142,14 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         head_dim = _int_key(gguf, k(Keys.KEY_LENGTH), problems, required=False)
         if head_dim is None:
             if dim % n_heads:
-                problems.append(f"{k(Keys.EMBEDDING_LENGTH)} {dim} is not divisible by "
-                                f"{k(Keys.HEAD_COUNT)} {n_heads}")
+                problems.append(f"{k(Keys.EMBEDDING_LENGTH)} {dim} is not divisible by {k(Keys.HEAD_COUNT)} {n_heads}")
             else:
                 head_dim = dim // n_heads
         value_length = _int_key(gguf, k(Keys.VALUE_LENGTH), problems, required=False)
         if head_dim and value_length not in (None, head_dim):
             problems.append(f"{k(Keys.VALUE_LENGTH)} {value_length} differs from key length {head_dim}")
     if n_heads and n_kv_heads and n_heads % n_kv_heads:
-        problems.append(f"{k(Keys.HEAD_COUNT)} {n_heads} is not a multiple of "
-                        f"{k(Keys.HEAD_COUNT_KV)} {n_kv_heads}")
+        problems.append(f"{k(Keys.HEAD_COUNT)} {n_heads} is not a multiple of {k(Keys.HEAD_COUNT_KV)} {n_kv_heads}")
     rope_dim = _int_key(gguf, k(Keys.ROPE_DIMENSION_COUNT), problems, required=False) or head_dim
     if rope_dim and head_dim and (rope_dim > head_dim or rope_dim % 2):
         problems.append(f"{k(Keys.ROPE_DIMENSION_COUNT)} {rope_dim} must be even and <= head_dim {head_dim}")
@@ -179,12 +192,13 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     if n_layers and n_layers > len(tensors):
         # A hostile block_count (up to 2^64 - 1) must not drive the per-layer loops below: every
         # layer needs at least 9 tensors, so more layers than tensors is a contradiction on its own.
-        problems.append(f"{k(Keys.BLOCK_COUNT)} is {n_layers} but the file has only {len(tensors)} tensors "
-                        "(each layer needs at least 9)")
+        problems.append(
+            f"{k(Keys.BLOCK_COUNT)} is {n_layers} but the file has only {len(tensors)} tensors "
+            "(each layer needs at least 9)"
+        )
         n_layers = None
     if n_layers and traits["sub_norms"] is None:
-        present = [f"blk.{i}.{n}.weight" in tensors for i in range(n_layers)
-                   for n in ("attn_sub_norm", "ffn_sub_norm")]
+        present = [f"blk.{i}.{n}.weight" in tensors for i in range(n_layers) for n in ("attn_sub_norm", "ffn_sub_norm")]
         has_sub_norms = all(present)
         if any(present) and not all(present):
             problems.append("sub-norm tensors (attn_sub_norm/ffn_sub_norm) exist in some layers but not all")
@@ -218,20 +232,39 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         if extra_layers:
             problems.append(f"tensor {extra_layers[0]} belongs to a layer beyond block_count {n_layers}")
         # BitLinear inputs are quantized in I2_S blocks of 128 values along each row.
-        for label, width in (("embedding_length", dim), ("head_count * head_dim", q_dim),
-                             ("feed_forward_length", ffn_dim)):
+        for label, width in (
+            ("embedding_length", dim),
+            ("head_count * head_dim", q_dim),
+            ("feed_forward_length", ffn_dim),
+        ):
             if width and width % MATMUL_BLOCK:
-                problems.append(f"{label} = {width} is not a multiple of {MATMUL_BLOCK} (the I2_S block); "
-                                "ternary matmul inputs must be whole blocks")
+                problems.append(
+                    f"{label} = {width} is not a multiple of {MATMUL_BLOCK} (the I2_S block); "
+                    "ternary matmul inputs must be whole blocks"
+                )
 
     if problems:
-        raise ModelConfigError(f"{gguf.source}: cannot build a {arch} model, {len(problems)} problem(s):\n  "
-                               + "\n  ".join(problems))
+        raise ModelConfigError(
+            f"{gguf.source}: cannot build a {arch} model, {len(problems)} problem(s):\n  " + "\n  ".join(problems)
+        )
     return ModelConfig(
-        arch=arch, vocab_size=vocab_size, context_length=context_length, dim=dim, n_layers=n_layers,
-        ffn_dim=ffn_dim, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, rope_dim=rope_dim,
-        rope_theta=rope_theta, norm_eps=norm_eps, activation=str(traits["activation"]),
-        rope_style=str(traits["rope_style"]), tied_embeddings=tied, has_sub_norms=has_sub_norms)
+        arch=arch,
+        vocab_size=vocab_size,
+        context_length=context_length,
+        dim=dim,
+        n_layers=n_layers,
+        ffn_dim=ffn_dim,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        rope_dim=rope_dim,
+        rope_theta=rope_theta,
+        norm_eps=norm_eps,
+        activation=str(traits["activation"]),
+        rope_style=str(traits["rope_style"]),
+        tied_embeddings=tied,
+        has_sub_norms=has_sub_norms,
+    )
 
 
 def _check_tensor(tensors: dict, name: str, shape: tuple, types: tuple, problems: list[str]) -> None:
@@ -242,5 +275,4 @@ def _check_tensor(tensors: dict, name: str, shape: tuple, types: tuple, problems
     if None not in shape and tuple(info.shape) != tuple(shape):
         problems.append(f"tensor {name} has shape {list(info.shape)}, expected {list(shape)}")
     if info.ggml_type not in types:
-        problems.append(f"tensor {name} has type {info.ggml_type.name}, expected "
-                        f"{'/'.join(t.name for t in types)}")
+        problems.append(f"tensor {name} has type {info.ggml_type.name}, expected {'/'.join(t.name for t in types)}")

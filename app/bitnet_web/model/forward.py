@@ -69,13 +69,13 @@ def ternary_rows(gguf: GGUFFile, name: str) -> tuple[np.ndarray, float]:
     elif info.ggml_type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
         values, scale = ternarize(np.asarray(gguf.tensor(name), dtype=np.float32))
     else:
-        raise ModelLoadError(f"{gguf.source}: tensor {name!r} has type {info.ggml_type.name}, "
-                             "which cannot be used as a ternary weight")
+        raise ModelLoadError(
+            f"{gguf.source}: tensor {name!r} has type {info.ggml_type.name}, which cannot be used as a ternary weight"
+        )
     return i2s_encode(values, scale)[: info.n_elements // 4], float(scale)
 
 
-def check_device_limits(config: ModelConfig, limits: gpu.GPULimits, max_tokens: int,
-                        source: str = "model") -> None:
+def check_device_limits(config: ModelConfig, limits: gpu.GPULimits, max_tokens: int, source: str = "model") -> None:
     """Refuse, before anything is uploaded, a model with a buffer that one storage binding cannot hold.
 
     The F16 embedding and LM head are split into row shards (only one row must fit). Ternary weights,
@@ -134,8 +134,9 @@ class LayerOps:
 
 
 class BitNetModel:
-    def __init__(self, device: gpu.Device, gguf: GGUFFile, config: ModelConfig, max_tokens: int = 64,
-                 int8_head: bool = False):
+    def __init__(
+        self, device: gpu.Device, gguf: GGUFFile, config: ModelConfig, max_tokens: int = 64, int8_head: bool = False
+    ):
         self.device = device
         self.int8_head = int8_head  # the head reads an int8 per-row-scaled copy (approximate, faster)
         self.gguf = gguf
@@ -165,8 +166,9 @@ class BitNetModel:
 
     def _ternary(self, names: list[str], label: str, pair_rows: bool = False) -> TernaryMatrix:
         parts = [(ternary_rows(self.gguf, n), self.gguf.tensors[n].shape) for n in names]
-        matrix = TernaryMatrix.upload(self.device, [(rows, scale, shape) for (rows, scale), shape in parts],
-                                      label=label, pair_rows=pair_rows)
+        matrix = TernaryMatrix.upload(
+            self.device, [(rows, scale, shape) for (rows, scale), shape in parts], label=label, pair_rows=pair_rows
+        )
         self._buffers += [matrix.codes, matrix.scales]
         return matrix
 
@@ -177,18 +179,22 @@ class BitNetModel:
         total = cfg.n_layers + 2
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
-            self.layers.append(LayerWeights(
-                attn_norm=self._f32_buffer(p + "attn_norm.weight", f"{p}attn_norm"),
-                qkv=self._ternary([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], f"{p}qkv"),
-                attn_sub_norm=(self._f32_buffer(p + "attn_sub_norm.weight", f"{p}attn_sub_norm")
-                               if cfg.has_sub_norms else None),
-                wo=self._ternary([p + "attn_output.weight"], f"{p}attn_output"),
-                ffn_norm=self._f32_buffer(p + "ffn_norm.weight", f"{p}ffn_norm"),
-                gate_up=self._ternary([p + "ffn_gate.weight", p + "ffn_up.weight"], f"{p}gate_up", pair_rows=True),
-                ffn_sub_norm=(self._f32_buffer(p + "ffn_sub_norm.weight", f"{p}ffn_sub_norm")
-                              if cfg.has_sub_norms else None),
-                down=self._ternary([p + "ffn_down.weight"], f"{p}ffn_down"),
-            ))
+            self.layers.append(
+                LayerWeights(
+                    attn_norm=self._f32_buffer(p + "attn_norm.weight", f"{p}attn_norm"),
+                    qkv=self._ternary([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], f"{p}qkv"),
+                    attn_sub_norm=(
+                        self._f32_buffer(p + "attn_sub_norm.weight", f"{p}attn_sub_norm") if cfg.has_sub_norms else None
+                    ),
+                    wo=self._ternary([p + "attn_output.weight"], f"{p}attn_output"),
+                    ffn_norm=self._f32_buffer(p + "ffn_norm.weight", f"{p}ffn_norm"),
+                    gate_up=self._ternary([p + "ffn_gate.weight", p + "ffn_up.weight"], f"{p}gate_up", pair_rows=True),
+                    ffn_sub_norm=(
+                        self._f32_buffer(p + "ffn_sub_norm.weight", f"{p}ffn_sub_norm") if cfg.has_sub_norms else None
+                    ),
+                    down=self._ternary([p + "ffn_down.weight"], f"{p}ffn_down"),
+                )
+            )
             if progress:
                 progress("upload", i + 1, total)
             await device.checkpoint(f"uploading layer {i}")
@@ -200,8 +206,11 @@ class BitNetModel:
             self.output = Int8Matrix.upload(device, self.gguf.tensor(head_name), "output")
             self._buffers.append(self.output.scales)
         else:
-            self.output = (self.token_embd if cfg.tied_embeddings
-                           else F16Matrix.upload(device, self.gguf.tensor(head_name), "output"))
+            self.output = (
+                self.token_embd
+                if cfg.tied_embeddings
+                else F16Matrix.upload(device, self.gguf.tensor(head_name), "output")
+            )
         self._buffers += [b for _, _, b in self.token_embd.shards]
         if self.output is not self.token_embd:
             self._buffers += [b for _, _, b in self.output.shards]
@@ -250,17 +259,43 @@ class BitNetModel:
         self.layer_ops = []
         xq, xs = self.x_q, self.x_scale
         for i, w in enumerate(self.layers):
-            self.layer_ops.append(LayerOps(
-                qkv=NormTernaryLinear(k, self.x, w.attn_norm, eps, w.qkv, xq, xs, self.qkv, step, "store"),
-                attention=Attention(k, step, self.kv_cache, i, self.q, self.attn_out, n_heads=cfg.n_heads,
-                                    max_tokens=rows, scratch=self.attention_scratch,
-                                    rope=RopeKV(k, step, self.kv_cache, i, self.rope_table, self.qkv, self.q,
-                                                n_heads=cfg.n_heads, style=cfg.rope_style, max_tokens=rows)),
-                wo=NormTernaryLinear(k, self.attn_out, w.attn_sub_norm, eps, w.wo, xq, xs, self.x, step, "residual"),
-                gate_up=NormTernaryLinear(k, self.x, w.ffn_norm, eps, w.gate_up, xq, xs, self.ffn_hidden, step, gate),
-                down=NormTernaryLinear(k, self.ffn_hidden, w.ffn_sub_norm, eps, w.down, xq, xs, self.x, step,
-                                       "residual"),
-            ))
+            self.layer_ops.append(
+                LayerOps(
+                    qkv=NormTernaryLinear(k, self.x, w.attn_norm, eps, w.qkv, xq, xs, self.qkv, step, "store"),
+                    attention=Attention(
+                        k,
+                        step,
+                        self.kv_cache,
+                        i,
+                        self.q,
+                        self.attn_out,
+                        n_heads=cfg.n_heads,
+                        max_tokens=rows,
+                        scratch=self.attention_scratch,
+                        rope=RopeKV(
+                            k,
+                            step,
+                            self.kv_cache,
+                            i,
+                            self.rope_table,
+                            self.qkv,
+                            self.q,
+                            n_heads=cfg.n_heads,
+                            style=cfg.rope_style,
+                            max_tokens=rows,
+                        ),
+                    ),
+                    wo=NormTernaryLinear(
+                        k, self.attn_out, w.attn_sub_norm, eps, w.wo, xq, xs, self.x, step, "residual"
+                    ),
+                    gate_up=NormTernaryLinear(
+                        k, self.x, w.ffn_norm, eps, w.gate_up, xq, xs, self.ffn_hidden, step, gate
+                    ),
+                    down=NormTernaryLinear(
+                        k, self.ffn_hidden, w.ffn_sub_norm, eps, w.down, xq, xs, self.x, step, "residual"
+                    ),
+                )
+            )
         self.final_norm = RMSNorm(k, self.x, self.output_norm, self.x_final, step, cfg.dim, eps)
         self.lm_head = LMHead(k, self.output, self.x_final, self.logits, step)
         # Greedy decoding on the GPU: the argmax goes straight into token_ids[0], the next step's input.
@@ -290,8 +325,14 @@ class BitNetModel:
 
     # Forward -----------------------------------------------------------------------------------
 
-    def _record_step(self, n_tokens: int, all_logits: bool, rec: gpu.Recorder | None = None,
-                     pos: int | None = None, head: bool = True) -> gpu.Recorder:
+    def _record_step(
+        self,
+        n_tokens: int,
+        all_logits: bool,
+        rec: gpu.Recorder | None = None,
+        pos: int | None = None,
+        head: bool = True,
+    ) -> gpu.Recorder:
         """Record one forward step over `n_tokens` rows at positions pos.. (default: the next ones,
         n_cached; queued decode steps run ahead of the host's bookkeeping); `head=False` leaves out
         the final norm and LM head (a prefill chunk whose logits nobody reads). Allocates nothing."""
@@ -321,8 +362,7 @@ class BitNetModel:
         token (vocab,) or of every token (n, vocab)."""
         n = len(token_ids)
         if not 0 < n <= (self.logits_rows if all_logits else self.max_tokens):
-            raise ValueError(f"forward takes 1..{self.max_tokens} tokens ({self.logits_rows} with all_logits), "
-                             f"got {n}")
+            raise ValueError(f"forward takes 1..{self.max_tokens} tokens ({self.logits_rows} with all_logits), got {n}")
         if self.n_cached + n > self.config.context_length:
             raise ValueError(f"context full: {self.n_cached} + {n} tokens > {self.config.context_length}")
         self.device.upload(self.token_ids, 0, np.asarray(token_ids, dtype=np.uint32))
@@ -349,14 +389,17 @@ class BitNetModel:
         chunk = min(chunk or self.max_tokens, self.max_tokens)
         if all_logits:
             chunk = min(chunk, self.logits_rows)
-            return np.concatenate([await self.forward(token_ids[start:start + chunk], all_logits=True)
-                                   for start in range(0, len(token_ids), chunk)])
+            return np.concatenate(
+                [
+                    await self.forward(token_ids[start : start + chunk], all_logits=True)
+                    for start in range(0, len(token_ids), chunk)
+                ]
+            )
         if self.n_cached + len(token_ids) > self.config.context_length:
-            raise ValueError(f"context full: {self.n_cached} + {len(token_ids)} tokens > "
-                             f"{self.config.context_length}")
+            raise ValueError(f"context full: {self.n_cached} + {len(token_ids)} tokens > {self.config.context_length}")
         last = (len(token_ids) - 1) // chunk * chunk
         for start in range(0, last, chunk):
-            part = token_ids[start:start + chunk]
+            part = token_ids[start : start + chunk]
             self.device.upload(self.token_ids, 0, np.asarray(part, dtype=np.uint32))
             self._record_step(len(part), all_logits=False, head=False).submit()
             self.cached_tokens.extend(part)
@@ -381,8 +424,9 @@ class BitNetModel:
         """Feed `first_token`, then yield greedy (argmax) tokens one by one, forever (the caller stops)."""
         return self._decode_on_gpu(first_token, self.argmax)
 
-    def decode_sampled(self, first_token: int, settings: SamplerSettings, seed: int,
-                       first_draw: int, history: list[int] = ()) -> AsyncIterator[int]:
+    def decode_sampled(
+        self, first_token: int, settings: SamplerSettings, seed: int, first_draw: int, history: list[int] = ()
+    ) -> AsyncIterator[int]:
         """Like decode_greedy, but each token is drawn on the GPU under `settings` (top_k at most
         GPU_TOP_K_MAX, repetition penalty over the tail of `history`, the tokens so far including
         `first_token`) with draws first_draw, first_draw + 1, ... of the stream `seed`
@@ -455,10 +499,14 @@ class BitNetModel:
             await stream.__anext__()
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         await stream.aclose()
-        return {"tok_per_s": n_tokens / wall, "ms_per_token": 1e3 * wall / n_tokens,
-                "cpu_ms_per_token": 1e3 * cpu / n_tokens, "encode_ms_per_token": 1e3 * self.encode_seconds / n_tokens,
-                "dispatches_per_token": self.last_dispatches,
-                "passes_per_token": self.last_passes}
+        return {
+            "tok_per_s": n_tokens / wall,
+            "ms_per_token": 1e3 * wall / n_tokens,
+            "cpu_ms_per_token": 1e3 * cpu / n_tokens,
+            "encode_ms_per_token": 1e3 * self.encode_seconds / n_tokens,
+            "dispatches_per_token": self.last_dispatches,
+            "passes_per_token": self.last_passes,
+        }
 
     def profile_decode_step(self, sampled: bool = False) -> list[tuple[str, float]]:
         """GPU microseconds per dispatch of one decode step, greedy or (after decode_sampled set the

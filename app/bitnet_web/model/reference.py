@@ -121,12 +121,21 @@ class ReferenceModel:
             def tern(name: str, prefix: str = p) -> TernaryWeight:
                 return load_ternary(gguf, prefix + name + ".weight")
 
-            self.layers.append(LayerWeights(
-                attn_norm=norm("attn_norm"), wq=tern("attn_q"), wk=tern("attn_k"), wv=tern("attn_v"),
-                attn_sub_norm=norm("attn_sub_norm"), wo=tern("attn_output"), ffn_norm=norm("ffn_norm"),
-                w_gate=tern("ffn_gate"), w_up=tern("ffn_up"), ffn_sub_norm=norm("ffn_sub_norm"),
-                w_down=tern("ffn_down"),
-            ))
+            self.layers.append(
+                LayerWeights(
+                    attn_norm=norm("attn_norm"),
+                    wq=tern("attn_q"),
+                    wk=tern("attn_k"),
+                    wv=tern("attn_v"),
+                    attn_sub_norm=norm("attn_sub_norm"),
+                    wo=tern("attn_output"),
+                    ffn_norm=norm("ffn_norm"),
+                    w_gate=tern("ffn_gate"),
+                    w_up=tern("ffn_up"),
+                    ffn_sub_norm=norm("ffn_sub_norm"),
+                    w_down=tern("ffn_down"),
+                )
+            )
 
     def logits(self, tokens: list[int] | np.ndarray) -> np.ndarray:
         """float32 logits (T, vocab) for every position of `tokens` (causal, positions from 0)."""

@@ -66,8 +66,10 @@ def _bytes_to_alphabet(data: bytes) -> str:
 # matches "'ſ" (U+017F case-folds to s), as it does in HF.
 # ---------------------------------------------------------------------------------------------
 
-_WHITESPACE_CHARS = "\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(chr(c) for c in range(0x2000, 0x200B)) + (
-    "\u2028\u2029\u202f\u205f\u3000"
+_WHITESPACE_CHARS = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680"
+    + "".join(chr(c) for c in range(0x2000, 0x200B))
+    + ("\u2028\u2029\u202f\u205f\u3000")
 )
 
 # Planes 4..13 have never had assigned characters and planes 14..16 hold no letters or numbers,
@@ -140,8 +142,9 @@ def parse_merges(merges: Iterable[str] | Iterable[Sequence[str]]) -> dict[tuple[
 class ByteLevelBPE:
     """Byte-level BPE over one vocabulary: each pre-token merged by merge rank, cached per word."""
 
-    def __init__(self, token_to_id: Mapping[str, int], merges: Iterable[str] | Iterable[Sequence[str]] | None,
-                 unk_id: int | None) -> None:
+    def __init__(
+        self, token_to_id: Mapping[str, int], merges: Iterable[str] | Iterable[Sequence[str]] | None, unk_id: int | None
+    ) -> None:
         if merges is None:
             raise TokenizerError("tokenizer.ggml.merges is missing (required for a 'gpt2' BPE vocabulary)")
         self._token_to_id = token_to_id

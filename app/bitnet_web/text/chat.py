@@ -81,9 +81,7 @@ class ChatTemplate:
         kind = _detect_kind(text)
         if kind is None:
             head = text.strip().replace("\n", " ")[:80]
-            raise ChatTemplateError(
-                f"chat template not recognised (known: bitnet, llama3, chatml); it begins {head!r}"
-            )
+            raise ChatTemplateError(f"chat template not recognised (known: bitnet, llama3, chatml); it begins {head!r}")
         return cls(kind=kind, source=text)
 
     @classmethod
@@ -97,9 +95,7 @@ class ChatTemplate:
         if text is None:
             return cls(kind="completion", note="the model has no tokenizer.chat_template (base model)")
         if not isinstance(text, str):
-            raise ChatTemplateError(
-                f"metadata 'tokenizer.chat_template': expected a string, got {type(text).__name__}"
-            )
+            raise ChatTemplateError(f"metadata 'tokenizer.chat_template': expected a string, got {type(text).__name__}")
         kind = _detect_kind(text)
         if kind is None:
             if strict:
@@ -184,9 +180,7 @@ def _check_messages(messages: Sequence[Mapping[str, str]]) -> list[tuple[str, st
         if role not in _ROLES:
             raise ChatTemplateError(f"messages[{i}]['role'] = {role!r}: expected one of {', '.join(_ROLES)}")
         if not isinstance(content, str):
-            raise ChatTemplateError(
-                f"messages[{i}]['content'] must be a string, got {type(content).__name__}"
-            )
+            raise ChatTemplateError(f"messages[{i}]['content'] must be a string, got {type(content).__name__}")
         out.append((role, content))
     return out
 

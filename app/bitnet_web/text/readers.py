@@ -72,8 +72,7 @@ def gguf_fields(metadata: Mapping[str, object]) -> dict[str, object]:
     if model is None:
         raise TokenizerError("metadata has no 'tokenizer.ggml.model' (this GGUF carries no vocabulary)")
     if not isinstance(model, str):
-        raise TokenizerError(
-            f"metadata 'tokenizer.ggml.model': expected a string, got {_describe(model)}")
+        raise TokenizerError(f"metadata 'tokenizer.ggml.model': expected a string, got {_describe(model)}")
     tokens = _metadata_list(metadata, "tokenizer.ggml.tokens", "s")
     if tokens is None:
         raise TokenizerError("metadata has no 'tokenizer.ggml.tokens'")
@@ -98,6 +97,7 @@ def gguf_fields(metadata: Mapping[str, object]) -> dict[str, object]:
         add_space_prefix=_metadata_bool(metadata, "tokenizer.ggml.add_space_prefix", True),
     )
 
+
 def hf_fields(
     tokenizer_json: Mapping[str, object], tokenizer_config: Mapping[str, object] | None = None
 ) -> dict[str, object]:
@@ -121,8 +121,10 @@ def hf_fields(
         tokens[i] = str(a["content"])
         types[i] = TokenType.CONTROL if a.get("special") else TokenType.USER_DEFINED
 
-    spm = bool(model_section.get("byte_fallback")) or SPM_SPACE in repr(tokenizer_json.get("normalizer")) or (
-        "Metaspace" in repr(tokenizer_json.get("pre_tokenizer"))
+    spm = (
+        bool(model_section.get("byte_fallback"))
+        or SPM_SPACE in repr(tokenizer_json.get("normalizer"))
+        or ("Metaspace" in repr(tokenizer_json.get("pre_tokenizer")))
     )
     if spm:
         for i, text in enumerate(tokens):

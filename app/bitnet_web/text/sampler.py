@@ -66,9 +66,7 @@ class SamplerSettings:
         if not 0.0 <= number("min_p") <= 1.0:
             raise ValueError(f"SamplerSettings.min_p must be in [0, 1] (0 = off), got {self.min_p}")
         if number("repetition_penalty") <= 0:
-            raise ValueError(
-                f"SamplerSettings.repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}"
-            )
+            raise ValueError(f"SamplerSettings.repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
         if integer("repeat_last_n") < -1:
             raise ValueError(
                 f"SamplerSettings.repeat_last_n must be >= -1 (0 = none, -1 = all), got {self.repeat_last_n}"
@@ -115,8 +113,9 @@ class Sampler:
         """Can the GPU sampler take these settings (so logits need not come back to the host)?
         Greedy with a repetition penalty counts (it is top-k 1 there)."""
         s = self.settings
-        return ((s.temperature == 0.0 or 0 < s.top_k <= GPU_TOP_K_MAX)
-                and (s.repetition_penalty == 1.0 or 0 <= s.repeat_last_n <= GPU_PENALTY_WINDOW_MAX))
+        return (s.temperature == 0.0 or 0 < s.top_k <= GPU_TOP_K_MAX) and (
+            s.repetition_penalty == 1.0 or 0 <= s.repeat_last_n <= GPU_PENALTY_WINDOW_MAX
+        )
 
     def _penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         """llama.cpp's repetition penalty: each distinct token among the last N has its logit divided
@@ -130,9 +129,9 @@ class Sampler:
             raise ValueError(f"history holds token ids outside 0..{logits.shape[0] - 1}")
         logits = logits.copy()
         selected = logits[ids]
-        logits[ids] = np.where(
-            selected > 0, selected / s.repetition_penalty, selected * s.repetition_penalty
-        ).astype(np.float32)
+        logits[ids] = np.where(selected > 0, selected / s.repetition_penalty, selected * s.repetition_penalty).astype(
+            np.float32
+        )
         return logits
 
 

@@ -19,8 +19,9 @@ SPM_SPACE = "\u2581"  # "▁", SentencePiece's visible space
 class SentencePieceBPE:
     """SentencePiece BPE over one vocabulary: merges by piece score, then byte fallback."""
 
-    def __init__(self, token_to_id: Mapping[str, int], n_tokens: int, scores: Sequence[float] | None,
-                 unk_id: int | None) -> None:
+    def __init__(
+        self, token_to_id: Mapping[str, int], n_tokens: int, scores: Sequence[float] | None, unk_id: int | None
+    ) -> None:
         self._token_to_id = token_to_id
         self.unk_id = unk_id
         if scores is None:

@@ -131,7 +131,8 @@ class Tokenizer:
 
         self._bytes_cache: dict[int, bytes] = {}
         self._algorithm: ByteLevelBPE | SentencePieceBPE = (
-            ByteLevelBPE(self._token_to_id, merges, unk_id) if model == "gpt2"
+            ByteLevelBPE(self._token_to_id, merges, unk_id)
+            if model == "gpt2"
             else SentencePieceBPE(self._token_to_id, n, scores, unk_id)
         )
 

@@ -50,11 +50,38 @@ class ChatApp:
         self.load_count = 0
         self.generating = False
         self.meter = RateMeter()
-        self.n = {name: by_id(name) for name in (
-            "app", "status", "offline-status", "failure", "notice", "messages", "stats", "composer",
-            "prompt", "send", "stop", "new-chat", "model-select", "model-desc", "custom-url-row", "custom-url", "load",
-            "cancel-load", "progress", "progress-text", "model-info", "system-prompt", "settings-fields",
-            "settings-error", "storage-summary", "persist", "cache-list")}
+        self.n = {
+            name: by_id(name)
+            for name in (
+                "app",
+                "status",
+                "offline-status",
+                "failure",
+                "notice",
+                "messages",
+                "stats",
+                "composer",
+                "prompt",
+                "send",
+                "stop",
+                "new-chat",
+                "model-select",
+                "model-desc",
+                "custom-url-row",
+                "custom-url",
+                "load",
+                "cancel-load",
+                "progress",
+                "progress-text",
+                "model-info",
+                "system-prompt",
+                "settings-fields",
+                "settings-error",
+                "storage-summary",
+                "persist",
+                "cache-list",
+            )
+        }
 
     # -- start ------------------------------------------------------------------------------------
 
@@ -87,8 +114,9 @@ class ChatApp:
             return
         self._state(engine="ready" if ready.get("engine_available") else "missing")
         gpu = ready.get("gpu") or {}
-        self._status(f"Ready. {gpu_text}" if gpu.get("available") else
-                     f"Ready, but the worker sees no GPU: {gpu.get('error')}")
+        self._status(
+            f"Ready. {gpu_text}" if gpu.get("available") else f"Ready, but the worker sees no GPU: {gpu.get('error')}"
+        )
         if ready.get("engine_error"):
             self._notice("engine_missing", ready["engine_error"])
         if ready.get("store_error"):
@@ -120,13 +148,22 @@ class ChatApp:
         clear(box)
         for f in FIELDS:
             field_id = "setting-" + f.name.replace("_", "-")
-            attrs = {"id": field_id, "name": f.name, "type": "number", "inputmode": "decimal", "spellcheck": "false",
-                     "min": f"{f.low:g}", "max": f"{f.high:g}",
-                     "step": "1" if f.kind is int else "0.05", "value": "" if f.default is None else f"{f.default:g}"}
+            attrs = {
+                "id": field_id,
+                "name": f.name,
+                "type": "number",
+                "inputmode": "decimal",
+                "spellcheck": "false",
+                "min": f"{f.low:g}",
+                "max": f"{f.high:g}",
+                "step": "1" if f.kind is int else "0.05",
+                "value": "" if f.default is None else f"{f.default:g}",
+            }
             if f.default is None:
                 attrs["placeholder"] = "random"
-            box.append(el("label", children=[el("span", f.label), el("input", attrs=attrs),
-                                              el("small", f.hint, cls="muted")]))
+            box.append(
+                el("label", children=[el("span", f.label), el("input", attrs=attrs), el("small", f.hint, cls="muted")])
+            )
         self.n["system-prompt"].value = DEFAULT_SYSTEM_PROMPT
 
     def _bind(self) -> None:
@@ -153,28 +190,36 @@ class ChatApp:
             select.append(el("option", label, attrs={"value": d["key"]}))
         for entry in self.cached:
             if entry["key"] not in known:
-                select.append(el("option", f"Cached: {entry.get('name') or entry['key']}",
-                                 attrs={"value": entry["key"]}))
+                select.append(
+                    el("option", f"Cached: {entry.get('name') or entry['key']}", attrs={"value": entry["key"]})
+                )
         select.append(el("option", "Custom URL…", attrs={"value": services.CUSTOM}))
         self._on_model_change()
 
     def _on_model_change(self) -> None:
         value = str(self.n["model-select"].value)
         show(self.n["custom-url-row"], value == services.CUSTOM)
-        entry = next((m for m in self.manifest.get("models", [])
-                      if services.model_descriptor(m, self.root_url)["key"] == value), None)
+        entry = next(
+            (m for m in self.manifest.get("models", []) if services.model_descriptor(m, self.root_url)["key"] == value),
+            None,
+        )
         set_text(self.n["model-desc"], (entry or {}).get("description") or "")
 
     def _pick_start_model(self) -> None:
         last = js.localStorage.getItem(LAST_MODEL_KEY)
         complete = {e["key"] for e in self.cached if e.get("complete")}
-        bundled = {services.model_descriptor(m, self.root_url)["key"] for m in self.manifest.get("models", [])
-                   if m.get("bundled")}
+        bundled = {
+            services.model_descriptor(m, self.root_url)["key"]
+            for m in self.manifest.get("models", [])
+            if m.get("bundled")
+        }
         if last is not None and (str(last) in complete or str(last) in bundled):
             self.n["model-select"].value = str(last)
         elif self.manifest.get("models"):
-            default = next((m for m in self.manifest["models"] if m.get("id") == self.manifest.get("default")),
-                           self.manifest["models"][0])
+            default = next(
+                (m for m in self.manifest["models"] if m.get("id") == self.manifest.get("default")),
+                self.manifest["models"][0],
+            )
             self.n["model-select"].value = services.model_descriptor(default, self.root_url)["key"]
         self._on_model_change()
 
@@ -192,8 +237,15 @@ class ChatApp:
                 return d
         for entry in self.cached:
             if entry["key"] == value:
-                return {"key": entry["key"], "url": entry["url"], "name": entry.get("name"), "size": None,
-                        "size_hint": entry.get("total"), "sha256": None, "bundled": False}
+                return {
+                    "key": entry["key"],
+                    "url": entry["url"],
+                    "name": entry.get("name"),
+                    "size": None,
+                    "size_hint": entry.get("total"),
+                    "sha256": None,
+                    "bundled": False,
+                }
         raise ValueError("choose a model first")
 
     # -- loading a model --------------------------------------------------------------------------
@@ -301,7 +353,9 @@ class ChatApp:
         completion = (self.info or {}).get("template_kind") == "completion"
         self.n["prompt"].placeholder = (
             "This model continues text (it is not chat-tuned): type the start, e.g. def fibonacci(n):"
-            if completion else "Message (Enter sends, Shift+Enter adds a line)")
+            if completion
+            else "Message (Enter sends, Shift+Enter adds a line)"
+        )
         self._state(mode="completion" if completion else "chat")
         self.n["system-prompt"].disabled = completion  # a text-continuation model has no system role
         self.n["system-prompt"].title = "Not used: this model has no chat format" if completion else ""
@@ -437,27 +491,35 @@ class ChatApp:
 
     def _render_cache(self, msg: dict[str, Any]) -> None:
         from ..shared.progress import format_bytes
+
         self.cached = msg.get("entries") or []
         box = self.n["cache-list"]
         self.cache_listeners.clear()
         clear(box)
         for entry in sorted(self.cached, key=lambda e: e.get("name") or ""):
             total, stored = entry.get("total"), entry.get("stored") or 0
-            state = "complete" if entry.get("complete") else f"partial, {format_bytes(stored)} of " \
-                                                            f"{format_bytes(total)}"
+            state = "complete" if entry.get("complete") else f"partial, {format_bytes(stored)} of {format_bytes(total)}"
             button = el("button", "Delete", attrs={"type": "button", "data-key": entry["key"]})
-            item = el("li", attrs={"data-key": entry["key"], "data-complete": "1" if entry.get("complete") else "0"},
-                      children=[el("span", entry.get("name") or entry["key"], cls="name"),
-                                el("span", f"{format_bytes(total if entry.get('complete') else stored)}, {state}",
-                                   cls="muted"), button])
+            item = el(
+                "li",
+                attrs={"data-key": entry["key"], "data-complete": "1" if entry.get("complete") else "0"},
+                children=[
+                    el("span", entry.get("name") or entry["key"], cls="name"),
+                    el("span", f"{format_bytes(total if entry.get('complete') else stored)}, {state}", cls="muted"),
+                    button,
+                ],
+            )
             key = entry["key"]
             self.cache_listeners.on(button, "click", lambda e, key=key: asyncio.ensure_future(self._delete(key)))
             box.append(item)
         if not self.cached:
             box.append(el("li", "No models stored yet.", cls="muted"))
         est = msg.get("estimate") or {}
-        summary = (f"Using {format_bytes(est.get('usage'))} of {format_bytes(est.get('quota'))} available "
-                   "to this site." if est else "")
+        summary = (
+            f"Using {format_bytes(est.get('usage'))} of {format_bytes(est.get('quota'))} available to this site."
+            if est
+            else ""
+        )
         set_text(self.n["storage-summary"], summary)
         selected = str(self.n["model-select"].value) if self.n["model-select"].value else None
         self._fill_model_select()
@@ -471,10 +533,11 @@ class ChatApp:
 
     async def _persist(self, quiet: bool = False) -> None:
         granted = await services.request_persistence()
-        text = {True: "Stored models are kept (persistent storage granted).",
-                False: "The browser may evict stored models when space runs low (persistent storage "
-                       "was not granted).",
-                None: "This browser cannot make storage persistent."}[granted]
+        text = {
+            True: "Stored models are kept (persistent storage granted).",
+            False: "The browser may evict stored models when space runs low (persistent storage was not granted).",
+            None: "This browser cannot make storage persistent.",
+        }[granted]
         self.n["persist"].setAttribute("data-persisted", {True: "1", False: "0", None: ""}[granted])
         if not quiet or granted:
             set_text(self.n["storage-summary"], text)
@@ -540,6 +603,7 @@ def _report_crash(task: asyncio.Task) -> None:
     if task.cancelled() or task.exception() is None:
         return
     import traceback
+
     exc = task.exception()
     text = "".join(traceback.format_exception(exc))
     js.console.error(text)
@@ -548,4 +612,3 @@ def _report_crash(task: asyncio.Task) -> None:
         render_failure(by_id("failure"), f.title, f.message, f.advice, text[-3000:])
     except Exception:
         pass
-

@@ -59,8 +59,12 @@ class EngineClient:
 
     def _fail(self, msg: dict[str, Any]) -> None:
         self.dead = msg
-        error = {"event": "error", "kind": msg.get("kind", "worker_start"),
-                 "message": msg.get("message", ""), "fatal": True}
+        error = {
+            "event": "error",
+            "kind": msg.get("kind", "worker_start"),
+            "message": msg.get("message", ""),
+            "fatal": True,
+        }
         for queue in self._queues.values():
             queue.put_nowait(error)
         self._broadcast(msg)
@@ -75,12 +79,17 @@ class EngineClient:
         self.worker.postMessage(protocol.encode({"op": op, "id": req_id, **fields}))
         return req_id
 
-    async def request(self, op: str, on_event: Callable[[dict[str, Any]], None] | None = None,
-                      **fields: Any) -> dict[str, Any]:
+    async def request(
+        self, op: str, on_event: Callable[[dict[str, Any]], None] | None = None, **fields: Any
+    ) -> dict[str, Any]:
         """Send `op` and wait for its final event; intermediate events go to `on_event`."""
         if self.dead is not None:
-            return {"event": "error", "kind": self.dead.get("kind", "worker_start"),
-                    "message": self.dead.get("message", ""), "fatal": True}
+            return {
+                "event": "error",
+                "kind": self.dead.get("kind", "worker_start"),
+                "message": self.dead.get("message", ""),
+                "fatal": True,
+            }
         queue: asyncio.Queue = asyncio.Queue()
         req_id = self.send(op, **fields)
         self._queues[req_id] = queue
@@ -107,8 +116,7 @@ class EngineClient:
         async with self._load_lock:
             return await self._load(model, on_event)
 
-    async def ensure_loaded(self, model: dict[str, Any],
-                            on_event: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    async def ensure_loaded(self, model: dict[str, Any], on_event: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         """The model's `loaded` event, loading it only if this page's worker has not already."""
         async with self._load_lock:
             if self.loaded is not None and self.loaded["key"] == model["key"]:
@@ -120,15 +128,23 @@ class EngineClient:
         self.loaded = {**result, "key": model["key"]} if result["event"] == "loaded" else None
         return result
 
-    async def chat(self, messages: list[dict[str, str]], settings: dict[str, Any],
-                   on_piece: Callable[[str], None]) -> dict[str, Any]:
-        return await self.request("chat", lambda m: on_piece(m["text"]) if m["event"] == "piece" else None,
-                                  messages=messages, settings=settings)
+    async def chat(
+        self, messages: list[dict[str, str]], settings: dict[str, Any], on_piece: Callable[[str], None]
+    ) -> dict[str, Any]:
+        return await self.request(
+            "chat",
+            lambda m: on_piece(m["text"]) if m["event"] == "piece" else None,
+            messages=messages,
+            settings=settings,
+        )
 
-    async def complete(self, prompt: str, settings: dict[str, Any],
-                       on_piece: Callable[[str], None]) -> dict[str, Any]:
-        return await self.request("complete", lambda m: on_piece(m["text"]) if m["event"] == "piece" else None,
-                                  prompt=prompt, settings=settings)
+    async def complete(self, prompt: str, settings: dict[str, Any], on_piece: Callable[[str], None]) -> dict[str, Any]:
+        return await self.request(
+            "complete",
+            lambda m: on_piece(m["text"]) if m["event"] == "piece" else None,
+            prompt=prompt,
+            settings=settings,
+        )
 
     async def list_models(self) -> dict[str, Any]:
         return await self.request("list_models")

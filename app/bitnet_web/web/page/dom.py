@@ -20,8 +20,14 @@ def by_id(element_id: str) -> Any:
     return node
 
 
-def el(tag: str, text: str | None = None, *, cls: str | None = None,
-       attrs: dict[str, str] | None = None, children: Iterable[Any] = ()) -> Any:
+def el(
+    tag: str,
+    text: str | None = None,
+    *,
+    cls: str | None = None,
+    attrs: dict[str, str] | None = None,
+    children: Iterable[Any] = (),
+) -> Any:
     """A new element with text (as text, never parsed), class, attributes and children."""
     node = js.document.createElement(tag)
     if cls:
@@ -80,8 +86,9 @@ class Listeners:
         self._bound = []
 
 
-def render_failure(container: Any, title: str, message: str, advice: Iterable[str], detail: str = "",
-                   actions: Iterable[Any] = ()) -> None:
+def render_failure(
+    container: Any, title: str, message: str, advice: Iterable[str], detail: str = "", actions: Iterable[Any] = ()
+) -> None:
     """A readable failure block: title, what happened, what to do (all as text), then `actions`
     (elements such as a button that fixes it; their listeners belong to the caller)."""
     clear(container)

@@ -17,8 +17,12 @@ async def probe_webgpu() -> tuple[str | None, str]:
     gpu = getattr(js.navigator, "gpu", None)
     if gpu is None:
         secure = bool(getattr(js.window, "isSecureContext", True))
-        why = ("navigator.gpu is missing" + ("" if secure else " because the page is not served from "
-               "https:// or http://localhost / 127.0.0.1 (WebGPU needs a secure context)"))
+        why = "navigator.gpu is missing" + (
+            ""
+            if secure
+            else " because the page is not served from "
+            "https:// or http://localhost / 127.0.0.1 (WebGPU needs a secure context)"
+        )
         return "no_webgpu", f"This browser does not expose WebGPU ({why})."
     try:
         adapter = await gpu.requestAdapter()
@@ -27,8 +31,11 @@ async def probe_webgpu() -> tuple[str | None, str]:
     if adapter is None:
         return "no_adapter", "navigator.gpu.requestAdapter() found no usable GPU adapter."
     info = getattr(adapter, "info", None)
-    name = " / ".join(str(getattr(info, k, "") or "") for k in ("vendor", "architecture")).strip(" /") \
-        if info is not None else ""
+    name = (
+        " / ".join(str(getattr(info, k, "") or "") for k in ("vendor", "architecture")).strip(" /")
+        if info is not None
+        else ""
+    )
     return None, f"WebGPU adapter: {name or 'unnamed'}"
 
 
@@ -42,9 +49,15 @@ async def fetch_json(url: str) -> Any:
 def model_descriptor(entry: dict[str, Any], root_url: str) -> dict[str, Any]:
     """What the worker needs to load a model: its absolute URL is also its cache key."""
     url = str(js.URL.new(entry["url"], root_url).href)
-    return {"key": url, "url": url, "name": entry.get("name") or url, "size": entry.get("size"),
-            "size_hint": entry.get("size_hint"), "sha256": entry.get("sha256"),
-            "bundled": bool(entry.get("bundled"))}
+    return {
+        "key": url,
+        "url": url,
+        "name": entry.get("name") or url,
+        "size": entry.get("size"),
+        "size_hint": entry.get("size_hint"),
+        "sha256": entry.get("sha256"),
+        "bundled": bool(entry.get("bundled")),
+    }
 
 
 def custom_descriptor(url: str) -> dict[str, Any]:
@@ -58,8 +71,7 @@ def custom_descriptor(url: str) -> dict[str, Any]:
         raise ValueError(f"{text!r}: only http:// and https:// URLs can be downloaded")
     href = str(parsed.href)
     name = href.rstrip("/").rsplit("/", 1)[-1] or href
-    return {"key": href, "url": href, "name": name, "size": None, "size_hint": None, "sha256": None,
-            "bundled": False}
+    return {"key": href, "url": href, "name": name, "size": None, "size_hint": None, "sha256": None, "bundled": False}
 
 
 async def storage_shortfall(needed: int | None) -> str | None:
@@ -75,8 +87,10 @@ async def storage_shortfall(needed: int | None) -> str | None:
     free = quota - usage
     if needed <= free:
         return None
-    return (f"The model needs {format_bytes(needed)} of browser storage; this site may use "
-            f"{format_bytes(max(0, free))} more (quota {format_bytes(quota)}, used {format_bytes(usage)}).")
+    return (
+        f"The model needs {format_bytes(needed)} of browser storage; this site may use "
+        f"{format_bytes(max(0, free))} more (quota {format_bytes(quota)}, used {format_bytes(usage)})."
+    )
 
 
 async def request_persistence() -> bool | None:
@@ -110,6 +124,7 @@ async def register_service_worker(root_url: str) -> str:
         return "Offline use unavailable (no service worker support in this context)"
     try:
         from ..shared.jsutil import js_obj
+
         await container.register(root_url + "sw.js", js_obj({"scope": root_url}))
         await container.ready
     except Exception as e:

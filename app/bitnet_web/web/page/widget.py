@@ -43,10 +43,14 @@ class TldrWidget:
         self.busy = False
         choices = sorted(set(MAX_TOKEN_CHOICES) | {max_tokens})
         uid = f"tldr-{id(self):x}"
-        self.text = el("textarea", attrs={"id": uid + "-text", "rows": "7",
-                                          "placeholder": "Paste an article, an e-mail, notes…"})
-        self.max_tokens = el("select", attrs={"id": uid + "-max"},
-                             children=[el("option", str(n), attrs={"value": str(n)}) for n in choices])
+        self.text = el(
+            "textarea", attrs={"id": uid + "-text", "rows": "7", "placeholder": "Paste an article, an e-mail, notes…"}
+        )
+        self.max_tokens = el(
+            "select",
+            attrs={"id": uid + "-max"},
+            children=[el("option", str(n), attrs={"value": str(n)}) for n in choices],
+        )
         self.max_tokens.value = str(max_tokens)
         self.button = el("button", "Summarize", cls="primary", attrs={"type": "button", "disabled": ""})
         self.stop_button = el("button", "Stop", attrs={"type": "button", "disabled": ""})
@@ -55,12 +59,23 @@ class TldrWidget:
         self.status = el("div", "Starting…", cls="status muted", attrs={"role": "status"})
         clear(container)
         container.classList.add("tldr")
-        container.append(el("h2", "TL;DR"),
-                         el("label", "Text to summarize", attrs={"for": uid + "-text"}), self.text,
-                         el("div", cls="controls", children=[
-                             el("label", children=[el("span", "Max tokens"), self.max_tokens]),
-                             self.button, self.stop_button]),
-                         self.summary, self.stats, self.status)
+        container.append(
+            el("h2", "TL;DR"),
+            el("label", "Text to summarize", attrs={"for": uid + "-text"}),
+            self.text,
+            el(
+                "div",
+                cls="controls",
+                children=[
+                    el("label", children=[el("span", "Max tokens"), self.max_tokens]),
+                    self.button,
+                    self.stop_button,
+                ],
+            ),
+            self.summary,
+            self.stats,
+            self.status,
+        )
         self.listeners.on(self.button, "click", lambda e: asyncio.ensure_future(self.summarize()))
         self.listeners.on(self.stop_button, "click", lambda e: self.client and self.client.abort())
         self._state("starting")
@@ -134,8 +149,9 @@ class TldrWidget:
         if self.busy or self.client is None:
             return
         max_tokens = int(self.max_tokens.value)
-        text, cut = clip_to_context(str(self.text.value), self.info.get("context_length"),
-                                    reserve_tokens=max_tokens + 64)
+        text, cut = clip_to_context(
+            str(self.text.value), self.info.get("context_length"), reserve_tokens=max_tokens + 64
+        )
         if not text:
             set_text(self.status, "Paste some text first.")
             return

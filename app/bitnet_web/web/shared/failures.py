@@ -24,69 +24,100 @@ _GPU_BROWSERS = (
     "Use a current Chrome or Edge (version 113 or newer) on Windows, macOS or ChromeOS.",
     "On Linux, Chrome needs chrome://flags/#enable-unsafe-webgpu (and often "
     "chrome://flags/#enable-vulkan) turned on, then a restart.",
-    "Check that hardware acceleration is on: chrome://settings/system, \"Use graphics acceleration "
+    'Check that hardware acceleration is on: chrome://settings/system, "Use graphics acceleration '
     "when available\". chrome://gpu shows WebGPU's status.",
-    "Firefox and Safari ship WebGPU only in recent versions or behind settings; Chrome or Edge is "
-    "the tested choice.",
+    "Firefox and Safari ship WebGPU only in recent versions or behind settings; Chrome or Edge is the tested choice.",
 )
 
 _TEXTS: dict[str, tuple[str, tuple[str, ...], bool]] = {
     # kind: (title, advice, fatal)
     "no_webgpu": ("This browser has no WebGPU", _GPU_BROWSERS, True),
-    "no_adapter": ("WebGPU is present but no GPU adapter is available", (
-        "The GPU may be blocklisted or hardware acceleration switched off: see chrome://gpu.",
-        *_GPU_BROWSERS[1:3],
-        "Close other tabs that use the GPU heavily and reload.",
-    ), True),
-    "missing_feature": ("Your GPU lacks a feature this model needs", (
-        "Update the browser and the graphics driver, then reload.",
-        "Try another browser (Chrome or Edge) or another device.",
-    ), False),
-    "memory": ("Not enough memory for this model", (
-        "Close other tabs and apps, then load the model again.",
-        "Choose a smaller model (the bundled one needs only a few MB).",
-        "A 64-bit browser on a device with 8 GB of RAM or more is needed for BitNet 2B-4T.",
-    ), False),
-    "quota": ("Not enough storage space for this model", (
-        "Delete cached models you no longer need (Storage, below the model list).",
-        "Free disk space, or allow this site more storage in the browser's site settings.",
-    ), False),
-    "storage": ("Browser storage failed", (
-        "Press Load to try again: what was stored so far is kept when it can be.",
-        "If this repeats, free disk space, or leave private browsing (it limits storage), then reload.",
-    ), False),
-    "deleted": ("The model was deleted while it was loading", (
-        "Press Load to download it again.",
-    ), False),
-    "download": ("The model could not be downloaded", (
-        "Check the network connection and press Load again: a partial download resumes where it "
-        "stopped when the server supports it.",
-        "If the URL is on another site, that server must allow cross-origin requests (CORS).",
-    ), False),
-    "not_gguf": ("That URL is not a GGUF model file", (
-        "Use a direct link to a .gguf file (on Hugging Face: the \"resolve/main/...gguf\" link, not "
-        "the \"blob\" page).",
-    ), False),
-    "bad_model": ("The model file is damaged or not supported", (
-        "Download it again (delete the cached copy under Storage first).",
-        "Only BitNet b1.58 GGUF files (I2_S, TQ1_0, TQ2_0 weights) are supported.",
-    ), False),
-    "device_lost": ("The GPU was reset", (
-        "Press Load to load the model again; your chat is kept.",
-    ), False),
-    "engine_missing": ("The inference engine is not part of this build", (
-        "The model was downloaded and checked, but this build cannot run it. Rebuild with the "
-        "engine (python3 build.py serve) to chat.",
-    ), False),
+    "no_adapter": (
+        "WebGPU is present but no GPU adapter is available",
+        (
+            "The GPU may be blocklisted or hardware acceleration switched off: see chrome://gpu.",
+            *_GPU_BROWSERS[1:3],
+            "Close other tabs that use the GPU heavily and reload.",
+        ),
+        True,
+    ),
+    "missing_feature": (
+        "Your GPU lacks a feature this model needs",
+        (
+            "Update the browser and the graphics driver, then reload.",
+            "Try another browser (Chrome or Edge) or another device.",
+        ),
+        False,
+    ),
+    "memory": (
+        "Not enough memory for this model",
+        (
+            "Close other tabs and apps, then load the model again.",
+            "Choose a smaller model (the bundled one needs only a few MB).",
+            "A 64-bit browser on a device with 8 GB of RAM or more is needed for BitNet 2B-4T.",
+        ),
+        False,
+    ),
+    "quota": (
+        "Not enough storage space for this model",
+        (
+            "Delete cached models you no longer need (Storage, below the model list).",
+            "Free disk space, or allow this site more storage in the browser's site settings.",
+        ),
+        False,
+    ),
+    "storage": (
+        "Browser storage failed",
+        (
+            "Press Load to try again: what was stored so far is kept when it can be.",
+            "If this repeats, free disk space, or leave private browsing (it limits storage), then reload.",
+        ),
+        False,
+    ),
+    "deleted": ("The model was deleted while it was loading", ("Press Load to download it again.",), False),
+    "download": (
+        "The model could not be downloaded",
+        (
+            "Check the network connection and press Load again: a partial download resumes where it "
+            "stopped when the server supports it.",
+            "If the URL is on another site, that server must allow cross-origin requests (CORS).",
+        ),
+        False,
+    ),
+    "not_gguf": (
+        "That URL is not a GGUF model file",
+        ('Use a direct link to a .gguf file (on Hugging Face: the "resolve/main/...gguf" link, not the "blob" page).',),
+        False,
+    ),
+    "bad_model": (
+        "The model file is damaged or not supported",
+        (
+            "Download it again (delete the cached copy under Storage first).",
+            "Only BitNet b1.58 GGUF files (I2_S, TQ1_0, TQ2_0 weights) are supported.",
+        ),
+        False,
+    ),
+    "device_lost": ("The GPU was reset", ("Press Load to load the model again; your chat is kept.",), False),
+    "engine_missing": (
+        "The inference engine is not part of this build",
+        (
+            "The model was downloaded and checked, but this build cannot run it. Rebuild with the "
+            "engine (python3 build.py serve) to chat.",
+        ),
+        False,
+    ),
     "cancelled": ("Loading cancelled", ("Press Load to continue: the download resumes.",), False),
-    "worker_start": ("The engine worker could not start", (
-        "Reload the page. If this repeats, the site's files may be incomplete: rebuild and serve "
-        "them again.",
-    ), True),
+    "worker_start": (
+        "The engine worker could not start",
+        ("Reload the page. If this repeats, the site's files may be incomplete: rebuild and serve them again.",),
+        True,
+    ),
     "busy": ("Busy", ("Wait for the current step to finish, or press Stop.",), False),
-    "internal": ("Something went wrong", (
-        "Reload the page. The details below help when reporting the problem.",
-    ), False),
+    "internal": (
+        "Something went wrong",
+        ("Reload the page. The details below help when reporting the problem.",),
+        False,
+    ),
 }
 
 # Exception class names (anywhere in the MRO) -> kind. Names, not imports: the GPU and engine
@@ -124,8 +155,9 @@ def classify(exc: BaseException) -> str:
 def describe(kind: str, message: str) -> Failure:
     """The text shown for a failure of `kind`; `message` says what exactly happened."""
     title, advice, fatal = _TEXTS.get(kind, _TEXTS["internal"])
-    return Failure(kind=kind if kind in _TEXTS else "internal", title=title, message=message,
-                   advice=advice, fatal=fatal)
+    return Failure(
+        kind=kind if kind in _TEXTS else "internal", title=title, message=message, advice=advice, fatal=fatal
+    )
 
 
 def failure_event(exc: BaseException, request_id: int | None = None) -> dict:
@@ -134,5 +166,13 @@ def failure_event(exc: BaseException, request_id: int | None = None) -> dict:
     text = str(exc) or type(exc).__name__
     f = describe(kind, text)
     detail = type(exc).__name__ if kind != "internal" else f"{type(exc).__module__}.{type(exc).__name__}"
-    return {"event": "error", "id": request_id, "kind": f.kind, "title": f.title, "message": f.message,
-            "advice": list(f.advice), "fatal": f.fatal, "detail": detail}
+    return {
+        "event": "error",
+        "id": request_id,
+        "kind": f.kind,
+        "title": f.title,
+        "message": f.message,
+        "advice": list(f.advice),
+        "fatal": f.fatal,
+        "detail": detail,
+    }

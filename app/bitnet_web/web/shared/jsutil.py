@@ -24,6 +24,7 @@ def event_promise(target: JsProxy, ok: str, fail: tuple[str, ...] = ("error",)) 
     The event handlers are the Promise's own resolve/reject functions, so no Python proxy outlives
     this call (the executor is a once-callable, freed after its single call).
     """
+
     def executor(resolve, reject):
         setattr(target, "on" + ok, resolve)
         for name in fail:
@@ -129,6 +130,7 @@ class WebLock:
 # - JS references held by Python (every JsProxy: DOM nodes, GPU objects, promises), counted by
 #   `_hiwire_num_refs()`. A JsProxy is released when its Python object dies, so `gc.collect()`
 #   runs first: what remains is reachable from Python.
+
 
 def start_proxy_census() -> None:
     """Start recording PyProxy allocations in this interpreter (page or worker); only proxies

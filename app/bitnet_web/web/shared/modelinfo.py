@@ -71,8 +71,12 @@ def info_rows(info: dict[str, Any], stats: dict[str, Any] | None = None) -> list
     if info.get("name"):
         rows.append(("Name", str(info["name"])))
     if info.get("lossy"):
-        rows.append(("Quality", "EXPERIMENTAL, LOSSY: an ordinary checkpoint ternarized on load; expect "
-                                "degraded or meaningless output"))
+        rows.append(
+            (
+                "Quality",
+                "EXPERIMENTAL, LOSSY: an ordinary checkpoint ternarized on load; expect degraded or meaningless output",
+            )
+        )
     rows.append(("Architecture", str(info.get("arch") or "?")))
     rows.append(("Parameters", format_count(_int(info.get("n_params")))))
     if info.get("file_size"):
@@ -86,6 +90,10 @@ def info_rows(info: dict[str, Any], stats: dict[str, Any] | None = None) -> list
     ctx = _int(info.get("context_length"))
     used = _int((stats or {}).get("context_used"))
     if ctx or used is not None:
-        rows.append(("Context", f"{used if used is not None else 0:,} of {ctx:,} tokens used" if ctx
-                     else f"{used:,} tokens used"))
+        rows.append(
+            (
+                "Context",
+                f"{used if used is not None else 0:,} of {ctx:,} tokens used" if ctx else f"{used:,} tokens used",
+            )
+        )
     return rows

@@ -88,7 +88,7 @@ def fraction(done: int, total: int | None) -> float | None:
 
 
 def stats_line(stats: dict[str, Any], reason: str | None = None) -> str:
-    """"42 tokens, 12.3 tok/s, first token after 0.41 s" (plus "stopped")."""
+    """ "42 tokens, 12.3 tok/s, first token after 0.41 s" (plus "stopped")."""
     parts = []
     n = stats.get("n_generated")
     if n is not None:

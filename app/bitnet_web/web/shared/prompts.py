@@ -19,8 +19,10 @@ def clip_to_context(text: str, context_length: int | None, reserve_tokens: int) 
 
 
 def summary_messages(text: str) -> list[dict[str, str]]:
-    return [{"role": "system", "content": SUMMARY_SYSTEM},
-            {"role": "user", "content": f"Summarize this text in one or two sentences:\n\n{text}"}]
+    return [
+        {"role": "system", "content": SUMMARY_SYSTEM},
+        {"role": "user", "content": f"Summarize this text in one or two sentences:\n\n{text}"},
+    ]
 
 
 def summary_prompt(text: str) -> str:
@@ -28,8 +30,9 @@ def summary_prompt(text: str) -> str:
     return f"{text}\n\nTL;DR:"
 
 
-def turn_request(template_kind: str | None, system: str, history: list[dict[str, str]],
-                 text: str) -> tuple[str, object]:
+def turn_request(
+    template_kind: str | None, system: str, history: list[dict[str, str]], text: str
+) -> tuple[str, object]:
     """The engine request for the next chat turn: ("chat", messages) for a chat model, or
     ("complete", prompt) for a model without a chat format (template kind "completion"), where the
     conversation is one running document that the model continues (the system prompt is not used).

@@ -33,10 +33,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-OPS = frozenset({"init", "list_models", "delete_model", "load", "cancel_load", "chat", "complete",
-                 "abort", "reset"})
-EVENTS = frozenset({"ready", "models", "progress", "header", "loaded", "piece", "done", "error",
-                    "fatal", "log"})
+OPS = frozenset({"init", "list_models", "delete_model", "load", "cancel_load", "chat", "complete", "abort", "reset"})
+EVENTS = frozenset({"ready", "models", "progress", "header", "loaded", "piece", "done", "error", "fatal", "log"})
 
 
 class ProtocolError(ValueError):

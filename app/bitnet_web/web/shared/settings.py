@@ -48,8 +48,7 @@ def parse_value(name: str, text: str) -> Any:
         if f.kind is int and float(text) != int(float(text)):
             raise ValueError
     except ValueError:
-        raise SettingsError(f"{f.label}: {text!r} is not {'a whole number' if f.kind is int else 'a number'}"
-                            ) from None
+        raise SettingsError(f"{f.label}: {text!r} is not {'a whole number' if f.kind is int else 'a number'}") from None
     if value != value or not f.low <= value <= f.high:
         raise SettingsError(f"{f.label}: {text} is outside {f.low:g} to {f.high:g}")
     return value
@@ -69,5 +68,12 @@ def to_engine_settings(settings: dict[str, Any], settings_cls: type) -> Any:
 
 def greedy(max_tokens: int) -> dict[str, Any]:
     """Settings that make generation deterministic (used by the widget and the tests)."""
-    return {**DEFAULTS, "temperature": 0.0, "top_k": 1, "top_p": 1.0, "repetition_penalty": 1.0,
-            "max_tokens": max_tokens, "seed": 0}
+    return {
+        **DEFAULTS,
+        "temperature": 0.0,
+        "top_k": 1,
+        "top_p": 1.0,
+        "repetition_penalty": 1.0,
+        "max_tokens": max_tokens,
+        "seed": 0,
+    }

@@ -46,6 +46,7 @@ class EngineMissingError(Exception):
 # Listing
 # -------------------------------------------------------------------------------------------------
 
+
 async def delete_entry(store: Any, key: str) -> None:
     """Delete a cache entry; for a checkpoint group, its files first (so no file outlives its group)."""
     group = await store.get(key)
@@ -68,6 +69,7 @@ def _is_bad_checkpoint(exc: BaseException, *, lossy_refusal: bool = True) -> boo
 # -------------------------------------------------------------------------------------------------
 # Worker side
 # -------------------------------------------------------------------------------------------------
+
 
 class CheckpointDownloader:
     """Fetches, caches and converts one checkpoint folder; events go to `emit(dict)` (as ModelDownloader's)."""
@@ -116,6 +118,7 @@ class CheckpointDownloader:
                     pass  # the conversion error is the one to report
             raise
         from ..shared.modelinfo import header_info
+
         group["header"] = header_info(gguf, group.get("total"))
         if allow_lossy and not group.get(LOSSY_FIELD) and group["header"].get("lossy"):
             group[LOSSY_FIELD] = True
@@ -150,8 +153,9 @@ class CheckpointDownloader:
                 return group, "cache"
             group["complete"] = False  # a file was evicted or damaged: fetch what is missing
         if group is None or group.get("format") != FORMAT:
-            group = await self.store.begin(key, url=base, name=model.get("name") or checkpoint_name(base),
-                                           format=FORMAT, files=[], planned=False)
+            group = await self.store.begin(
+                key, url=base, name=model.get("name") or checkpoint_name(base), format=FORMAT, files=[], planned=False
+            )
         if not group.get("planned"):
             await self._plan(group, model)
         for f in group["files"]:
@@ -176,15 +180,19 @@ class CheckpointDownloader:
         from ...formats.safetensors import SafetensorsError
 
         base = group["url"]
-        why = {CONFIG_FILE: f"there is no {CONFIG_FILE}, so {base} is not a Hugging Face checkpoint folder",
-               TOKENIZER_FILE: f"the checkpoint has no {TOKENIZER_FILE} (its vocabulary)",
-               WEIGHTS_FILE: f"the checkpoint has neither {WEIGHTS_FILE} nor {INDEX_FILE} (only safetensors "
-                             "checkpoints are supported)"}
+        why = {
+            CONFIG_FILE: f"there is no {CONFIG_FILE}, so {base} is not a Hugging Face checkpoint folder",
+            TOKENIZER_FILE: f"the checkpoint has no {TOKENIZER_FILE} (its vocabulary)",
+            WEIGHTS_FILE: f"the checkpoint has neither {WEIGHTS_FILE} nor {INDEX_FILE} (only safetensors "
+            "checkpoints are supported)",
+        }
         size = await self._head(base + CONFIG_FILE, required=True, why=why[CONFIG_FILE])
-        config = CheckpointFiles(group["name"], source=base, buffers={
-            CONFIG_FILE: await self._fetch_small(group, CONFIG_FILE, size)})
-        check_config(config.json(CONFIG_FILE), config.label(CONFIG_FILE),
-                     allow_lossy_ternarization=bool(model.get(LOSSY_FIELD)))
+        config = CheckpointFiles(
+            group["name"], source=base, buffers={CONFIG_FILE: await self._fetch_small(group, CONFIG_FILE, size)}
+        )
+        check_config(
+            config.json(CONFIG_FILE), config.label(CONFIG_FILE), allow_lossy_ternarization=bool(model.get(LOSSY_FIELD))
+        )
         index = None
         size = await self._head(base + INDEX_FILE, required=False)
         if size is not _MISSING:
@@ -197,8 +205,9 @@ class CheckpointDownloader:
         for name in files_to_fetch(index):
             if name in have:
                 continue
-            reason = why.get(name) or (f"{name}, one of the weight shards named by {INDEX_FILE}, is missing "
-                                       "from the checkpoint")
+            reason = why.get(name) or (
+                f"{name}, one of the weight shards named by {INDEX_FILE}, is missing from the checkpoint"
+            )
             size = await self._head(base + name, required=name not in OPTIONAL_FILES, why=reason)
             if size is not _MISSING:
                 group["files"].append({"name": name, "size": size})
@@ -232,9 +241,11 @@ class CheckpointDownloader:
         try:
             resp = await js.fetch(url, js_obj({"method": "HEAD", "cache": "no-store"}))
         except JsException as e:
-            raise DownloadError(f"could not connect to the server of {url} ({error_message(e)}: it is "
-                                "unreachable, the browser is offline, or it does not allow cross-origin "
-                                "requests)") from None
+            raise DownloadError(
+                f"could not connect to the server of {url} ({error_message(e)}: it is "
+                "unreachable, the browser is offline, or it does not allow cross-origin "
+                "requests)"
+            ) from None
         status = int(resp.status)
         if status in (404, 410):
             if not required:
@@ -266,15 +277,23 @@ class CheckpointDownloader:
         self._file_downloader = downloader
         try:
             url = group["key"] + f["name"]
-            meta, _ = await downloader.ensure_cached({
-                "key": url, "url": url, "name": f"{group['name']}/{f['name']}", "size": None, "sha256": None,
-                "bundled": False, "format": "raw"})
+            meta, _ = await downloader.ensure_cached(
+                {
+                    "key": url,
+                    "url": url,
+                    "name": f"{group['name']}/{f['name']}",
+                    "size": None,
+                    "sha256": None,
+                    "bundled": False,
+                    "format": "raw",
+                }
+            )
         finally:
             self._file_downloader = None
         if f.get("size") != meta["total"]:
             f["size"] = int(meta["total"])  # the server did not say, or said otherwise in the HEAD answer
             self._set_total(group)
-        group["stored"] = sum(int(g.get("size") or 0) for g in group["files"][:group["files"].index(f) + 1])
+        group["stored"] = sum(int(g.get("size") or 0) for g in group["files"][: group["files"].index(f) + 1])
         await self.store.put_meta(group)
         return meta
 
@@ -320,8 +339,9 @@ class CheckpointDownloader:
                 try:
                     data = np.empty(int(meta["total"]), dtype=np.uint8)
                 except MemoryError:
-                    raise MemoryError(f"could not reserve {int(meta['total']):,} bytes of WebAssembly memory "
-                                      f"for {key}") from None
+                    raise MemoryError(
+                        f"could not reserve {int(meta['total']):,} bytes of WebAssembly memory for {key}"
+                    ) from None
                 offset = done
                 await self.store.read_into(meta, data, lambda d, t, o=offset: self._phase("read", o + d, total))
             except CorruptEntryError:
@@ -338,8 +358,11 @@ class CheckpointDownloader:
         from ...convert.hf_checkpoint import CheckpointFiles, load_files
 
         files = CheckpointFiles(group["name"], buffers=buffers, source=group["url"])
-        gguf = load_files(files, allow_lossy_ternarization=allow_lossy,
-                          progress=lambda phase, done, total: self._phase("convert", done, total))
+        gguf = load_files(
+            files,
+            allow_lossy_ternarization=allow_lossy,
+            progress=lambda phase, done, total: self._phase("convert", done, total),
+        )
         buffers.clear()  # the GGUF is a new buffer: the downloaded files are no longer needed
         return gguf
 
@@ -348,4 +371,3 @@ class CheckpointDownloader:
         if force or done >= total or now - self._last_progress >= PROGRESS_EVERY_S:
             self._last_progress = now
             self.emit({"event": "progress", "phase": phase, "done": int(done), "total": int(total)})
-

@@ -105,10 +105,17 @@ def describe_non_gguf(first_bytes: bytes, content_type: str | None, url: str) ->
     head = first_bytes[:64]
     printable = "".join(chr(b) if 32 <= b < 127 else "." for b in head)
     looks_html = head.lstrip().lower().startswith((b"<!doctype", b"<html", b"<"))
-    kind = ("an HTML page" if looks_html or (content_type or "").startswith("text/html")
-            else f"content of type {content_type}" if content_type else "data")
-    return (f"{url} returned {kind}, not a GGUF model: the first bytes are {printable[:24]!r} "
-            f"(a GGUF file starts with 'GGUF')")
+    kind = (
+        "an HTML page"
+        if looks_html or (content_type or "").startswith("text/html")
+        else f"content of type {content_type}"
+        if content_type
+        else "data"
+    )
+    return (
+        f"{url} returned {kind}, not a GGUF model: the first bytes are {printable[:24]!r} "
+        f"(a GGUF file starts with 'GGUF')"
+    )
 
 
 def kept_text(stored: int, total: int | None) -> str:
@@ -122,6 +129,7 @@ def kept_text(stored: int, total: int | None) -> str:
 def testing_hooks() -> dict[str, Any]:
     """The test hooks set in this context's global scope (`self.bitnetWebTestHooks`), or {}."""
     import js
+
     hooks = getattr(js.self, "bitnetWebTestHooks", None)
     if hooks is None or not hasattr(hooks, "to_py"):
         return {}
@@ -196,11 +204,13 @@ class ModelDownloader:
         if meta is not None and meta.get("complete"):
             return meta, "cache"
         if meta is None or int(meta.get("stored") or 0) == 0:
-            meta = await self.store.begin(key, url=model["url"], name=model.get("name") or key,
-                                          sha256=model.get("sha256"))
+            meta = await self.store.begin(
+                key, url=model["url"], name=model.get("name") or key, sha256=model.get("sha256")
+            )
         elif meta.get("stored"):
-            self.emit({"event": "log", "message": f"resuming the download of {meta['name']} at byte "
-                                                  f"{meta['stored']:,}"})
+            self.emit(
+                {"event": "log", "message": f"resuming the download of {meta['name']} at byte {meta['stored']:,}"}
+            )
         if meta.get("header"):
             self.emit({"event": "header", "info": meta["header"]})
         attempts = 0
@@ -212,8 +222,10 @@ class ModelDownloader:
                     meta["total"] = meta["stored"]  # no length given: what arrived is the file
                 if meta["stored"] == meta["total"]:
                     break
-                raise _Interrupted(f"the response ended at byte {meta['stored']:,} of {meta['total']:,} "
-                                   "(shorter than its Content-Length)")
+                raise _Interrupted(
+                    f"the response ended at byte {meta['stored']:,} of {meta['total']:,} "
+                    "(shorter than its Content-Length)"
+                )
             except _Interrupted as e:
                 attempts += 1
                 if int(meta["stored"]) > received_before:
@@ -221,9 +233,14 @@ class ModelDownloader:
                 if attempts > MAX_AUTO_RESUMES:
                     raise DownloadError(f"{e}.{kept_text(int(meta['stored']), meta['total'])}") from None
                 delay = RESUME_BACKOFF_S[min(attempts - 1, len(RESUME_BACKOFF_S) - 1)]
-                self.emit({"event": "log", "message": f"{e}; resuming at byte {meta['stored']:,} "
-                                                      f"in {delay:g} s (retry {attempts})"})
+                self.emit(
+                    {
+                        "event": "log",
+                        "message": f"{e}; resuming at byte {meta['stored']:,} in {delay:g} s (retry {attempts})",
+                    }
+                )
                 from ..shared.jsutil import sleep_promise
+
                 await sleep_promise(delay)
                 if self.cancel_requested:
                     raise self._cancelled() from None
@@ -241,12 +258,16 @@ class ModelDownloader:
         if meta.get("header") is not None and (data_end is None or int(data_end) <= int(meta["stored"])):
             return
         from ...formats.ggml import GGUFTruncatedError
+
         await self.store.delete(meta["key"])  # a damaged file: nothing of it is worth keeping
         if meta.get("header") is None:
-            raise GGUFTruncatedError(f"{meta['url']}: the GGUF header could not be read from the "
-                                     f"{int(meta['stored']):,} bytes received")
-        raise GGUFTruncatedError(f"{meta['url']} ends at byte {int(meta['stored']):,} but its tensor data "
-                                 f"reaches byte {int(data_end):,}: the file is truncated")
+            raise GGUFTruncatedError(
+                f"{meta['url']}: the GGUF header could not be read from the {int(meta['stored']):,} bytes received"
+            )
+        raise GGUFTruncatedError(
+            f"{meta['url']} ends at byte {int(meta['stored']):,} but its tensor data "
+            f"reaches byte {int(data_end):,}: the file is truncated"
+        )
 
     async def _transfer(self, model: dict[str, Any], meta: dict[str, Any]) -> None:
         """One HTTP request continuing `meta` from `meta["stored"]`."""
@@ -266,8 +287,10 @@ class ModelDownloader:
         try:
             resp = await js.fetch(url, js_obj({"headers": js_obj(headers), "cache": "no-store"}))
         except JsException as e:
-            text = (f"could not connect to {_host(url)} ({error_message(e)}: the server is unreachable, "
-                    "the browser is offline, or the server does not allow cross-origin requests)")
+            text = (
+                f"could not connect to {_host(url)} ({error_message(e)}: the server is unreachable, "
+                "the browser is offline, or the server does not allow cross-origin requests)"
+            )
             if start == 0:
                 raise DownloadError(text) from None  # nothing to resume: say so at once
             raise _Interrupted(text) from None
@@ -277,61 +300,81 @@ class ModelDownloader:
                 return  # everything was already stored
             # the server's copy has fewer bytes than the partial one: it changed, so the partial
             # copy belongs to another version of the file
-            self.emit({"event": "log", "message": f"{_host(url)} has no bytes from {start:,} on (HTTP 416: "
-                                                  "the file changed): downloading from the start"})
-            fresh = await self.store.begin(meta["key"], url=meta["url"], name=meta["name"],
-                                           sha256=meta.get("sha256"))
+            self.emit(
+                {
+                    "event": "log",
+                    "message": f"{_host(url)} has no bytes from {start:,} on (HTTP 416: "
+                    "the file changed): downloading from the start",
+                }
+            )
+            fresh = await self.store.begin(meta["key"], url=meta["url"], name=meta["name"], sha256=meta.get("sha256"))
             meta.clear()
             meta.update(fresh)
             raise _Interrupted(f"{url} changed on the server")
         if status not in (200, 206):
             kept = kept_text(start, meta.get("total"))
-            raise DownloadError(f"HTTP {status} {resp.statusText or ''}".rstrip()
-                                + f" from {_host(url)} for {url}.{kept}")
+            raise DownloadError(
+                f"HTTP {status} {resp.statusText or ''}".rstrip() + f" from {_host(url)} for {url}.{kept}"
+            )
         total: int | None
         restart = False
         if status == 206:
             cr = parse_content_range(resp.headers.get("Content-Range"))
             if cr is None or cr.first != start:
-                raise DownloadError(f"{_host(url)} answered a request for bytes from {start:,} with "
-                                    f"Content-Range {resp.headers.get('Content-Range')!r}")
+                raise DownloadError(
+                    f"{_host(url)} answered a request for bytes from {start:,} with "
+                    f"Content-Range {resp.headers.get('Content-Range')!r}"
+                )
             total = cr.total
             if meta.get("total") is not None and total is not None and total != meta["total"]:
-                raise DownloadError(f"{url} changed size during the download ({meta['total']:,} -> "
-                                    f"{total:,} bytes); delete the partial copy and load again")
+                raise DownloadError(
+                    f"{url} changed size during the download ({meta['total']:,} -> "
+                    f"{total:,} bytes); delete the partial copy and load again"
+                )
         else:
             total = content_length(resp.headers)
             restart = start > 0
         expected = model.get("size")
         if expected and total is not None and total != expected:
-            raise DownloadError(f"{url} is {total:,} bytes but the model list says {expected:,}: "
-                                "a different or damaged file")
-        fields = {"total": total, "etag": resp.headers.get("ETag"),
-                  "last_modified": resp.headers.get("Last-Modified")}
+            raise DownloadError(
+                f"{url} is {total:,} bytes but the model list says {expected:,}: a different or damaged file"
+            )
+        fields = {"total": total, "etag": resp.headers.get("ETag"), "last_modified": resp.headers.get("Last-Modified")}
         if total is not None:
             await _check_quota(total - start)
         if restart:
-            self.emit({"event": "log", "message": f"{_host(url)} ignored the range request (or the file "
-                                                  "changed): downloading from the start"})
+            self.emit(
+                {
+                    "event": "log",
+                    "message": f"{_host(url)} ignored the range request (or the file "
+                    "changed): downloading from the start",
+                }
+            )
         else:
             meta.update(fields)
             await self.store.put_meta(meta)
         if resp.body is None:
             raise DownloadError(f"{url}: the response has no body")
-        await self._stream(resp, meta, model, content_type=resp.headers.get("Content-Type"),
-                           restart_fields=fields if restart else None)
+        await self._stream(
+            resp, meta, model, content_type=resp.headers.get("Content-Type"), restart_fields=fields if restart else None
+        )
 
     async def _begin_again(self, meta: dict[str, Any], fields: dict[str, Any]) -> None:
         """Replace the partial copy with a fresh entry (the server sent the whole file again)."""
-        fresh = await self.store.begin(meta["key"], url=meta["url"], name=meta["name"],
-                                       sha256=meta.get("sha256"))
+        fresh = await self.store.begin(meta["key"], url=meta["url"], name=meta["name"], sha256=meta.get("sha256"))
         meta.clear()
         meta.update(fresh)
         meta.update(fields)
         await self.store.put_meta(meta)
 
-    async def _stream(self, resp: Any, meta: dict[str, Any], model: dict[str, Any],
-                      content_type: str | None, restart_fields: dict[str, Any] | None = None) -> None:
+    async def _stream(
+        self,
+        resp: Any,
+        meta: dict[str, Any],
+        model: dict[str, Any],
+        content_type: str | None,
+        restart_fields: dict[str, Any] | None = None,
+    ) -> None:
         """Read the body into chunks. `restart_fields`: the response is the whole file although a
         partial copy exists; that copy is replaced (with these fields) once the magic is checked."""
         import js
@@ -365,8 +408,7 @@ class ModelDownloader:
                 except JsException as e:
                     if self.cancel_requested:
                         raise self._cancelled() from None
-                    raise _Interrupted(f"the connection to {_host(meta['url'])} dropped "
-                                       f"({error_message(e)})") from None
+                    raise _Interrupted(f"the connection to {_host(meta['url'])} dropped ({error_message(e)})") from None
                 if result.done:
                     break
                 piece = result.value
@@ -381,8 +423,11 @@ class ModelDownloader:
                     if pending is not None and len(prefix) >= 4:
                         await self._begin_again(meta, pending)
                         pending = None
-                    if pending is None and (len(prefix) >= next_parse or len(prefix) >= HEADER_LIMIT or (
-                            total is not None and len(prefix) >= total)):
+                    if pending is None and (
+                        len(prefix) >= next_parse
+                        or len(prefix) >= HEADER_LIMIT
+                        or (total is not None and len(prefix) >= total)
+                    ):
                         header_wanted = not await self._try_header(prefix, meta)
                         next_parse = len(prefix) * 2
                 pos = 0
@@ -423,11 +468,11 @@ class ModelDownloader:
 
     async def _stored_prefix(self, meta: dict[str, Any]) -> bytes:
         from .store import CorruptEntryError
+
         try:
             return await self.store.read_prefix(meta, HEADER_LIMIT)
         except CorruptEntryError as e:
-            fresh = await self.store.begin(meta["key"], url=meta["url"], name=meta["name"],
-                                           sha256=meta.get("sha256"))
+            fresh = await self.store.begin(meta["key"], url=meta["url"], name=meta["name"], sha256=meta.get("sha256"))
             meta.clear()
             meta.update(fresh)
             raise _Interrupted(f"{e}: downloading from the start") from None
@@ -445,8 +490,7 @@ class ModelDownloader:
         if gguf is None:
             if final or len(prefix) >= HEADER_LIMIT:
                 limit = "the end of the file" if final else f"{HEADER_LIMIT:,} bytes"
-                raise GGUFTruncatedError(f"the GGUF header does not end within {limit} "
-                                         f"({len(prefix):,} bytes read)")
+                raise GGUFTruncatedError(f"the GGUF header does not end within {limit} ({len(prefix):,} bytes read)")
             return False
         info = header_info(gguf, meta["total"])
         meta["header"] = info
@@ -464,6 +508,7 @@ class ModelDownloader:
 
 def _cancel_quietly(reader: Any) -> None:
     import js
+
     try:
         # a cancel that fails is worth a debug line, not an "unhandled rejection" error
         reader.cancel().catch(js.console.debug)
@@ -477,6 +522,7 @@ def _is_header_error(e: BaseException) -> bool:
 
 async def _check_quota(needed: int) -> None:
     import js
+
     storage = getattr(js.navigator, "storage", None)
     if storage is None or not hasattr(storage, "estimate"):
         return
@@ -487,10 +533,14 @@ async def _check_quota(needed: int) -> None:
     free = int(quota) - int(usage)
     if needed > free:
         from ..shared.progress import format_bytes
-        raise QuotaError(f"the model needs {format_bytes(needed)} more of browser storage but only "
-                         f"{format_bytes(max(0, free))} is available (quota {format_bytes(int(quota))})")
+
+        raise QuotaError(
+            f"the model needs {format_bytes(needed)} more of browser storage but only "
+            f"{format_bytes(max(0, free))} is available (quota {format_bytes(int(quota))})"
+        )
 
 
 def _host(url: str) -> str:
     from urllib.parse import urlsplit
+
     return urlsplit(url).netloc or url

@@ -92,8 +92,10 @@ class EngineWorker:
                 event["detail"] += "\n" + "".join(traceback.format_exception(e))[-2000:]
             blocked = _csp_violations()[blocked_before:]
             if blocked:  # e.g. a model URL on a host the policy does not list: fetch() only says "failed"
-                event["message"] += (f" (this site's Content-Security-Policy blocked it: {'; '.join(blocked)}; "
-                                     "it allows downloads only from this site and the model hosts it lists)")
+                event["message"] += (
+                    f" (this site's Content-Security-Policy blocked it: {'; '.join(blocked)}; "
+                    "it allows downloads only from this site and the model hosts it lists)"
+                )
             if event["kind"] == "device_lost":
                 self._forget_lost_model(str(e))
             self.post(event)
@@ -111,8 +113,7 @@ class EngineWorker:
         if self.loaded_key is None:
             return
         self._forget_lost_model(reason)
-        self.post(_error("device_lost", f"the GPU device was lost ({reason}): the model must be loaded again",
-                         None))
+        self.post(_error("device_lost", f"the GPU device was lost ({reason}): the model must be loaded again", None))
 
     # -- ops --------------------------------------------------------------------------------------
 
@@ -124,18 +125,29 @@ class EngineWorker:
             store_error = None
         except Exception as e:
             store_error = str(e)
-        self.post({"event": "ready", "id": req_id, "engine_available": self.engine_module is not None,
-                   "engine_error": self.engine_error, "gpu": gpu, "store_error": store_error})
+        self.post(
+            {
+                "event": "ready",
+                "id": req_id,
+                "engine_available": self.engine_module is not None,
+                "engine_error": self.engine_error,
+                "gpu": gpu,
+                "store_error": store_error,
+            }
+        )
 
     async def op_list_models(self, msg: dict[str, Any], req_id: int | None) -> None:
         await self._post_models(req_id)
 
     async def op_delete_model(self, msg: dict[str, Any], req_id: int | None) -> None:
         key = msg["key"]
-        if self.downloader is not None and self.load_task is not None and not self.load_task.done() \
-                and self.loading_key == key:
-            self.downloader.cancel("the model was deleted from browser storage while it was loading",
-                                   kind="deleted")
+        if (
+            self.downloader is not None
+            and self.load_task is not None
+            and not self.load_task.done()
+            and self.loading_key == key
+        ):
+            self.downloader.cancel("the model was deleted from browser storage while it was loading", kind="deleted")
             await asyncio.wait([self.load_task])
         await delete_entry(self._require_store(), key)  # a checkpoint's group: all its files
         # a loaded model stays loaded (the engine holds its own copy): only the cached file is gone
@@ -167,8 +179,11 @@ class EngineWorker:
             self.downloader = CheckpointDownloader(store, emit)
             meta, gguf, source = await self.downloader.load(model)
             if self.engine_module is None or testing_hooks().get("skipEngine"):
-                why = "the engine load was skipped (test hook skipEngine)" if self.engine_module else \
-                    (self.engine_error or "")
+                why = (
+                    "the engine load was skipped (test hook skipEngine)"
+                    if self.engine_module
+                    else (self.engine_error or "")
+                )
                 raise EngineMissingError(f"{meta['name']}: fetched and converted. {why}".strip())
             await self._engine_load(meta, gguf, source, emit)
             return
@@ -197,9 +212,19 @@ class EngineWorker:
             del data
             why = "the engine load was skipped (test hook skipEngine)" if skip else (self.engine_error or "")
             f = describe("engine_missing", f"{meta['name']}: {meta['total']:,} bytes, verified. {why}".strip())
-            emit({"event": "error", "kind": f.kind, "title": f.title, "message": f.message,
-                  "advice": list(f.advice), "fatal": False, "detail": "", "info": meta["header"],
-                  "source": source})
+            emit(
+                {
+                    "event": "error",
+                    "kind": f.kind,
+                    "title": f.title,
+                    "message": f.message,
+                    "advice": list(f.advice),
+                    "fatal": False,
+                    "detail": "",
+                    "info": meta["header"],
+                    "source": source,
+                }
+            )
             return
         await self._engine_load(meta, data, source, emit)
 
@@ -208,8 +233,7 @@ class EngineWorker:
         try:
             data = np.empty(total, dtype=np.uint8)
         except MemoryError:
-            raise MemoryError(f"could not reserve {total:,} bytes of WebAssembly memory for "
-                              f"{meta['name']}") from None
+            raise MemoryError(f"could not reserve {total:,} bytes of WebAssembly memory for {meta['name']}") from None
         last = [0.0]
 
         def progress(done: int, total: int) -> None:
@@ -228,8 +252,9 @@ class EngineWorker:
         emit({"event": "progress", "phase": "verify", "done": 0, "total": len(data)})
         actual = hashlib.sha256(data).hexdigest()
         if actual != expected:
-            raise CorruptEntryError(f"{meta['name']}: SHA-256 {actual[:16]}… does not match the "
-                                    f"expected {expected[:16]}…")
+            raise CorruptEntryError(
+                f"{meta['name']}: SHA-256 {actual[:16]}… does not match the expected {expected[:16]}…"
+            )
 
     async def _engine_load(self, meta: dict[str, Any], data: np.ndarray, source: str, emit) -> None:
         if self.engine is None:
@@ -254,29 +279,43 @@ class EngineWorker:
             engine_info = dict(self.engine.info)
         except Exception as e:  # display only: the model works, show what the header says
             engine_info = {}
-            emit({"event": "log", "message": f"engine.info failed ({type(e).__name__}: {e}); "
-                                             "showing the file header instead"})
+            emit(
+                {
+                    "event": "log",
+                    "message": f"engine.info failed ({type(e).__name__}: {e}); showing the file header instead",
+                }
+            )
         info = {**header, **engine_info}
         if header.get("name"):
             info["name"] = header["name"]  # the file's own name rather than the engine's label
         emit({"event": "loaded", "info": info, "source": source})
 
     async def op_chat(self, msg: dict[str, Any], req_id: int | None) -> None:
-        await self._generate(req_id, lambda engine, settings, max_tokens: engine.chat_async(
-            msg["messages"], settings, max_tokens=max_tokens), msg.get("settings") or {})
+        await self._generate(
+            req_id,
+            lambda engine, settings, max_tokens: engine.chat_async(msg["messages"], settings, max_tokens=max_tokens),
+            msg.get("settings") or {},
+        )
 
     async def op_complete(self, msg: dict[str, Any], req_id: int | None) -> None:
-        await self._generate(req_id, lambda engine, settings, max_tokens: engine.complete_async(
-            msg["prompt"], settings, max_tokens=max_tokens), msg.get("settings") or {})
+        await self._generate(
+            req_id,
+            lambda engine, settings, max_tokens: engine.complete_async(msg["prompt"], settings, max_tokens=max_tokens),
+            msg.get("settings") or {},
+        )
 
     async def _generate(self, req_id: int | None, start, settings_dict: dict[str, Any]) -> None:
         if self.loaded_key is None and self.lost_reason is not None:
-            self.post(_error("device_lost", f"the GPU device was lost ({self.lost_reason}): load the model again",
-                             req_id))
+            self.post(
+                _error("device_lost", f"the GPU device was lost ({self.lost_reason}): load the model again", req_id)
+            )
             return
         if self.engine is None or self.loaded_key is None:
-            reason = ("the inference engine is not part of this build" if self.engine_module is None
-                      else "no model is loaded yet")
+            reason = (
+                "the inference engine is not part of this build"
+                if self.engine_module is None
+                else "no model is loaded yet"
+            )
             kind = "engine_missing" if self.engine_module is None else "internal"
             self.post(_error(kind, f"cannot generate: {reason}", req_id))
             return
@@ -322,17 +361,34 @@ class EngineWorker:
                 estimate = {"usage": int(est.usage), "quota": int(est.quota)}
             except Exception:
                 estimate = {}
-        self.post({"event": "models", "id": req_id, "estimate": estimate, "loaded": self.loaded_key,
-                   "entries": [{k: e.get(k) for k in ("key", "url", "name", "total", "stored", "complete",
-                                                       "updated")} for e in entries]})
+        self.post(
+            {
+                "event": "models",
+                "id": req_id,
+                "estimate": estimate,
+                "loaded": self.loaded_key,
+                "entries": [
+                    {k: e.get(k) for k in ("key", "url", "name", "total", "stored", "complete", "updated")}
+                    for e in entries
+                ],
+            }
+        )
 
     loading_key: str | None = None
 
 
 def _error(kind: str, message: str, req_id: int | None) -> dict[str, Any]:
     f = describe(kind, message)
-    return {"event": "error", "id": req_id, "kind": f.kind, "title": f.title, "message": f.message,
-            "advice": list(f.advice), "fatal": f.fatal, "detail": ""}
+    return {
+        "event": "error",
+        "id": req_id,
+        "kind": f.kind,
+        "title": f.title,
+        "message": f.message,
+        "advice": list(f.advice),
+        "fatal": f.fatal,
+        "detail": "",
+    }
 
 
 def _csp_violations() -> list[str]:
@@ -352,6 +408,7 @@ def _stats_dict(stats: Any) -> dict[str, Any]:
 def _header_from_bytes(data: np.ndarray) -> dict[str, Any]:
     from ...formats.gguf_reader import GGUFFile
     from ..shared.modelinfo import header_info
+
     return header_info(GGUFFile.from_buffer(data), len(data))
 
 
@@ -378,12 +435,17 @@ async def _probe_gpu() -> dict[str, Any]:
         return {"available": False, "error": "requestAdapter returned no adapter"}
     info = getattr(adapter, "info", None)
     features = sorted(str(f) for f in getattr(js.Array, "from")(adapter.features))
-    return {"available": True, "features": features,
-            "adapter": " / ".join(str(getattr(info, k, "") or "") for k in ("vendor", "architecture",
-                                                                                "description")).strip(" /")
-            if info is not None else "",
-            "max_buffer_size": int(adapter.limits.maxBufferSize),
-            "max_storage_buffer_binding_size": int(adapter.limits.maxStorageBufferBindingSize)}
+    return {
+        "available": True,
+        "features": features,
+        "adapter": " / ".join(str(getattr(info, k, "") or "") for k in ("vendor", "architecture", "description")).strip(
+            " /"
+        )
+        if info is not None
+        else "",
+        "max_buffer_size": int(adapter.limits.maxBufferSize),
+        "max_storage_buffer_binding_size": int(adapter.limits.maxStorageBufferBindingSize),
+    }
 
 
 _worker: EngineWorker | None = None

@@ -127,8 +127,11 @@ class ModelStore:
         def write(event: Any) -> None:  # runs inside the request's success event: tx still active
             try:
                 current = req.result
-                if current is None or str(current) == "undefined" or \
-                        getattr(current, "created", None) != meta["created"]:
+                if (
+                    current is None
+                    or str(current) == "undefined"
+                    or getattr(current, "created", None) != meta["created"]
+                ):
                     state["gone"] = True
                     tx.abort()
                     return
@@ -146,8 +149,10 @@ class ModelStore:
             await _transaction(tx, op)
         except StoreError as e:
             if state["gone"]:
-                raise EntryDeletedError(f"{meta['key']} was deleted from browser storage while it was being "
-                                        "written (Delete in this or another tab)") from None
+                raise EntryDeletedError(
+                    f"{meta['key']} was deleted from browser storage while it was being "
+                    "written (Delete in this or another tab)"
+                ) from None
             if state["error"] is not None and e.name == "AbortError":
                 err = state["error"]
                 raise StoreError(op, error_name(err), error_message(err)) from None
@@ -159,9 +164,22 @@ class ModelStore:
     async def begin(self, key: str, **fields: Any) -> dict[str, Any]:
         """A fresh, empty entry for `key` (any older chunks of that key are deleted first)."""
         await self.delete(key)
-        meta = {"key": key, "url": key, "name": key, "total": None, "stored": 0, "chunks": 0,
-                "complete": False, "etag": None, "last_modified": None, "sha256": None,
-                "header": None, "created": _now(), "updated": _now(), **fields}
+        meta = {
+            "key": key,
+            "url": key,
+            "name": key,
+            "total": None,
+            "stored": 0,
+            "chunks": 0,
+            "complete": False,
+            "etag": None,
+            "last_modified": None,
+            "sha256": None,
+            "header": None,
+            "created": _now(),
+            "updated": _now(),
+            **fields,
+        }
         await self._put_record(meta)
         return meta
 
@@ -179,8 +197,14 @@ class ModelStore:
         size = int(data.byteLength)
         digest = await sha256_hex(data)  # before the transaction: an await inside would commit it
         index = int(meta["chunks"])
-        record = {"key": meta["key"], "index": index, "offset": int(meta["stored"]), "size": size,
-                  "sha256": digest, "data": data}
+        record = {
+            "key": meta["key"],
+            "index": index,
+            "offset": int(meta["stored"]),
+            "size": size,
+            "sha256": digest,
+            "data": data,
+        }
         meta["chunks"] = index + 1
         meta["stored"] = int(meta["stored"]) + size
         meta["updated"] = _now()
@@ -210,13 +234,17 @@ class ModelStore:
                 raise CorruptEntryError(f"chunk {index} of {meta['key']} is missing from browser storage")
             size = int(rec.size)
             if int(rec.offset) != offset or int(rec.data.byteLength) != size or offset + size > total:
-                raise CorruptEntryError(f"chunk {index} of {meta['key']} has offset {int(rec.offset)} and "
-                                        f"{int(rec.data.byteLength)} bytes; expected offset {offset}")
+                raise CorruptEntryError(
+                    f"chunk {index} of {meta['key']} has offset {int(rec.offset)} and "
+                    f"{int(rec.data.byteLength)} bytes; expected offset {offset}"
+                )
             digest = await sha256_hex(rec.data)
             if digest != str(rec.sha256):
-                raise CorruptEntryError(f"chunk {index} of {meta['key']} (bytes {offset}-{offset + size - 1}) "
-                                        "does not match its SHA-256: the stored copy is damaged")
-            js.Uint8Array.new(rec.data).assign_to(mv[offset:offset + size])
+                raise CorruptEntryError(
+                    f"chunk {index} of {meta['key']} (bytes {offset}-{offset + size - 1}) "
+                    "does not match its SHA-256: the stored copy is damaged"
+                )
+            js.Uint8Array.new(rec.data).assign_to(mv[offset : offset + size])
             offset += size
             del rec, req
             if progress is not None:
@@ -228,8 +256,10 @@ class ModelStore:
         """A missing chunk of an entry that is itself gone means a delete, not damage."""
         current = await self.get(meta["key"])
         if current is None or current.get("created") != meta.get("created"):
-            raise EntryDeletedError(f"{meta['key']} was deleted from browser storage while it was being "
-                                    "read (Delete in this or another tab)")
+            raise EntryDeletedError(
+                f"{meta['key']} was deleted from browser storage while it was being "
+                "read (Delete in this or another tab)"
+            )
 
     async def read_prefix(self, meta: dict[str, Any], limit: int) -> bytes:
         """The first min(limit, stored) bytes of an entry (to re-parse its header)."""
@@ -268,6 +298,7 @@ def _settled(target: JsProxy, names: tuple[str, ...]) -> JsProxy:
     rejected with something that is not an Error (an IndexedDB error or abort Event) never returns
     (its conversion fails with "invalid exception object"), which left a load hanging for good on
     the first storage error (a full quota, a deleted database)."""
+
     def executor(resolve, reject):
         for name in names:
             setattr(target, "on" + name, resolve)
@@ -279,8 +310,9 @@ async def _request(req: JsProxy, op: str) -> None:
     event = await _settled(req, ("success", "error"))
     if str(event.type) != "success":
         err = req.error
-        raise StoreError(op, error_name(err) if err else "UnknownError",
-                         error_message(err) if err else "request failed")
+        raise StoreError(
+            op, error_name(err) if err else "UnknownError", error_message(err) if err else "request failed"
+        )
 
 
 async def _transaction(tx: JsProxy, op: str) -> None:
@@ -289,5 +321,6 @@ async def _transaction(tx: JsProxy, op: str) -> None:
     event = await _settled(tx, ("complete", "abort"))
     if str(event.type) != "complete":
         err = tx.error
-        raise StoreError(op, error_name(err) if err else "AbortError",
-                         error_message(err) if err else "transaction aborted")
+        raise StoreError(
+            op, error_name(err) if err else "AbortError", error_message(err) if err else "transaction aborted"
+        )
