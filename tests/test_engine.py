@@ -15,8 +15,6 @@ import os
 import numpy as np
 import pytest
 
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
-
 from bitnet_web import gpu  # noqa: E402
 from bitnet_web.convert.synthetic import random_bitnet_writer  # noqa: E402
 from bitnet_web.engine import Engine, EngineError  # noqa: E402

@@ -23,8 +23,6 @@ import pytest
 import tokenizers
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
-
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 

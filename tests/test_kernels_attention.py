@@ -2,42 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-try:
-    import bitnet_web  # noqa: F401
-except ImportError:  # running from a checkout without an install
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "app"))
-
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
-
 from bitnet_web import gpu  # noqa: E402
 from bitnet_web.kernels.attention import MAX_SPLITS, Attention, AttentionScratch, tile_rows  # noqa: E402
-from bitnet_web.kernels.common import KernelCache, StepParams  # noqa: E402
+from bitnet_web.kernels.common import StepParams  # noqa: E402
 from bitnet_web.kernels.kv_cache import KVCache, KVCacheFullError  # noqa: E402
 from bitnet_web.kernels.rope import RopeKV, RopeTable  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def device():
-    try:
-        dev = gpu.open_device()
-    except gpu.GPUUnavailableError as exc:
-        pytest.skip(f"no WebGPU adapter: {exc}")
-    yield dev
-    dev.destroy()
-
-
-@pytest.fixture(scope="module")
-def kernels(device):
-    return KernelCache(device)
 
 
 # --- numpy references ---------------------------------------------------------------------------------

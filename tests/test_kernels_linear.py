@@ -5,20 +5,11 @@ Run on whatever adapter wgpu finds (lavapipe in CI). Sizes stay small except one
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-try:
-    import bitnet_web  # noqa: F401
-except ImportError:  # running from a checkout without an install
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "app"))
-
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
-
+from gpu_helpers import upload
 from kernel_reference import (  # noqa: E402
     pack_int8_words,
     ref_i2s_encode,
@@ -50,28 +41,6 @@ from bitnet_web.kernels.norm import NormShapeError, RMSNorm, RMSNormQuant  # noq
 
 pytestmark = pytest.mark.gpu
 EPS = 1e-5
-
-
-@pytest.fixture(scope="module")
-def device():
-    try:
-        dev = gpu.open_device()
-    except gpu.GPUUnavailableError as exc:  # pragma: no cover - depends on the machine
-        pytest.skip(f"no WebGPU adapter: {exc}")
-    yield dev
-    dev.destroy()
-
-
-@pytest.fixture(scope="module")
-def kernels(device):
-    return KernelCache(device)
-
-
-def upload(device, array: np.ndarray, label: str, nbytes: int | None = None) -> gpu.Buffer:
-    array = np.ascontiguousarray(array)
-    buffer = device.buffer(nbytes or array.nbytes, label=label)
-    device.upload(buffer, 0, array)
-    return buffer
 
 
 def read(device, buffer: gpu.Buffer, dtype, count: int) -> np.ndarray:

@@ -7,39 +7,14 @@ half a step of its row), and sharding (every shard's rows land in their own logi
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
+from gpu_helpers import open_device_or_skip, upload
 
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
-
-from bitnet_web import gpu  # noqa: E402
 from bitnet_web.kernels.common import KernelCache, StepParams  # noqa: E402
 from bitnet_web.kernels.embedding import EmbeddingShapeError, Int8Matrix, LMHead  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-
-def open_or_skip(**kwargs):
-    try:
-        return gpu.open_device(**kwargs)
-    except gpu.GPUUnavailableError as exc:  # pragma: no cover - depends on the machine
-        pytest.skip(f"no WebGPU adapter: {exc}")
-
-
-@pytest.fixture(scope="module")
-def device():
-    dev = open_or_skip()
-    yield dev
-    dev.destroy()
-
-
-def upload(device, array: np.ndarray, label: str) -> gpu.Buffer:
-    array = np.ascontiguousarray(array)
-    buffer = device.buffer(array.nbytes, label=label)
-    device.upload(buffer, 0, array)
-    return buffer
 
 
 def head_logits(device, matrix, x: np.ndarray) -> np.ndarray:
@@ -82,7 +57,7 @@ def test_int8_head_matches_numpy(device, v, d, n_tokens):
 
 
 def test_int8_head_over_several_shards():
-    device = open_or_skip(max_binding_size=64 * 1024)  # 128 columns -> 512 rows per shard
+    device = open_device_or_skip(max_binding_size=64 * 1024)  # 128 columns -> 512 rows per shard
     try:
         rng = np.random.default_rng(9)
         v, d = 1800, 128

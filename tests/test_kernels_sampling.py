@@ -16,8 +16,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
+from gpu_helpers import upload
+
 from bitnet_web import gpu  # noqa: E402
-from bitnet_web.kernels.common import KernelCache  # noqa: E402
 from bitnet_web.kernels.sampling import GPUSampler  # noqa: E402
 from bitnet_web.text.sampler import (  # noqa: E402
     GPU_PENALTY_WINDOW_MAX,
@@ -29,28 +30,6 @@ from bitnet_web.text.sampler import (  # noqa: E402
 )
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def device():
-    try:
-        dev = gpu.open_device()
-    except gpu.GPUUnavailableError as exc:  # pragma: no cover - depends on the machine
-        pytest.skip(f"no WebGPU adapter: {exc}")
-    yield dev
-    dev.destroy()
-
-
-@pytest.fixture(scope="module")
-def kernels(device):
-    return KernelCache(device)
-
-
-def upload(device, array: np.ndarray, label: str) -> gpu.Buffer:
-    array = np.ascontiguousarray(array)
-    buffer = device.buffer(array.nbytes, label=label)
-    device.upload(buffer, 0, array)
-    return buffer
 
 
 def draw_on_gpu(device, sampler: GPUSampler, ids_buf: gpu.Buffer, slot: int = 0) -> int:

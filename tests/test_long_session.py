@@ -5,13 +5,10 @@ bounded GPU buffers and Python memory, and abort() stopping every kind of genera
 
 from __future__ import annotations
 
-import os
 import random
 import tracemalloc
 
 import pytest
-
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
 from bitnet_web.convert.synthetic import random_bitnet_writer  # noqa: E402
 from bitnet_web.engine import Engine, EngineError, fit_chat_to_context  # noqa: E402
@@ -102,11 +99,16 @@ def test_policy_history_starting_with_a_reply():
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+def tiny_path(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("long") / "tiny.gguf")
     random_bitnet_writer(path, **TINY).write()
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_path):
     engine = Engine(prefill_chunk=32)
-    engine.load(path)
+    engine.load(tiny_path)
     yield engine
     engine.close()
 
@@ -130,7 +132,7 @@ def bitnet_web_bytes(snapshot: tracemalloc.Snapshot) -> int:
 
 
 @pytest.mark.gpu
-def test_200_turns_stay_bounded_and_follow_the_context_policy(engine):
+def test_200_turns_stay_bounded_and_follow_the_context_policy(engine, tiny_path):
     device = engine.device
     tok = engine.tokenizer
     rng = random.Random(5)
@@ -184,9 +186,18 @@ def test_200_turns_stay_bounded_and_follow_the_context_policy(engine):
     assert after[:2] == baseline[:2], f"GPU buffers (count, bytes) {baseline[:2]} -> {after[:2]}"
     growth = after[2] - baseline[2]
     assert growth < 1 << 20, f"bitnet_web Python memory grew by {growth} bytes"
-    # Still fully usable after the session.
-    assert chat_turn(engine, [dict(SYSTEM), {"role": "user", "content": "hi"}], GREEDY, 4) is not None
+    # Still fully usable after the session: a new chat gets the reply a freshly loaded engine gives.
+    hello = [dict(SYSTEM), {"role": "user", "content": "hi"}]
+    reply = chat_turn(engine, hello, GREEDY, 4)
     assert engine.last_stats.n_reused_tokens == 0 and engine.last_stats.n_dropped_messages == 0
+    tokens = list(engine.generated_tokens)
+    fresh = Engine(prefill_chunk=32)
+    try:
+        fresh.load(tiny_path)
+        assert chat_turn(fresh, hello, GREEDY, 4) == reply
+        assert fresh.generated_tokens == tokens and len(tokens) >= 1
+    finally:
+        fresh.close()
 
 
 @pytest.mark.gpu

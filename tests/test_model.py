@@ -25,8 +25,6 @@ import zlib
 import numpy as np
 import pytest
 
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
-
 from bitnet_web.convert.synthetic import write_random_bitnet  # noqa: E402
 from bitnet_web.engine import Engine, EngineError  # noqa: E402
 from bitnet_web.formats.gguf_reader import open_gguf  # noqa: E402

@@ -195,7 +195,6 @@ def test_model_beats_unigram_on_held_out_file(tokenizer, reference, torch_model,
 
 @pytest.fixture(scope="module")
 def engine():
-    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
     from bitnet_web.engine import Engine
 
     engine = Engine()

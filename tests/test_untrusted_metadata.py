@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
-
 from bitnet_web.convert.synthetic import bytes_to_unicode, random_bitnet_writer, synthetic_vocab_metadata  # noqa: E402
 from bitnet_web.formats.ggml import Keys  # noqa: E402
 from bitnet_web.formats.gguf_reader import open_gguf
