@@ -108,6 +108,48 @@ def profile_summary(timings: list[tuple[str, float]]) -> dict:
     }
 
 
+async def decode_greedy_benchmark(model, n_tokens: int) -> dict:
+    """Decode `n_tokens` greedily from the current context; wall and Python CPU time per token."""
+    first = model.cached_tokens[-1] if model.cached_tokens else 0
+    model.truncate(model.n_cached - 1 if model.cached_tokens else 0)
+    stream = model.decode_greedy(first)
+    await stream.__anext__()  # warm: first step
+    model.encode_seconds = 0.0
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    for _ in range(n_tokens):
+        await stream.__anext__()
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    await stream.aclose()
+    return {
+        "tok_per_s": n_tokens / wall,
+        "ms_per_token": 1e3 * wall / n_tokens,
+        "cpu_ms_per_token": 1e3 * cpu / n_tokens,
+        "encode_ms_per_token": 1e3 * model.encode_seconds / n_tokens,
+        "dispatches_per_token": model.last_dispatches,
+        "passes_per_token": model.last_passes,
+    }
+
+
+def profile_decode_step(model, sampled: bool = False) -> list[tuple[str, float]]:
+    """GPU microseconds per dispatch of one decode step, greedy or (after decode_sampled set the
+    sampler up) sampled (NativeDevice(profile=True) only). The step is not kept: the cache is
+    left as it was."""
+    rec = model._record_step(1, all_logits=False, rec=model.device.begin_profiled())
+    (model.gpu_sampler if sampled else model.argmax).record(rec)
+    rec.submit()
+    return model.device.read_profile(rec)
+
+
+def bytes_read_per_token(model) -> int:
+    """Weight bytes a decode step must read: every tensor once (the tied embedding as the head;
+    with int8_head, the int8 copy and its scales instead of the F16 head)."""
+    total = sum(info.n_bytes for info in model.gguf.tensors.values())
+    if model.int8_head:
+        head = model.gguf.tensors["token_embd.weight" if model.config.tied_embeddings else "output.weight"]
+        total += model.output.n_rows * (model.output.n_cols + 4) - head.n_bytes
+    return total
+
+
 async def measure_async(engine, quick: bool = False) -> dict:
     """Prefill and decode speeds of a loaded engine (CPython and browser alike)."""
     from .text.sampler import SamplerSettings
@@ -139,7 +181,7 @@ async def measure_async(engine, quick: bool = False) -> dict:
     for label, ctx in ({"short": 16} if quick else {"short": 16, "1k": 1024}).items():
         model.truncate(0)
         await model.prefill(prompt(ctx))
-        stats = await model.decode_greedy_benchmark(n_decode)
+        stats = await decode_greedy_benchmark(model, n_decode)
         report[f"decode_{label}_tok_per_s"] = stats["tok_per_s"]
         report[f"decode_{label}_ms_per_token"] = stats["ms_per_token"]
         report[f"decode_{label}_process_cpu_ms_per_token"] = stats["cpu_ms_per_token"]
@@ -147,7 +189,7 @@ async def measure_async(engine, quick: bool = False) -> dict:
         report["dispatches_per_token"] = stats["dispatches_per_token"]
         report["passes_per_token"] = stats["passes_per_token"]
         if getattr(device, "profiling", False):
-            report[f"gpu_profile_{label}"] = profile_summary(model.profile_decode_step())
+            report[f"gpu_profile_{label}"] = profile_summary(profile_decode_step(model))
 
     # End to end through Engine.generate: tokenizer streaming, stop checks and sampling included.
     ids = prompt(16)
@@ -169,8 +211,8 @@ async def measure_async(engine, quick: bool = False) -> dict:
         report[f"engine_{label}_tokens"] = stats.n_generated
         report[f"engine_{label}_token_choice"] = stats.token_choice
     if getattr(device, "profiling", False):
-        report["gpu_profile_sampler"] = profile_summary(model.profile_decode_step(sampled=True))
-    report["bytes_read_per_token"] = model.bytes_read_per_token
+        report["gpu_profile_sampler"] = profile_summary(profile_decode_step(model, sampled=True))
+    report["bytes_read_per_token"] = bytes_read_per_token(model)
     return report
 
 

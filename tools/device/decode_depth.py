@@ -12,6 +12,7 @@ import json
 import sys
 
 from bitnet_web import gpu
+from bitnet_web.bench import decode_greedy_benchmark
 from bitnet_web.engine import Engine
 from bitnet_web.model.forward import BitNetModel
 
@@ -27,7 +28,7 @@ def main() -> None:
         BitNetModel.GREEDY_DEPTH = depth
         model.truncate(0)
         engine._run(model.prefill(list(range(16))))
-        stats = engine._run(model.decode_greedy_benchmark(128))
+        stats = engine._run(decode_greedy_benchmark(model, 128))
         rows.append({"depth": depth, **{k: round(v, 3) for k, v in stats.items()}})
         print(
             f"depth {depth}: {stats['tok_per_s']:7.1f} tok/s  {stats['ms_per_token']:.3f} ms/token  "

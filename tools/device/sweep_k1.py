@@ -333,6 +333,7 @@ def model_steps(device, sweep: Sweep, path: str, rounds: int) -> None:
     to the engine's wall time per token: the difference is time the GPU waits for the host."""
     import asyncio
 
+    from bitnet_web.bench import decode_greedy_benchmark
     from bitnet_web.engine import Engine
 
     engine = Engine(prefill_chunk=128)
@@ -350,7 +351,7 @@ def model_steps(device, sweep: Sweep, path: str, rounds: int) -> None:
     for _ in range(rounds):
         sweep.measure("model decode step (GPU only)", step, 1, 10, f"us per step, pos {model.n_cached}")
     sweep.flush()
-    walls = [loop.run_until_complete(model.decode_greedy_benchmark(64))["ms_per_token"] * 1e3 for _ in range(rounds)]
+    walls = [loop.run_until_complete(decode_greedy_benchmark(model, 64))["ms_per_token"] * 1e3 for _ in range(rounds)]
     sweep.samples["model decode step (engine wall)"] = walls
     sweep.order.append("model decode step (engine wall)")
     sweep.notes["model decode step (engine wall)"] = "us per token, decode_greedy_benchmark(64)"

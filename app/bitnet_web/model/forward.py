@@ -1,8 +1,9 @@
-"""The BitNet b1.58 transformer on the GPU: weights, run-state buffers, KV cache and the forward pass.
+"""The BitNet b1.58 transformer on the GPU: run-state buffers, KV cache and the forward pass (the math).
 
-State is split by lifetime (llama2.c): `ModelConfig` (the blueprint), `LayerWeights` (GPU buffers
-uploaded once), the run-state buffers below (allocated once for `max_tokens` rows) and the KV
-cache (grows by doubling up to the context length). `forward` allocates nothing: it writes one
+State is split by lifetime (llama2.c): `ModelConfig` (the blueprint, config.py), `LayerWeights` (GPU
+buffers uploaded once, weights.py), the run-state buffers below (allocated once for `max_tokens`
+rows) and the KV cache (grows by doubling up to the context length). The GPU decode loop is in
+decode.py. `forward` allocates nothing: it writes one
 16-byte uniform and records the same list of dispatches every step.
 
 Per layer (shared/ground-truth.md, `build_bitnet_158`):
@@ -22,100 +23,23 @@ then logits = token_embd @ output_norm(x) (tied F16 head, sharded by rows when l
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import gpu
-from ..formats.ggml import GGMLType
 from ..formats.gguf_reader import GGUFFile
-from ..formats.quants import i2s_encode, ternarize
 from ..kernels.attention import Attention, AttentionScratch
 from ..kernels.common import KernelCache, StepParams
-from ..kernels.embedding import Argmax, EmbeddingLookup, F16Matrix, Int8Matrix, LMHead
+from ..kernels.embedding import Argmax, EmbeddingLookup, LMHead
 from ..kernels.kv_cache import KVCache
-from ..kernels.linear import NormTernaryLinear, TernaryMatrix
+from ..kernels.linear import NormTernaryLinear
 from ..kernels.norm import RMSNorm
 from ..kernels.rope import RopeKV, RopeTable
 from ..kernels.sampling import GPUSampler
-from ..text.sampler import SamplerSettings
 from .config import ModelConfig
-
-ProgressCallback = Callable[[str, int, int], None]
-
-
-LOGITS_ROWS = 64  # rows of the logits buffer: all-logits calls run in pieces of this many tokens
-
-
-class ModelLoadError(RuntimeError):
-    """A tensor the model needs cannot be used (its type or contents), named in the message."""
-
-
-def ternary_rows(gguf: GGUFFile, name: str) -> tuple[np.ndarray, float]:
-    """The packed 2-bit codes of a ternary tensor in the engine's GPU layout (I2_S, x86) and its scale.
-
-    I2_S tensors come back as a view of the file's bytes (no copy, no expansion); TQ1_0/TQ2_0 and
-    float master weights are converted once here, at load.
-    """
-    info = gguf.tensors[name]
-    if info.ggml_type == GGMLType.I2_S:
-        raw = gguf.tensor_bytes(name)
-        return raw[: info.n_elements // 4], gguf.i2s_scale(name)
-    if info.ggml_type in (GGMLType.TQ1_0, GGMLType.TQ2_0):
-        values, scale = gguf.ternary(name)
-    elif info.ggml_type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
-        values, scale = ternarize(np.asarray(gguf.tensor(name), dtype=np.float32))
-    else:
-        raise ModelLoadError(
-            f"{gguf.source}: tensor {name!r} has type {info.ggml_type.name}, which cannot be used as a ternary weight"
-        )
-    return i2s_encode(values, scale)[: info.n_elements // 4], float(scale)
-
-
-def check_device_limits(config: ModelConfig, limits: gpu.GPULimits, max_tokens: int, source: str = "model") -> None:
-    """Refuse, before anything is uploaded, a model with a buffer that one storage binding cannot hold.
-
-    The F16 embedding and LM head are split into row shards (only one row must fit). Ternary weights,
-    the run-state buffers and each layer's KV cache are bound whole: real BitNet shapes are far below
-    WebGPU's 128 MiB default (2B-4T's largest ternary matrix, the fused gate/up, is 8.8 MB), so a
-    model that does not fit is refused with every offending buffer named instead of being sharded.
-    """
-    cfg, limit = config, limits.max_binding
-    qkv_rows = cfg.q_dim + 2 * cfg.kv_dim
-    needs = {
-        "blk.*.attn_q + attn_k + attn_v (fused ternary codes)": qkv_rows * cfg.dim // 4,
-        "blk.*.attn_output (ternary codes)": cfg.dim * cfg.q_dim // 4,
-        "blk.*.ffn_gate + ffn_up (fused ternary codes)": 2 * cfg.ffn_dim * cfg.dim // 4,
-        "blk.*.ffn_down (ternary codes)": cfg.dim * cfg.ffn_dim // 4,
-        "one row of token_embd / output (F16)": 2 * cfg.dim,
-        f"logits of {min(max_tokens, LOGITS_ROWS)} tokens (f32)": 4 * min(max_tokens, LOGITS_ROWS) * cfg.vocab_size,
-        f"activations of {max_tokens} tokens (f32)": 4 * max_tokens * max(qkv_rows, cfg.ffn_dim, cfg.dim),
-        "one layer's K or V cache at the full context (f32)": 4 * cfg.context_length * cfg.kv_dim,
-        "attention split partials (f32)": 4 * cfg.n_heads * -(-cfg.context_length // 64) * cfg.head_dim,
-        "RoPE cos/sin table (f32)": 4 * cfg.context_length * cfg.rope_dim,
-    }
-    over = [f"{what} {nbytes} bytes" for what, nbytes in needs.items() if nbytes > limit]
-    if over:
-        raise gpu.GPUOutOfMemoryError(
-            f"{source}: this device binds at most {limit} bytes per buffer (maxStorageBufferBindingSize / "
-            f"maxBufferSize) but the model needs {'; '.join(over)}. Only the embedding and LM head are split "
-            "into shards; use a device with a larger limit"
-        )
-
-
-@dataclass
-class LayerWeights:
-    attn_norm: gpu.Buffer  # (dim,) f32
-    qkv: TernaryMatrix  # (q_dim + 2 * kv_dim, dim) ternary, per-row scales
-    attn_sub_norm: gpu.Buffer | None  # (q_dim,) f32
-    wo: TernaryMatrix  # (dim, q_dim)
-    ffn_norm: gpu.Buffer  # (dim,) f32
-    gate_up: TernaryMatrix  # (2 * ffn_dim, dim): gate and up rows, paired for the fused epilogue
-    ffn_sub_norm: gpu.Buffer | None  # (ffn_dim,) f32
-    down: TernaryMatrix  # (dim, ffn_dim)
+from .decode import GPUDecodeLoop
+from .weights import LOGITS_ROWS, LayerWeights, ProgressCallback, check_device_limits, upload_weights
 
 
 @dataclass
@@ -133,7 +57,7 @@ class LayerOps:
     down: NormTernaryLinear  # ffn_sub_norm -> W_down, residual add
 
 
-class BitNetModel:
+class BitNetModel(GPUDecodeLoop):
     def __init__(
         self, device: gpu.Device, gguf: GGUFFile, config: ModelConfig, max_tokens: int = 64, int8_head: bool = False
     ):
@@ -147,9 +71,7 @@ class BitNetModel:
         self.layers: list[LayerWeights] = []
         self._buffers: list[gpu.Buffer] = []
         self.n_params = sum(info.n_elements for info in gguf.tensors.values())
-        self._staging: list[gpu.Buffer] | None = None  # ring of 16-byte host-readable slots for greedy ids
         self.last_dispatches = self.last_passes = 0
-        self.encode_seconds = 0.0  # time spent recording greedy steps (Python's share of a token)
 
     @property
     def n_cached(self) -> int:
@@ -157,69 +79,20 @@ class BitNetModel:
 
     # Loading ---------------------------------------------------------------------------------
 
-    def _f32_buffer(self, name: str, label: str) -> gpu.Buffer:
-        values = np.ascontiguousarray(self.gguf.tensor(name), dtype=np.float32)
-        buffer = self.device.buffer(values.nbytes, label=label)
-        self.device.upload(buffer, 0, values)
-        self._buffers.append(buffer)
-        return buffer
-
-    def _ternary(self, names: list[str], label: str, pair_rows: bool = False) -> TernaryMatrix:
-        parts = [(ternary_rows(self.gguf, n), self.gguf.tensors[n].shape) for n in names]
-        matrix = TernaryMatrix.upload(
-            self.device, [(rows, scale, shape) for (rows, scale), shape in parts], label=label, pair_rows=pair_rows
-        )
-        self._buffers += [matrix.codes, matrix.scales]
-        return matrix
-
     async def upload(self, progress: ProgressCallback | None = None) -> None:
         """Upload every weight, then build the ops (pipelines and bind groups) once."""
         cfg, device = self.config, self.device
         check_device_limits(cfg, device.limits, self.max_tokens, self.gguf.source)
-        total = cfg.n_layers + 2
-        for i in range(cfg.n_layers):
-            p = f"blk.{i}."
-            self.layers.append(
-                LayerWeights(
-                    attn_norm=self._f32_buffer(p + "attn_norm.weight", f"{p}attn_norm"),
-                    qkv=self._ternary([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], f"{p}qkv"),
-                    attn_sub_norm=(
-                        self._f32_buffer(p + "attn_sub_norm.weight", f"{p}attn_sub_norm") if cfg.has_sub_norms else None
-                    ),
-                    wo=self._ternary([p + "attn_output.weight"], f"{p}attn_output"),
-                    ffn_norm=self._f32_buffer(p + "ffn_norm.weight", f"{p}ffn_norm"),
-                    gate_up=self._ternary([p + "ffn_gate.weight", p + "ffn_up.weight"], f"{p}gate_up", pair_rows=True),
-                    ffn_sub_norm=(
-                        self._f32_buffer(p + "ffn_sub_norm.weight", f"{p}ffn_sub_norm") if cfg.has_sub_norms else None
-                    ),
-                    down=self._ternary([p + "ffn_down.weight"], f"{p}ffn_down"),
-                )
-            )
-            if progress:
-                progress("upload", i + 1, total)
-            await device.checkpoint(f"uploading layer {i}")
-            await asyncio.sleep(0)  # let the page repaint its progress bar
-        self.output_norm = self._f32_buffer("output_norm.weight", "output_norm")
-        self.token_embd = F16Matrix.upload(device, self.gguf.tensor("token_embd.weight"), "token_embd")
-        head_name = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
-        if self.int8_head:
-            self.output = Int8Matrix.upload(device, self.gguf.tensor(head_name), "output")
-            self._buffers.append(self.output.scales)
-        else:
-            self.output = (
-                self.token_embd
-                if cfg.tied_embeddings
-                else F16Matrix.upload(device, self.gguf.tensor(head_name), "output")
-            )
-        self._buffers += [b for _, _, b in self.token_embd.shards]
-        if self.output is not self.token_embd:
-            self._buffers += [b for _, _, b in self.output.shards]
-        await device.checkpoint("uploading the embedding")
+        weights = await upload_weights(
+            device, self.gguf, cfg, self._buffers, int8_head=self.int8_head, progress=progress
+        )
+        self.layers = weights.layers
+        self.output_norm, self.token_embd, self.output = weights.output_norm, weights.token_embd, weights.output
         self._allocate_run_state()
         self._build_ops()
         await device.checkpoint("building kernels")
         if progress:
-            progress("upload", total, total)
+            progress("upload", cfg.n_layers + 2, cfg.n_layers + 2)
 
     def _allocate_run_state(self) -> None:
         cfg, device, rows = self.config, self.device, self.max_tokens
@@ -407,125 +280,6 @@ class BitNetModel:
 
     async def decode(self, token: int) -> np.ndarray:
         return await self.forward([token])
-
-    # Decoding with the token kept on the GPU (greedy argmax or seeded sampling) ------------------
-
-    def _record_gpu_step(self, staging: gpu.Buffer, chooser: Argmax | GPUSampler, pos: int) -> gpu.Recorder:
-        """A decode step at `pos` that reads its input id from token_ids[0], writes the next id
-        chosen on the GPU back there (the next step's input) and copies it to `staging` for the host."""
-        rec = self._record_step(1, all_logits=False, pos=pos)
-        chooser.record(rec)
-        rec.copy(self.token_ids, 0, staging, 0, 4)
-        return rec
-
-    GREEDY_DEPTH = 2  # decode steps queued on the GPU at once
-
-    def decode_greedy(self, first_token: int) -> AsyncIterator[int]:
-        """Feed `first_token`, then yield greedy (argmax) tokens one by one, forever (the caller stops)."""
-        return self._decode_on_gpu(first_token, self.argmax)
-
-    def decode_sampled(
-        self, first_token: int, settings: SamplerSettings, seed: int, first_draw: int, history: list[int] = ()
-    ) -> AsyncIterator[int]:
-        """Like decode_greedy, but each token is drawn on the GPU under `settings` (top_k at most
-        GPU_TOP_K_MAX, repetition penalty over the tail of `history`, the tokens so far including
-        `first_token`) with draws first_draw, first_draw + 1, ... of the stream `seed`
-        (sampler.uniform): the same tokens the CPU Sampler would draw from the same logits."""
-        self.gpu_sampler.configure(settings, seed, first_draw, history)
-        return self._decode_on_gpu(first_token, self.gpu_sampler)
-
-    async def _decode_on_gpu(self, first_token: int, chooser: Argmax | GPUSampler) -> AsyncIterator[int]:
-        """The next token id never leaves the GPU: each step's choice is the next step's input, so
-        GREEDY_DEPTH steps are queued at once and the GPU never waits for Python; only 4 bytes per
-        token come back, read from a ring of staging buffers. Invariant: `cached_tokens` holds the
-        inputs of the submitted steps that the host knows (step 0's is `first_token`, step j's is
-        step j-1's output once read); so stopping at any yield leaves the cache consistent (steps
-        already queued past a stop token just compute KV rows past `n_cached`, which later steps
-        overwrite).
-        """
-        depth = self.GREEDY_DEPTH
-        if self._staging is None or len(self._staging) != depth + 1:
-            for buffer in self._staging or ():
-                self._buffers.remove(buffer)
-                self.device.release(buffer)
-            self._staging = [self.device.staging(16, f"next token {i}") for i in range(depth + 1)]
-            self._buffers.extend(self._staging)
-        ring = len(self._staging)
-        context = self.config.context_length
-        start = self.n_cached  # step j runs at position start + j
-        self.device.upload(self.token_ids, 0, np.asarray([first_token], dtype=np.uint32))
-        submitted = 0  # steps submitted; step j writes its output token to staging[j % ring]
-
-        def launch() -> None:
-            nonlocal submitted
-            encode_start = time.perf_counter()
-            rec = self._record_gpu_step(self._staging[submitted % ring], chooser, start + submitted)
-            rec.finish()
-            self.encode_seconds += time.perf_counter() - encode_start
-            rec.submit()
-            self.last_dispatches, self.last_passes = rec.dispatches, rec.passes
-            submitted += 1
-
-        launch()
-        self.cached_tokens.append(first_token)
-        while submitted < depth and start + submitted < context:
-            launch()  # its input is the previous step's output, still on the GPU
-        read = 0
-        while True:
-            raw = await self.device.read_staging(self._staging[read % ring], 4)
-            token = int(raw.view(np.uint32)[0])
-            read += 1
-            if submitted > read:
-                self.cached_tokens.append(token)  # it is already the input of a queued step
-            yield token
-            if start + submitted >= context:
-                if submitted == read:  # the context is full: nothing queued consumes `token`
-                    return
-            elif submitted == read:  # nothing queued (GREEDY_DEPTH 1): `token` is the next step's input
-                self.cached_tokens.append(token)
-                launch()
-            else:
-                launch()
-
-    async def decode_greedy_benchmark(self, n_tokens: int) -> dict:
-        """Decode `n_tokens` greedily from the current context; wall and Python CPU time per token."""
-        first = self.cached_tokens[-1] if self.cached_tokens else 0
-        self.truncate(self.n_cached - 1 if self.cached_tokens else 0)
-        stream = self.decode_greedy(first)
-        await stream.__anext__()  # warm: first step
-        self.encode_seconds = 0.0
-        wall0, cpu0 = time.perf_counter(), time.process_time()
-        for _ in range(n_tokens):
-            await stream.__anext__()
-        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-        await stream.aclose()
-        return {
-            "tok_per_s": n_tokens / wall,
-            "ms_per_token": 1e3 * wall / n_tokens,
-            "cpu_ms_per_token": 1e3 * cpu / n_tokens,
-            "encode_ms_per_token": 1e3 * self.encode_seconds / n_tokens,
-            "dispatches_per_token": self.last_dispatches,
-            "passes_per_token": self.last_passes,
-        }
-
-    def profile_decode_step(self, sampled: bool = False) -> list[tuple[str, float]]:
-        """GPU microseconds per dispatch of one decode step, greedy or (after decode_sampled set the
-        sampler up) sampled (NativeDevice(profile=True) only). The step is not kept: the cache is
-        left as it was."""
-        rec = self._record_step(1, all_logits=False, rec=self.device.begin_profiled())
-        (self.gpu_sampler if sampled else self.argmax).record(rec)
-        rec.submit()
-        return self.device.read_profile(rec)
-
-    @property
-    def bytes_read_per_token(self) -> int:
-        """Weight bytes a decode step must read: every tensor once (the tied embedding as the head;
-        with int8_head, the int8 copy and its scales instead of the F16 head)."""
-        total = sum(info.n_bytes for info in self.gguf.tensors.values())
-        if self.int8_head:
-            head = self.gguf.tensors["token_embd.weight" if self.config.tied_embeddings else "output.weight"]
-            total += self.output.n_rows * (self.output.n_cols + 4) - head.n_bytes
-        return total
 
     def release(self) -> None:
         """Free every GPU buffer of this model: weights, run state and the KV cache (whose buffers

@@ -1,0 +1,165 @@
+"""The model's weights on the GPU: ternary rows in the kernels' layout, device-limit checks, the upload.
+
+Read-only after `upload_weights` (llama2.c's TransformerWeights). Ternary matrices are fused where
+the kernels read them together (q/k/v, gate/up); norms are f32 vectors; the embedding and LM head
+are F16 row shards (or an int8 per-row-scaled head copy, `int8_head`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import gpu
+from ..formats.ggml import GGMLType
+from ..formats.gguf_reader import GGUFFile
+from ..formats.quants import i2s_encode, ternarize
+from ..kernels.embedding import F16Matrix, Int8Matrix
+from ..kernels.linear import TernaryMatrix
+from .config import ModelConfig
+
+ProgressCallback = Callable[[str, int, int], None]
+
+LOGITS_ROWS = 64  # rows of the logits buffer: all-logits calls run in pieces of this many tokens
+
+
+class ModelLoadError(RuntimeError):
+    """A tensor the model needs cannot be used (its type or contents), named in the message."""
+
+
+def ternary_rows(gguf: GGUFFile, name: str) -> tuple[np.ndarray, float]:
+    """The packed 2-bit codes of a ternary tensor in the engine's GPU layout (I2_S, x86) and its scale.
+
+    I2_S tensors come back as a view of the file's bytes (no copy, no expansion); TQ1_0/TQ2_0 and
+    float master weights are converted once here, at load.
+    """
+    info = gguf.tensors[name]
+    if info.ggml_type == GGMLType.I2_S:
+        raw = gguf.tensor_bytes(name)
+        return raw[: info.n_elements // 4], gguf.i2s_scale(name)
+    if info.ggml_type in (GGMLType.TQ1_0, GGMLType.TQ2_0):
+        values, scale = gguf.ternary(name)
+    elif info.ggml_type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
+        values, scale = ternarize(np.asarray(gguf.tensor(name), dtype=np.float32))
+    else:
+        raise ModelLoadError(
+            f"{gguf.source}: tensor {name!r} has type {info.ggml_type.name}, which cannot be used as a ternary weight"
+        )
+    return i2s_encode(values, scale)[: info.n_elements // 4], float(scale)
+
+
+def check_device_limits(config: ModelConfig, limits: gpu.GPULimits, max_tokens: int, source: str = "model") -> None:
+    """Refuse, before anything is uploaded, a model with a buffer that one storage binding cannot hold.
+
+    The F16 embedding and LM head are split into row shards (only one row must fit). Ternary weights,
+    the run-state buffers and each layer's KV cache are bound whole: real BitNet shapes are far below
+    WebGPU's 128 MiB default (2B-4T's largest ternary matrix, the fused gate/up, is 8.8 MB), so a
+    model that does not fit is refused with every offending buffer named instead of being sharded.
+    """
+    cfg, limit = config, limits.max_binding
+    qkv_rows = cfg.q_dim + 2 * cfg.kv_dim
+    needs = {
+        "blk.*.attn_q + attn_k + attn_v (fused ternary codes)": qkv_rows * cfg.dim // 4,
+        "blk.*.attn_output (ternary codes)": cfg.dim * cfg.q_dim // 4,
+        "blk.*.ffn_gate + ffn_up (fused ternary codes)": 2 * cfg.ffn_dim * cfg.dim // 4,
+        "blk.*.ffn_down (ternary codes)": cfg.dim * cfg.ffn_dim // 4,
+        "one row of token_embd / output (F16)": 2 * cfg.dim,
+        f"logits of {min(max_tokens, LOGITS_ROWS)} tokens (f32)": 4 * min(max_tokens, LOGITS_ROWS) * cfg.vocab_size,
+        f"activations of {max_tokens} tokens (f32)": 4 * max_tokens * max(qkv_rows, cfg.ffn_dim, cfg.dim),
+        "one layer's K or V cache at the full context (f32)": 4 * cfg.context_length * cfg.kv_dim,
+        "attention split partials (f32)": 4 * cfg.n_heads * -(-cfg.context_length // 64) * cfg.head_dim,
+        "RoPE cos/sin table (f32)": 4 * cfg.context_length * cfg.rope_dim,
+    }
+    over = [f"{what} {nbytes} bytes" for what, nbytes in needs.items() if nbytes > limit]
+    if over:
+        raise gpu.GPUOutOfMemoryError(
+            f"{source}: this device binds at most {limit} bytes per buffer (maxStorageBufferBindingSize / "
+            f"maxBufferSize) but the model needs {'; '.join(over)}. Only the embedding and LM head are split "
+            "into shards; use a device with a larger limit"
+        )
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: gpu.Buffer  # (dim,) f32
+    qkv: TernaryMatrix  # (q_dim + 2 * kv_dim, dim) ternary, per-row scales
+    attn_sub_norm: gpu.Buffer | None  # (q_dim,) f32
+    wo: TernaryMatrix  # (dim, q_dim)
+    ffn_norm: gpu.Buffer  # (dim,) f32
+    gate_up: TernaryMatrix  # (2 * ffn_dim, dim): gate and up rows, paired for the fused epilogue
+    ffn_sub_norm: gpu.Buffer | None  # (ffn_dim,) f32
+    down: TernaryMatrix  # (dim, ffn_dim)
+
+
+@dataclass
+class ModelWeights:
+    layers: list[LayerWeights]
+    output_norm: gpu.Buffer  # (dim,) f32
+    token_embd: F16Matrix  # (vocab, dim) f16, row shards
+    output: F16Matrix | Int8Matrix  # the LM head (vocab, dim): token_embd itself when tied
+
+
+async def upload_weights(
+    device: gpu.Device,
+    gguf: GGUFFile,
+    config: ModelConfig,
+    buffers: list[gpu.Buffer],
+    *,
+    int8_head: bool = False,
+    progress: ProgressCallback | None = None,
+) -> ModelWeights:
+    """Upload every weight tensor. Each buffer is appended to `buffers` as soon as it exists, so the
+    caller can free everything after a failure part way. Progress: ("upload", layer + 1, n_layers + 2)."""
+    cfg = config
+
+    def f32(name: str, label: str) -> gpu.Buffer:
+        values = np.ascontiguousarray(gguf.tensor(name), dtype=np.float32)
+        buffer = device.buffer(values.nbytes, label=label)
+        device.upload(buffer, 0, values)
+        buffers.append(buffer)
+        return buffer
+
+    def ternary(names: list[str], label: str, pair_rows: bool = False) -> TernaryMatrix:
+        parts = [(ternary_rows(gguf, n), gguf.tensors[n].shape) for n in names]
+        matrix = TernaryMatrix.upload(
+            device, [(rows, scale, shape) for (rows, scale), shape in parts], label=label, pair_rows=pair_rows
+        )
+        buffers.extend([matrix.codes, matrix.scales])
+        return matrix
+
+    total = cfg.n_layers + 2
+    layers = []
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        layers.append(
+            LayerWeights(
+                attn_norm=f32(p + "attn_norm.weight", f"{p}attn_norm"),
+                qkv=ternary([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], f"{p}qkv"),
+                attn_sub_norm=(f32(p + "attn_sub_norm.weight", f"{p}attn_sub_norm") if cfg.has_sub_norms else None),
+                wo=ternary([p + "attn_output.weight"], f"{p}attn_output"),
+                ffn_norm=f32(p + "ffn_norm.weight", f"{p}ffn_norm"),
+                gate_up=ternary([p + "ffn_gate.weight", p + "ffn_up.weight"], f"{p}gate_up", pair_rows=True),
+                ffn_sub_norm=(f32(p + "ffn_sub_norm.weight", f"{p}ffn_sub_norm") if cfg.has_sub_norms else None),
+                down=ternary([p + "ffn_down.weight"], f"{p}ffn_down"),
+            )
+        )
+        if progress:
+            progress("upload", i + 1, total)
+        await device.checkpoint(f"uploading layer {i}")
+        await asyncio.sleep(0)  # let the page repaint its progress bar
+    output_norm = f32("output_norm.weight", "output_norm")
+    token_embd = F16Matrix.upload(device, gguf.tensor("token_embd.weight"), "token_embd")
+    head_name = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
+    if int8_head:
+        output = Int8Matrix.upload(device, gguf.tensor(head_name), "output")
+        buffers.append(output.scales)
+    else:
+        output = token_embd if cfg.tied_embeddings else F16Matrix.upload(device, gguf.tensor(head_name), "output")
+    buffers.extend(b for _, _, b in token_embd.shards)
+    if output is not token_embd:
+        buffers.extend(b for _, _, b in output.shards)
+    await device.checkpoint("uploading the embedding")
+    return ModelWeights(layers, output_norm, token_embd, output)
