@@ -113,6 +113,10 @@ GGML_BLOCK_SIZES: dict[GGMLType, tuple[int, int]] = {
     GGMLType.TQ2_0: (QK_K, QK_K // 4 + 2),  # qs[64] + f16 d
     GGMLType.I2_S: (4, 1),  # + 32 bytes per tensor
 }
+# I2_S (bitnet.cpp): 2-bit codes, x86 layout in blocks of 128 values per 32 bytes (ARM builds: 64 per
+# 16); after a tensor's n/4 code bytes one float32 scale and 28 zero bytes (formats/quants.py).
+I2S_BLOCK = 128  # values per x86 block (32 bytes); rows hold whole blocks
+I2S_BLOCK_ARM = 64  # values per ARM block (16 bytes)
 I2S_TAIL_BYTES = 32  # float32 scale + 28 bytes padding after the packed codes
 
 

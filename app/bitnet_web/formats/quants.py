@@ -33,11 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ggml import GGMLType, GGUFError, GGUFFormatError
+from .ggml import I2S_BLOCK, I2S_BLOCK_ARM, I2S_TAIL_BYTES, GGMLType, GGUFError, GGUFFormatError
 
-I2S_BLOCK = 128  # values per x86 block (32 bytes)
-I2S_BLOCK_ARM = 64  # values per ARM block (16 bytes)
-I2S_TAIL = 32  # float32 scale + 28 bytes padding
 QK_K = 256
 
 # byte -> its four 2-bit codes, most significant first (shifts 6, 4, 2, 0), as values code - 1.
@@ -65,7 +62,7 @@ def _prod(shape: tuple[int, ...] | int) -> int:
 
 def i2s_nbytes(n_elements: int) -> int:
     """Bytes of an I2_S tensor: n/4 code bytes + float32 scale + 28 bytes padding."""
-    return n_elements // 4 + I2S_TAIL
+    return n_elements // 4 + I2S_TAIL_BYTES
 
 
 def i2s_scale(raw: np.ndarray, n_elements: int, *, where: str | None = None) -> float:
@@ -115,7 +112,7 @@ def i2s_check_layout(raw: np.ndarray, shape: tuple[int, ...], *, where: str | No
     _check_i2s_size(raw, n, I2S_BLOCK, where)
     _check_codes(raw[: n // 4], where)
     scale = i2s_scale(raw, n, where=where)
-    pad = raw[n // 4 + 4 : n // 4 + I2S_TAIL]
+    pad = raw[n // 4 + 4 : n // 4 + I2S_TAIL_BYTES]
     if pad.any():
         raise GGUFFormatError(
             f"{_where(where)}: padding bytes after the scale (byte +{n // 4 + 4}) are "
@@ -166,7 +163,7 @@ def i2s_encode(values: np.ndarray, scale: float, *, layout: str = "x86") -> np.n
         raise ValueError("I2_S values must be -1, 0 or +1")
     codes = (v.reshape(-1, 4, group).astype(np.int16) + 1).astype(np.uint8)  # (blocks, group, byte)
     packed = (codes[:, 0] << 6) | (codes[:, 1] << 4) | (codes[:, 2] << 2) | codes[:, 3]
-    out = np.zeros(n // 4 + I2S_TAIL, dtype=np.uint8)
+    out = np.zeros(n // 4 + I2S_TAIL_BYTES, dtype=np.uint8)
     out[: n // 4] = packed.reshape(-1)
     out[n // 4 : n // 4 + 4] = np.array([scale], dtype="<f4").view(np.uint8)
     return out
@@ -189,7 +186,7 @@ def random_i2s_bytes(rng: np.random.Generator, n_elements: int, scale: float) ->
     for _ in range(4):  # first draw digit -> shift 6, last -> shift 0
         table = (table << 2) | (digits % 3).astype(np.uint8)
         digits //= 3
-    out = np.zeros(n_elements // 4 + I2S_TAIL, dtype=np.uint8)
+    out = np.zeros(n_elements // 4 + I2S_TAIL_BYTES, dtype=np.uint8)
     out[: n_elements // 4] = table[rng.integers(0, 81, size=n_elements // 4, dtype=np.uint8)]
     out[n_elements // 4 : n_elements // 4 + 4] = np.array([scale], dtype="<f4").view(np.uint8)
     return out

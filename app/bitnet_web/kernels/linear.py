@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import gpu
+from ..formats.ggml import I2S_BLOCK, I2S_TAIL_BYTES
 from .common import (
     STEP_PARAMS_WGSL,
     KernelCache,
@@ -31,9 +32,6 @@ from .common import (
     wgsl_enables,
 )
 from .norm import RMSNormQuant
-
-I2S_BLOCK = 128  # values per 32-byte block; rows must hold whole blocks
-I2S_TRAILER = 32  # f32 scale + 28 bytes of padding after each tensor's codes
 
 EPILOGUES = {"store": 0, "residual": 1, "gate_relu2": 2, "gate_silu": 3}
 
@@ -91,10 +89,10 @@ def pack_ternary_rows(raw_tensors: list[tuple[np.ndarray, int, int]]) -> tuple[n
         if raw.dtype != np.uint8 or raw.ndim != 1:
             raise TernaryShapeError(f"{where}: raw bytes must be a 1-D uint8 array, got {raw.dtype} {raw.shape}")
         n_code_bytes = n_rows * cols // 4
-        if raw.size != n_code_bytes + I2S_TRAILER:
+        if raw.size != n_code_bytes + I2S_TAIL_BYTES:
             raise TernaryShapeError(
-                f"{where}: {raw.size} bytes, expected {n_code_bytes + I2S_TRAILER} "
-                f"(n/4 code bytes + {I2S_TRAILER}-byte scale trailer)"
+                f"{where}: {raw.size} bytes, expected {n_code_bytes + I2S_TAIL_BYTES} "
+                f"(n/4 code bytes + {I2S_TAIL_BYTES}-byte scale trailer)"
             )
         scale = float(raw[n_code_bytes : n_code_bytes + 4].view("<f4")[0])
         if not np.isfinite(scale):
