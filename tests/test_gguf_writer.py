@@ -5,11 +5,12 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from bitnet_web.convert.synthetic import bytes_to_unicode, synthetic_vocab_metadata, write_random_bitnet
+from bitnet_web.convert.synthetic import synthetic_vocab_metadata, write_random_bitnet
 from bitnet_web.formats.ggml import GGMLType
 from bitnet_web.formats.gguf_reader import open_gguf
 from bitnet_web.formats.gguf_writer import GGUFWriter, float_to_bf16_bits
 from bitnet_web.model.config import config_from_gguf
+from bitnet_web.text.bpe import BYTE_TO_UNICODE
 
 TINY = dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512, vocab_size=1000)
 
@@ -183,7 +184,7 @@ def test_synthetic_vocab_small():
     tokens, types = md["tokenizer.ggml.tokens"], md["tokenizer.ggml.token_type"]
     assert len(tokens) == 300 == len(set(tokens))
     ref = pytest.importorskip("transformers.convert_slow_tokenizer").bytes_to_unicode()
-    assert bytes_to_unicode() == ref
+    assert BYTE_TO_UNICODE == ref
     assert tokens[:256] == [ref[b] for b in range(256)]
     bos, eos = md["tokenizer.ggml.bos_token_id"], md["tokenizer.ggml.eos_token_id"]
     assert (tokens[bos], tokens[eos], tokens[299]) == ("<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>")

@@ -43,12 +43,11 @@ from bitnet_web.convert.hf_checkpoint import (  # noqa: E402
     checkpoint_base_url,
     files_to_fetch,
     hf_packed_codes,
-    i2s_from_codes,
     load_folder,
     load_from_buffers,
 )
 from bitnet_web.engine import Engine  # noqa: E402
-from bitnet_web.formats.quants import i2s_encode  # noqa: E402
+from bitnet_web.formats.quants import i2s_encode, i2s_pack_codes  # noqa: E402
 from bitnet_web.formats.safetensors import SafetensorsError  # noqa: E402
 from bitnet_web.model.config import config_from_gguf  # noqa: E402
 from bitnet_web.text.chat import ChatTemplate  # noqa: E402
@@ -192,7 +191,7 @@ def test_fast_repack_equals_reference_encoding():
         packed = packed.astype(np.uint8)
         values = unpack_weights(torch.from_numpy(packed), dtype=torch.float32).numpy().astype(np.int8)
         expected = i2s_encode(values, 0.625)
-        np.testing.assert_array_equal(i2s_from_codes(hf_packed_codes(packed), 0.625), expected)
+        np.testing.assert_array_equal(i2s_pack_codes(hf_packed_codes(packed), 0.625), expected)
 
 
 @pytest.mark.gpu

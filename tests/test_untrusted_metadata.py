@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from bitnet_web.convert.synthetic import bytes_to_unicode, random_bitnet_writer, synthetic_vocab_metadata  # noqa: E402
+from bitnet_web.convert.synthetic import random_bitnet_writer, synthetic_vocab_metadata  # noqa: E402
 from bitnet_web.formats.ggml import Keys  # noqa: E402
 from bitnet_web.formats.gguf_reader import open_gguf
+from bitnet_web.text.bpe import BYTE_TO_UNICODE
 from bitnet_web.text.chat import ChatTemplate  # noqa: E402
 from bitnet_web.text.sampler import SamplerSettings  # noqa: E402
 from bitnet_web.text.tokenizer import StreamDecoder, Tokenizer, TokenType  # noqa: E402
@@ -59,7 +60,7 @@ def unrecognised_template(marker: Path) -> str:
 
 def hostile_vocab() -> dict[str, object]:
     md = synthetic_vocab_metadata(VOCAB)
-    b2u = bytes_to_unicode()
+    b2u = BYTE_TO_UNICODE
     tokens = list(md[Keys.TOKENS])
     token_type = md[Keys.TOKEN_TYPE].copy()
     for tid, (text, ttype) in HOSTILE_TOKENS.items():

@@ -36,8 +36,9 @@ from browser_helpers import (
     set_settings,
 )
 
-from bitnet_web.convert.synthetic import bytes_to_unicode, random_bitnet_writer
+from bitnet_web.convert.synthetic import random_bitnet_writer
 from bitnet_web.formats.ggml import Keys
+from bitnet_web.text.bpe import BYTE_TO_UNICODE
 from bitnet_web.text.tokenizer import TokenType
 from bitnet_web.web.shared.settings import parse_form
 
@@ -69,7 +70,7 @@ _WATCH = """() => {
 
 def write_hostile_reply_model(path: Path, marker: Path) -> None:
     md = hostile.hostile_vocab()
-    b2u = bytes_to_unicode()
+    b2u = BYTE_TO_UNICODE
     tokens, token_type = list(md[Keys.TOKENS]), md[Keys.TOKEN_TYPE].copy()
     for tid, text in FLAG_TOKENS.items():
         tokens[tid] = "".join(b2u[b] for b in text.encode())  # normal byte-level BPE tokens

@@ -42,17 +42,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..formats.ggml import GGMLType, GGUFError, GGUFValueType, Keys
+from ..formats.ggml import I2S_BLOCK, GGMLType, GGUFError, GGUFValueType, Keys, TokenType
 from ..formats.gguf_reader import GGUFFile
 from ..formats.gguf_writer import GGUFWriter, Typed
-from ..formats.quants import ternarize
+from ..formats.quants import i2s_pack_codes, ternarize
 from ..formats.safetensors import SafetensorsError, SafetensorsFile, ShardedSafetensors, open_safetensors, parse_index
 from .hf_urls import checkpoint_base_url, checkpoint_name
-from .synthetic import TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL, bitnet_model_metadata, synthetic_vocab_metadata
+from .synthetic import bitnet_model_metadata, synthetic_vocab_metadata
 
 ProgressCallback = Callable[[str, int, int], None]
 
-TOKEN_TYPE_USER_DEFINED, TOKEN_TYPE_UNUSED = 4, 5
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -221,22 +220,6 @@ def hf_packed_codes(packed: np.ndarray) -> np.ndarray:
     return out
 
 
-def i2s_from_codes(codes: np.ndarray, scale: float) -> np.ndarray:
-    """uint8 codes 0/1/2, flattened row-major -> I2_S bytes (x86 layout, n/4 + 32), as quants.i2s_encode
-    writes them but straight from codes: byte b of each 128-value block holds values b, 32+b, 64+b, 96+b
-    at shifts 6, 4, 2, 0."""
-    n = codes.size
-    blocks = codes.reshape(-1, 4, 32)
-    out = np.zeros(n // 4 + 32, dtype=np.uint8)
-    packed = out[: n // 4].reshape(-1, 32)
-    np.left_shift(blocks[:, 0], 6, out=packed)
-    packed |= blocks[:, 1] << 4
-    packed |= blocks[:, 2] << 2
-    packed |= blocks[:, 3]
-    out[n // 4 : n // 4 + 4] = np.array([scale], dtype="<f4").view(np.uint8)
-    return out
-
-
 def permute_for_interleaved_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp's Q/K row permutation: rotate-half (NEOX) pair order -> interleaved pairs."""
     out, rest = w.shape[0], w.shape[1:]
@@ -320,7 +303,7 @@ def tokenizer_metadata(files: CheckpointFiles, vocab_size: int, config: dict) ->
             "(SentencePiece style); only byte-level BPE (GPT-2 / Llama 3 style) is supported"
         )
     tokens: list[str | None] = [None] * vocab_size
-    types = np.full(vocab_size, TOKEN_TYPE_NORMAL, dtype=np.int32)
+    types = np.full(vocab_size, TokenType.NORMAL, dtype=np.int32)
     for text, tid in model.get("vocab", {}).items():
         if not isinstance(tid, int) or not 0 <= tid < vocab_size:
             raise ConvertError(f"{label}: token {text!r} has id {tid}, outside the model vocabulary {vocab_size}")
@@ -333,12 +316,12 @@ def tokenizer_metadata(files: CheckpointFiles, vocab_size: int, config: dict) ->
         if tid < 0:
             raise ConvertError(f"{label}: added token {added['content']!r} has id {tid}")
         tokens[tid] = added["content"]
-        types[tid] = TOKEN_TYPE_CONTROL if added.get("special") else TOKEN_TYPE_USER_DEFINED
+        types[tid] = TokenType.CONTROL if added.get("special") else TokenType.USER_DEFINED
         by_text[added["content"]] = tid
     for tid, text in enumerate(tokens):
         if text is None:
             tokens[tid] = f"[PAD{tid}]"
-            types[tid] = TOKEN_TYPE_UNUSED
+            types[tid] = TokenType.UNUSED
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
 
     tok_config = files.json(TOKENIZER_CONFIG_FILE) if files.has(TOKENIZER_CONFIG_FILE) else {}
@@ -614,11 +597,11 @@ def build_gguf_writer(
                 codes = np.uint8(2) - codes
             if permute and heads is not None:
                 codes = permute_for_interleaved_rope(codes, heads)
-            if codes.size % 128:
+            if codes.size % I2S_BLOCK:
                 raise ConvertError(
-                    f"{files.source}: {key}.weight has {codes.size} values, not whole I2_S blocks of 128"
+                    f"{files.source}: {key}.weight has {codes.size} values, not whole I2_S blocks of {I2S_BLOCK}"
                 )
-            return i2s_from_codes(codes, scale)
+            return i2s_pack_codes(codes, scale)
 
         return make
 

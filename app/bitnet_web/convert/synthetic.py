@@ -10,9 +10,10 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from ..formats.ggml import GGMLType, GGUFValueType, Keys
+from ..formats.ggml import GGMLType, GGUFValueType, Keys, TokenType
 from ..formats.gguf_writer import GGUFWriter, Typed
 from ..formats.quants import random_i2s_bytes
+from ..text.bpe import BYTE_TO_UNICODE
 
 # The chat template of microsoft/bitnet-b1.58-2B-4T (tokenizer_config.json): "Role: content<|eot_id|>"
 # per message, BOS before the first, "Assistant: " as the generation prompt.
@@ -24,20 +25,6 @@ BITNET_CHAT_TEMPLATE = (
 )
 
 LLAMA3_BOS, LLAMA3_EOS, LLAMA3_EOT = 128000, 128001, 128009
-TOKEN_TYPE_NORMAL, TOKEN_TYPE_CONTROL = 1, 3
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map used by byte-level BPE vocabularies."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
 
 
 def synthetic_vocab_metadata(vocab_size: int, *, with_eot_key: bool = False) -> dict[str, object]:
@@ -51,19 +38,19 @@ def synthetic_vocab_metadata(vocab_size: int, *, with_eot_key: bool = False) -> 
     """
     if vocab_size < 259:
         raise ValueError(f"vocab_size {vocab_size} too small: 256 byte tokens + 3 special tokens needed")
-    b2u = bytes_to_unicode()
+    b2u = BYTE_TO_UNICODE
     tokens = [b2u[b] for b in range(256)] + [f"Ġw{i}" for i in range(256, vocab_size)]
-    token_type = np.full(vocab_size, TOKEN_TYPE_NORMAL, dtype=np.int32)
+    token_type = np.full(vocab_size, TokenType.NORMAL, dtype=np.int32)
     if vocab_size >= 128256:
         bos, eos, eot = LLAMA3_BOS, LLAMA3_EOS, LLAMA3_EOT
         for i in range(128000, vocab_size):
             tokens[i] = f"<|reserved_special_token_{i - 128000}|>"
-            token_type[i] = TOKEN_TYPE_CONTROL
+            token_type[i] = TokenType.CONTROL
     else:
         bos, eos, eot = vocab_size - 3, vocab_size - 2, vocab_size - 1
     for tid, text in ((bos, "<|begin_of_text|>"), (eos, "<|end_of_text|>"), (eot, "<|eot_id|>")):
         tokens[tid] = text
-        token_type[tid] = TOKEN_TYPE_CONTROL
+        token_type[tid] = TokenType.CONTROL
     md: dict[str, object] = {
         Keys.TOKENIZER_MODEL: "gpt2",
         Keys.TOKENS: tokens,

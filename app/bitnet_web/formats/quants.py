@@ -150,23 +150,51 @@ def i2s_decode_arm(raw: np.ndarray, shape: tuple[int, ...], *, where: str | None
     return values.reshape(shape), scale
 
 
-def i2s_encode(values: np.ndarray, scale: float, *, layout: str = "x86") -> np.ndarray:
-    """int8 values in {-1, 0, +1} and a scale -> I2_S bytes (n/4 + 32)."""
-    group = {"x86": 32, "arm": 16}.get(layout)
+_I2S_GROUP = {"x86": I2S_BLOCK // 4, "arm": I2S_BLOCK_ARM // 4}  # bytes per block: byte b holds values b, g+b, ...
+
+
+def _i2s_group(layout: str, n: int) -> int:
+    group = _I2S_GROUP.get(layout)
     if group is None:
         raise ValueError(f"layout must be 'x86' or 'arm', not {layout!r}")
-    v = np.asarray(values)
-    n = v.size
     if n % (4 * group):
         raise ValueError(f"I2_S needs a multiple of {4 * group} values, got {n}")
-    if v.size and (v.min() < -1 or v.max() > 1):
-        raise ValueError("I2_S values must be -1, 0 or +1")
-    codes = (v.reshape(-1, 4, group).astype(np.int16) + 1).astype(np.uint8)  # (blocks, group, byte)
-    packed = (codes[:, 0] << 6) | (codes[:, 1] << 4) | (codes[:, 2] << 2) | codes[:, 3]
+    return group
+
+
+def _i2s_tensor(n: int, scale: float) -> np.ndarray:
+    """Zeroed bytes of an I2_S tensor of n values with `scale` in its tail; the n/4 code bytes are the caller's."""
     out = np.zeros(n // 4 + I2S_TAIL_BYTES, dtype=np.uint8)
-    out[: n // 4] = packed.reshape(-1)
     out[n // 4 : n // 4 + 4] = np.array([scale], dtype="<f4").view(np.uint8)
     return out
+
+
+def i2s_pack_codes(codes: np.ndarray, scale: float, *, layout: str = "x86") -> np.ndarray:
+    """uint8 codes 0/1/2 (value + 1), flattened row-major, and a scale -> I2_S bytes (n/4 + 32).
+
+    The one I2_S encoder: byte b of each block of 4 * g values (g = 32 x86, 16 ARM) holds values
+    b, g+b, 2g+b, 3g+b at shifts 6, 4, 2, 0.
+    """
+    codes = np.asarray(codes, dtype=np.uint8)
+    n = codes.size
+    group = _i2s_group(layout, n)
+    blocks = codes.reshape(-1, 4, group)
+    out = _i2s_tensor(n, scale)
+    packed = out[: n // 4].reshape(-1, group)
+    np.left_shift(blocks[:, 0], 6, out=packed)
+    packed |= blocks[:, 1] << 4
+    packed |= blocks[:, 2] << 2
+    packed |= blocks[:, 3]
+    return out
+
+
+def i2s_encode(values: np.ndarray, scale: float, *, layout: str = "x86") -> np.ndarray:
+    """int8 values in {-1, 0, +1} and a scale -> I2_S bytes (n/4 + 32)."""
+    v = np.asarray(values)
+    _i2s_group(layout, v.size)
+    if v.size and (v.min() < -1 or v.max() > 1):
+        raise ValueError("I2_S values must be -1, 0 or +1")
+    return i2s_pack_codes((v.astype(np.int16) + 1).astype(np.uint8), scale, layout=layout)
 
 
 def i2s_arm_to_x86(raw: np.ndarray, n_elements: int, *, where: str | None = None) -> np.ndarray:
@@ -186,9 +214,8 @@ def random_i2s_bytes(rng: np.random.Generator, n_elements: int, scale: float) ->
     for _ in range(4):  # first draw digit -> shift 6, last -> shift 0
         table = (table << 2) | (digits % 3).astype(np.uint8)
         digits //= 3
-    out = np.zeros(n_elements // 4 + I2S_TAIL_BYTES, dtype=np.uint8)
+    out = _i2s_tensor(n_elements, scale)
     out[: n_elements // 4] = table[rng.integers(0, 81, size=n_elements // 4, dtype=np.uint8)]
-    out[n_elements // 4 : n_elements // 4 + 4] = np.array([scale], dtype="<f4").view(np.uint8)
     return out
 
 
