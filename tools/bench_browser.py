@@ -6,6 +6,9 @@
 Builds dist/ (build.py), serves it on 127.0.0.1, opens dist/bench/ in Debian's Chromium with the
 WebGPU flags from shared/browser-notes.md (SwiftShader here; a real GPU where Chromium has one:
 drop --use-webgpu-adapter=swiftshader with --gpu). Figures on SwiftShader are relative only.
+Chromium is launched as the browser tests launch it (tools/chromium_launch.py): its own services
+stay off the network, and any request it still makes on its own is printed (stderr) apart from the
+page's requests outside 127.0.0.1 (a --model URL on another host is the page's, and is let through).
 """
 
 from __future__ import annotations
@@ -21,17 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import build  # noqa: E402
+from tools.chromium_launch import EgressRecorder, launch_options  # noqa: E402
 
-CHROMIUM_ARGS = [
-    "--enable-unsafe-webgpu",
-    "--use-webgpu-adapter=swiftshader",
-    "--no-sandbox",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
+LOCAL_PREFIXES = ("http://127.0.0.1:", "data:", "blob:")
 
 
 def python_time_summary(report: dict) -> str:
@@ -109,14 +104,25 @@ def main() -> int:
         url += "?" + "&".join(query)
     from playwright.sync_api import sync_playwright
 
-    flags = [a for a in CHROMIUM_ARGS if not (args.gpu and "swiftshader" in a)]
+    chromium_own = EgressRecorder()
+    outside: list[str] = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=flags)
-        page = browser.new_page()
+        browser = p.chromium.launch(**launch_options(chromium_own, swiftshader=not args.gpu))
+        # the page's own context goes direct: the model may be on another host (--model URL)
+        context = browser.new_context(proxy={"server": "direct://"})
+        context.on("request", lambda r: None if r.url.startswith(LOCAL_PREFIXES) else outside.append(r.url))
+        page = context.new_page()
         page.goto(url)
         page.wait_for_function("window.benchResult !== undefined", timeout=args.timeout * 1000)
         report = json.loads(page.evaluate("window.benchResult"))
         browser.close()
+    chromium_own.stop()
+    for what, lines in (
+        ("the page requested outside 127.0.0.1", outside),
+        ("Chromium requested on its own (refused, not the page's)", chromium_own.lines()),
+    ):
+        if lines:
+            print(f"{what}:\n  " + "\n  ".join(lines), file=sys.stderr)
     server.shutdown()
     print(json.dumps(report, indent=2))
     if "error" not in report:

@@ -30,17 +30,18 @@ async (key) => {
   const db = await new Promise((ok, bad) => {
     const r = indexedDB.open("bitnet-web-models"); r.onsuccess = () => ok(r.result); r.onerror = () => bad(r.error);
   });
-  const get = (store, k) => new Promise((ok, bad) => {
-    const r = db.transaction(store).objectStore(store).get(k);
-    r.onsuccess = () => ok(r.result); r.onerror = () => bad(r.error);
-  });
   try {
     if (!db.objectStoreNames.contains("models")) return null;
-    const meta = await get("models", key);
+    // one transaction for the record and its chunks: a snapshot no concurrent write can split
+    const tx = db.transaction(["models", "chunks"]);
+    const req = (r) => new Promise((ok, bad) => { r.onsuccess = () => ok(r.result); r.onerror = () => bad(r.error); });
+    const [meta, chunks] = await Promise.all([
+      req(tx.objectStore("models").get(key)),
+      req(tx.objectStore("chunks").getAll(IDBKeyRange.bound([key, 0], [key, Infinity])))]);
     if (!meta) return null;
     const parts = [];
     for (let i = 0; i < meta.chunks; i++) {
-      const rec = await get("chunks", [key, i]);
+      const rec = chunks.find((c) => c.index === i);
       if (!rec) return {meta: {...meta, header: null}, missing: i};
       parts.push(new Uint8Array(rec.data));
     }
@@ -61,15 +62,18 @@ async () => {
   const db = await new Promise((ok, bad) => {
     const r = indexedDB.open("bitnet-web-models"); r.onsuccess = () => ok(r.result); r.onerror = () => bad(r.error);
   });
-  const all = (store) => new Promise((ok, bad) => {
-    const r = db.transaction(store).objectStore(store).getAll(); r.onsuccess = () => ok(r.result);
-    r.onerror = () => bad(r.error);
+  // Both stores read in ONE transaction: IndexedDB runs it between the app's read-write transactions,
+  // so it sees each chunk-and-record write whole. (Read in two transactions, a chunk committed
+  // between them looks like a chunk its record does not count.)
+  const all = (tx, store) => new Promise((ok, bad) => {
+    const r = tx.objectStore(store).getAll(); r.onsuccess = () => ok(r.result); r.onerror = () => bad(r.error);
   });
   const hex = async (data) => Array.from(new Uint8Array(await crypto.subtle.digest("SHA-256", data)),
                                          (b) => b.toString(16).padStart(2, "0")).join("");
   try {
     if (!db.objectStoreNames.contains("models")) return {entries: [], chunks: []};
-    const metas = await all("models"), chunks = await all("chunks");
+    const tx = db.transaction(["models", "chunks"]);
+    const [metas, chunks] = await Promise.all([all(tx, "models"), all(tx, "chunks")]);
     const out = {entries: [], chunks: []};
     for (const c of chunks) {
       out.chunks.push({key: c.key, index: c.index, offset: c.offset, size: c.size, bytes: c.data.byteLength,

@@ -3,66 +3,28 @@
 - `dist_dir`: build.py's dist/, built once per session (reused when `build.py test` just built it).
 - `site`: a server for dist/ plus /_test/ (files made by the tests), recording every request and
   able to inject faults (drop the connection after N bytes, ignore Range, answer a status).
-- `egress`: an HTTP proxy the browser must use for every non-loopback request. It answers 403 and
-  records the target; the session fails if anything reached it, so no test (and no page, worker or
-  service worker) may touch the internet.
-- Chromium: /usr/bin/chromium (never `playwright install`), flags from shared/browser-notes.md.
+- `egress`: the proxy of every browser context (tools/chromium_launch.py): each request of a page,
+  worker or service worker for a host other than 127.0.0.1 ends there (403, target recorded). The
+  session fails if anything reached it, so no test, page or worker may touch the internet.
+- `browser_egress`: the launch proxy, which only Chromium's own services use. The launch flags turn
+  them off; whatever still reaches it is listed at the end of the run as Chromium's, not the app's
+  (it never leaves the machine, and does not fail the run).
+- Chromium: /usr/bin/chromium (never `playwright install`), flags from tools/chromium_launch.py.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from browser_helpers import LOCAL_PREFIXES
-from site_server import EgressRecorder, SiteServer, build
+from site_server import SiteServer, build
 
-CHROMIUM = "/usr/bin/chromium"
-# A --disable-features switch replaces Playwright's own (the last one wins), so this repeats
-# Playwright 1.5x's list and adds AutofillServerCommunication (content-autofill.googleapis.com form
-# queries). OptimizationHints, NetworkTimeServiceQuerying, AimEnabled and PreconnectToSearch keep
-# Chromium from calling Google at startup.
-CHROMIUM_OWN_HOST = "redirector.gvt1.com"
-DISABLED_FEATURES = (
-    "AvoidUnnecessaryBeforeUnloadCheckSync",
-    "DestroyProfileOnBrowserClose",
-    "HttpsUpgrades",
-    "HttpsFirstBalancedModeAutoEnable",
-    "LensOverlay",
-    "MediaRouter",
-    "PaintHolding",
-    "ThirdPartyStoragePartitioning",
-    "AvoidCorsURLLoaderRestartOnRedirect",
-    "OptimizationHints",
-    "NetworkTimeServiceQuerying",
-    "AimEnabled",
-    "PreconnectToSearch",
-    "AutofillServerCommunication",
-)
-CHROMIUM_ARGS = [
-    "--enable-unsafe-webgpu",
-    "--use-webgpu-adapter=swiftshader",
-    "--no-sandbox",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-    # Chromium's own sign-in and push-messaging calls (accounts.google.com,
-    # android.clients.google.com), made even with the flags above: pointed at a closed
-    # local port, so the egress recorder can demand zero outside requests.
-    "--gaia-url=http://127.0.0.1:9",
-    "--gcm-checkin-url=http://127.0.0.1:9/checkin",
-    "--gcm-registration-url=http://127.0.0.1:9/register",
-    "--gcm-mcs-endpoint=http://127.0.0.1:9/mcs",
-    # spell-check dictionaries (redirector.gvt1.com) when text is typed: that host
-    # bypasses the recorder and resolves to the same closed port
-    f"--host-resolver-rules=MAP {CHROMIUM_OWN_HOST} 127.0.0.1:9",
-    "--disable-features=" + ",".join(DISABLED_FEATURES),
-]
+from tools.chromium_launch import CHROMIUM, EgressRecorder, launch_options, route_contexts_through
+
+_BROWSER_OWN: list[str] = []  # Chromium's own requests, reported at the end of the run
 
 
 def pytest_configure(config) -> None:
@@ -75,12 +37,24 @@ def pytest_configure(config) -> None:
 @pytest.fixture(scope="session")
 def egress():
     server = EgressRecorder()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     yield server
-    server.shutdown()
-    server.server_close()
-    assert server.seen == [], f"requests left 127.0.0.1 during the browser tests: {server.seen}"
+    server.stop()
+    assert server.seen == [], f"pages or workers requested hosts outside 127.0.0.1 during the tests: {server.seen}"
+
+
+@pytest.fixture(scope="session")
+def browser_egress():
+    server = EgressRecorder()
+    yield server
+    server.stop()
+    _BROWSER_OWN.extend(server.lines())
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _BROWSER_OWN:
+        terminalreporter.section("requests Chromium made on its own (not the app's; refused by the recorder)")
+        for line in _BROWSER_OWN:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
@@ -131,19 +105,17 @@ def bundled_model(dist_dir) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args, egress):
+def browser_type_launch_args(browser_type_launch_args, browser_egress):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; `python3 build.py test` does it)")
-    return {
-        **browser_type_launch_args,
-        "executable_path": CHROMIUM,
-        "args": CHROMIUM_ARGS,
-        # Playwright sends loopback through the proxy unless the bypass names it
-        "proxy": {
-            "server": f"http://127.0.0.1:{egress.server_address[1]}",
-            "bypass": f"127.0.0.1,localhost,{CHROMIUM_OWN_HOST}",
-        },
-    }
+    return {**browser_type_launch_args, **launch_options(browser_egress)}
+
+
+@pytest.fixture(scope="session")
+def browser(browser, egress):
+    """pytest-playwright's browser, whose every new context sends outside requests to `egress`."""
+    route_contexts_through(browser, egress)
+    return browser
 
 
 @pytest.fixture(scope="session")

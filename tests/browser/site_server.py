@@ -1,4 +1,4 @@
-"""Test servers: the site (dist/ + /_test/, request log, fault injection) and the egress recorder."""
+"""The test site server: dist/ + /_test/, request log, fault injection."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import io
 import os
 import shutil
 import socket
-import socketserver
 import struct
 import sys
 import threading
@@ -20,32 +19,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 import build  # noqa: E402  (the repo's build.py: its server is part of what is tested)
 
-__all__ = ["EgressRecorder", "SiteServer", "build"]
-
-
-# ------------------------------------------------------------------------------------------------
-# The egress recorder
-# ------------------------------------------------------------------------------------------------
-
-
-class EgressRecorder(socketserver.ThreadingTCPServer):
-    """A proxy that serves nothing: records each request line (e.g. `CONNECT host:443`) and refuses."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-        self.lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), _EgressHandler)
-
-
-class _EgressHandler(socketserver.StreamRequestHandler):
-    def handle(self) -> None:
-        line = self.rfile.readline(4096).decode("latin-1").strip()
-        with self.server.lock:
-            self.server.seen.append(line)
-        self.wfile.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+__all__ = ["SiteServer", "build"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -64,6 +64,43 @@ _FILL_QUOTA = """([after, mode]) => {
 }"""
 _RESTORE_PUT = "() => { IDBObjectStore.prototype.put = self.__bitnetRealPut; }"
 
+_OPEN_DB = """
+  const db = await new Promise((ok, bad) => {
+    const r = indexedDB.open("bitnet-web-models"); r.onsuccess = () => ok(r.result); r.onerror = () => bad(r.error);
+  });"""
+
+# Chunks of `key` that its record does not count, each a valid-looking chunk (its SHA-256 right) of
+# bytes that are not the file's: what a tab closed between writing a chunk and counting it leaves.
+_PUT_UNCOUNTED = (
+    "async ([key, indexes, size]) => {"
+    + _OPEN_DB
+    + """
+  const records = [];
+  for (const index of indexes) {
+    const data = new Uint8Array(size).fill(0xa5).buffer;
+    const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", data));
+    records.push({key, index, offset: index * size, size, data,
+                  sha256: Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("")});
+  }
+  const tx = db.transaction("chunks", "readwrite");
+  for (const r of records) tx.objectStore("chunks").put(r);
+  await new Promise((ok, bad) => { tx.oncomplete = ok; tx.onabort = () => bad(tx.error); });
+  db.close();
+}"""
+)
+
+_CHUNK_INDEXES = (
+    "async (key) => {"
+    + _OPEN_DB
+    + """
+  const range = IDBKeyRange.bound([key, 0], [key, Infinity]);
+  const r = db.transaction("chunks").objectStore("chunks").getAllKeys(range);
+  const keys = await new Promise((ok, bad) => { r.onsuccess = () => ok(r.result); r.onerror = () => bad(r.error); });
+  db.close();
+  return keys.map((k) => k[1]);
+}"""
+)
+
 
 @pytest.fixture(scope="module")
 def app(browser, site):
@@ -232,6 +269,43 @@ def test_closing_the_downloading_tab_hands_the_download_to_the_waiting_tab(app, 
         if log:
             print("\n".join(log[-40:]))
     assert not [line for line in log if line.startswith("pageerror")]
+
+
+def test_a_chunk_a_closed_tab_left_uncounted_is_dropped_and_the_resume_is_exact(app, site, tiny_model, test_files):
+    """Tab A downloads (stalled after three chunks) and is closed; the store holds chunks its record
+    does not count, as a tab closed between storing a chunk and counting it (two separate writes)
+    leaves them: the next chunk (bytes that are not the file's) and one beyond the file's end. Load
+    in tab B resumes after the three counted chunks, removes the uncounted ones, and the file is
+    byte-identical with no orphan left (audit)."""
+    data = tiny_model
+    path = _serve(test_files, "uncounted.gguf", data)
+    url = site.url + path[1:]
+    beyond_end = len(data) // CHUNK + 2
+    first = app.context.new_page()
+    log: list[str] = []
+    watch(first, log)
+    stall = threading.Event()
+    try:
+        open_app(first, site.url + NO_AUTOLOAD)
+        set_test_hooks(first, chunkBytes=CHUNK, skipEngine=True)
+        site.add_fault(path, drop_after=3 * CHUNK + 100, hold=stall)
+        _start_load(first, url)
+        _wait_stored(first, url, 3 * CHUNK)
+        first.close()  # mid-download: its worker ends
+    finally:
+        stall.set()
+        if not first.is_closed():
+            first.close()
+        if log:
+            print("\n".join(log[-40:]))
+    app.evaluate(_PUT_UNCOUNTED, [url, [3, beyond_end], CHUNK])
+    assert app.evaluate(_CHUNK_INDEXES, url) == [0, 1, 2, 3, beyond_end]
+    n_requests = len(site.requests_for(path))
+    with app.expect_console_message(lambda m: "removed 2 stored chunk(s)" in m.text):
+        assert load_custom(app, url) == "header", notice(app)
+    assert _resume_offsets(site.requests_for(path)[n_requests:]) == [3 * CHUNK]
+    assert app.evaluate(_CHUNK_INDEXES, url) == list(range((len(data) + CHUNK - 1) // CHUNK))
+    _assert_cached_exactly(app, url, data)
 
 
 @needs_engine

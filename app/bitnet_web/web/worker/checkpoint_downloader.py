@@ -336,6 +336,7 @@ class CheckpointDownloader:
             try:
                 if meta is None or not meta.get("complete"):
                     raise CorruptEntryError(f"{key} is missing from browser storage")
+                await self.store.drop_uncounted(key)  # as ModelDownloader does before it reads an entry
                 try:
                     data = np.empty(int(meta["total"]), dtype=np.uint8)
                 except MemoryError:

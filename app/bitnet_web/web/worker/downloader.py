@@ -201,6 +201,8 @@ class ModelDownloader:
     async def _ensure_cached(self, model: dict[str, Any]) -> tuple[dict[str, Any], str]:
         key = model["key"]
         meta = await self.store.get(key)
+        if meta is not None:
+            await self._drop_uncounted(meta)
         if meta is not None and meta.get("complete"):
             return meta, "cache"
         if meta is None or int(meta.get("stored") or 0) == 0:
@@ -248,6 +250,18 @@ class ModelDownloader:
         meta["complete"] = True
         await self.store.put_meta(meta)
         return meta, "network"
+
+    async def _drop_uncounted(self, meta: dict[str, Any]) -> None:
+        """Chunks beyond the record's count are not part of the file: removed before it is used."""
+        dropped = await self.store.drop_uncounted(meta["key"])
+        if dropped:
+            self.emit(
+                {
+                    "event": "log",
+                    "message": f"removed {dropped} stored chunk(s) of {meta['name']} that its "
+                    "cache record does not count (left by an interrupted write)",
+                }
+            )
 
     async def _check_tensor_data(self, model: dict[str, Any], meta: dict[str, Any]) -> None:
         """A GGUF entry is complete only with a parsed header whose tensor data lies within the file

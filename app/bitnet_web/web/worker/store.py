@@ -11,7 +11,10 @@ Database "bitnet-web-models" (version 1):
 Why chunks: a 1.2 GB file never exists as one ArrayBuffer in the page; each chunk is written as it
 arrives, so an interrupted download keeps what it got and resumes with a Range request.
 Consistency: a chunk and the metadata update that counts it are written in one transaction, so
-`stored` never counts bytes that are not there, and `complete` is set only after the last chunk.
+`stored` never counts bytes that are not there, a chunk is never there uncounted, and `complete` is
+set only after the last chunk. The record is the truth: readers take chunks 0..chunks-1 only, and
+`drop_uncounted` (run before an entry is resumed or read) deletes any chunk beyond its count, as a
+copy written in two steps by another build and cut between them could hold.
 Deletes: every update of an existing entry (`append_chunk`, `put_meta`) first reads the entry's
 record in the same transaction and writes only if it is still the one `begin` created (same
 `created` stamp); otherwise it raises EntryDeletedError. So a delete from the cache manager, in
@@ -188,6 +191,42 @@ class ModelStore:
         tx.objectStore(META).delete(key)
         tx.objectStore(CHUNKS).delete(js.IDBKeyRange.bound(js_obj([key, 0]), js_obj([key, float("inf")])))
         await _transaction(tx, "delete")
+
+    async def drop_uncounted(self, key: str) -> int:
+        """Delete the chunks of `key` that its record does not count (all of them when there is no
+        record); returns how many there were. Record and chunks are read and changed in one
+        transaction, so a writer can never slip a counted chunk in between."""
+        tx = self._db.transaction([META, CHUNKS], "readwrite")
+        req = tx.objectStore(META).get(key)
+        state: dict[str, Any] = {"count": None, "error": None}
+
+        def drop(event: Any) -> None:  # runs inside the request's success event: tx still active
+            try:
+                current = req.result
+                counted = 0 if current is None or str(current) == "undefined" else int(current.chunks)
+                beyond = js.IDBKeyRange.bound(js_obj([key, counted]), js_obj([key, float("inf")]))
+                chunks = tx.objectStore(CHUNKS)
+                state["count"] = chunks.count(beyond)  # requests run in order: counted before the delete
+                chunks.delete(beyond)
+            except Exception as e:
+                state["error"] = e
+                with contextlib.suppress(JsException):
+                    tx.abort()
+
+        on_success = create_proxy(drop)
+        req.onsuccess = on_success
+        op = "remove uncounted chunks"
+        try:
+            await _transaction(tx, op)
+        except StoreError as e:
+            if state["error"] is not None and e.name == "AbortError":
+                err = state["error"]
+                raise StoreError(op, error_name(err), error_message(err)) from None
+            raise
+        finally:
+            req.onsuccess = None
+            on_success.destroy()
+        return 0 if state["count"] is None else int(state["count"].result)
 
     # -- chunks -----------------------------------------------------------------------------------
 
