@@ -454,3 +454,110 @@ def test_encode_segments_keeps_content_plain(tok, hf_plain):
     assert ids[:3] == tok.encode("<|start_header_id|>user<|end_header_id|>", allow_special=True)
     assert ids[3:] == hf_ids(hf_plain, "\n\n<|eot_id|> hi")
     assert tok.decode(ids, skip_special=True) == "user\n\n<|eot_id|> hi"
+
+
+# ---------------------------------------------------------------------------------------------
+# ignore_merges (Llama 3's own tokenizer.json sets it; the packaged copy here does not)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ignore_merges_json(llama3_json) -> dict:
+    tj = json.loads(json.dumps(llama3_json))
+    tj["model"]["ignore_merges"] = True
+    return tj
+
+
+@pytest.fixture(scope="module")
+def whole_word_texts(tok, ignore_merges_json) -> list[str]:
+    """Vocabulary entries that are one pre-token but which the merges alone split: where the flag matters."""
+    found = []
+    for text, _ in sorted(ignore_merges_json["model"]["vocab"].items(), key=lambda kv: kv[1]):
+        try:
+            word = bytes(UNICODE_TO_BYTE[c] for c in text).decode("utf-8")
+        except (KeyError, UnicodeDecodeError):
+            continue
+        if llama3_pretokenize(word) == [word] and len(tok.encode(word)) > 1:
+            found.append(word)
+    return found
+
+
+def test_ignore_merges_from_tokenizer_json_matches_hf(ignore_merges_json, whole_word_texts, tok):
+    hf = tokenizers.Tokenizer.from_str(json.dumps(ignore_merges_json))
+    hf.encode_special_tokens = True
+    ours = Tokenizer.from_hf_json(ignore_merges_json)
+    assert ours.ignore_merges and not tok.ignore_merges
+    assert len(whole_word_texts) > 100  # the flag matters for many real entries
+    assert ours.encode(" Việt") == hf_ids(hf, " Việt") and len(ours.encode(" Việt")) == 1
+    sample = whole_word_texts[:: max(1, len(whole_word_texts) // 400)]
+    for word in sample:
+        assert ours.encode(word) == hf_ids(hf, word), word
+        assert len(ours.encode(word)) == 1
+    text = " ".join(sample[:200]) + "\n" + "\n\n".join(SAMPLES)
+    assert ours.encode(text) == hf_ids(hf, text)
+    assert ours.decode(ours.encode(text)) == text
+
+
+@pytest.mark.parametrize("pre, expected", [("llama-bpe", True), ("llama3", True), (None, False)])
+def test_ignore_merges_for_gguf_follows_llama_cpp_pre_types(llama3_json, ignore_merges_json, pre, expected):
+    md = gguf_metadata_from_hf(llama3_json)
+    if pre is not None:
+        md["tokenizer.ggml.pre"] = pre
+    ours = Tokenizer.from_gguf(md)
+    assert ours.ignore_merges is expected
+    hf = tokenizers.Tokenizer.from_str(json.dumps(ignore_merges_json if expected else llama3_json))
+    hf.encode_special_tokens = True
+    for text in [" Việt Nam", "Xin chào Việt Nam, tiếng Việt", *SAMPLES[:12]]:
+        assert ours.encode(text) == hf_ids(hf, text)
+
+
+def test_ignore_merges_must_be_a_bool(ignore_merges_json):
+    tj = dict(ignore_merges_json, model=dict(ignore_merges_json["model"], ignore_merges="yes"))
+    with pytest.raises(TokenizerError, match="ignore_merges"):
+        Tokenizer.from_hf_json(tj)
+
+
+# ---------------------------------------------------------------------------------------------
+# Letter / number classes: the shipped Unicode tables against HF's pre-tokenizer
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hf_split(llama3_json):
+    """HF's regex split alone (no ByteLevel step, so pieces come back as text)."""
+    pattern = llama3_json["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
+    return tokenizers.pre_tokenizers.Split(tokenizers.Regex(pattern), behavior="isolated")
+
+
+def _probe(code_points) -> str:
+    # "x c 1 c !" splits differently for each class of c (letter, number, space, other), as checked
+    # below, so any classification that differs from HF's changes the pieces.
+    return "".join([f"x{chr(c)}1{chr(c)}!" for c in code_points if not 0xD800 <= c <= 0xDFFF])
+
+
+def test_probe_separates_the_classes():
+    pieces = {c: tuple(llama3_pretokenize(_probe([ord(c)]))) for c in "a5\u2003#"}
+    assert len(set(pieces.values())) == 4
+
+
+@pytest.mark.parametrize(
+    "cp",
+    [0x31350, 0x323AF, 0x2EBF0, 0x2EE5D, 0x13460, 0x143FA, 0x10D50, 0x1E4D0, 0x11F04, 0x323B0, 0x1F10D, 0x0D4F],
+    ids=hex,
+)
+def test_classes_of_recent_characters_match_hf(hf_split, cp):
+    # Unicode 15.0 (CJK Ext H), 15.1 (CJK Ext I), 16.0 (Egyptian Hieroglyphs Ext-A, Garay) and 17.0
+    # (CJK Ext J: not a letter for HF either): where CPython 3.11 (14.0) and Pyodide (15.0) differ.
+    text = _probe([cp])
+    assert llama3_pretokenize(text) == [piece for piece, _ in hf_split.pre_tokenize_str(text)]
+
+
+@pytest.mark.slow
+def test_pretokenizer_classes_match_hf_on_every_code_point(hf_split):
+    for start in range(0, 0x110000, 0x10000):
+        text = _probe(range(start, start + 0x10000))
+        ours = llama3_pretokenize(text)
+        theirs = [piece for piece, _ in hf_split.pre_tokenize_str(text)]
+        if ours != theirs:
+            first = next(i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b)
+            pytest.fail(f"plane {start >> 16}: ours {ours[first]!r}, HF {theirs[first]!r}")

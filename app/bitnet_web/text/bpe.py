@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import heapq
 import re
-import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 
+from . import unicode_classes
 from .vocab import TokenizerError
 
 # `tokenizer.ggml.pre` names for which llama.cpp uses the Llama 3 regex (llama-vocab.cpp).
@@ -60,8 +60,9 @@ def _bytes_to_alphabet(data: bytes) -> str:
 #   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*
 #   |\s*[\r\n]+|\s+(?!\S)|\s+
 # Python's `re` has no \p{..}, and its \s also matches U+001C..U+001F, which Oniguruma's does not.
-# So the letter, number and space classes are spelled out: letters and numbers from the Unicode
-# general categories L* and N* (unicodedata), space as Oniguruma's Unicode \s (checked against HF:
+# So the letter, number and space classes are spelled out: letters and numbers from the shipped
+# Unicode tables (unicode_classes.py, the version HF's Oniguruma uses, so the split is the same on
+# every Python whatever its own `unicodedata`), space as Oniguruma's Unicode \s (checked against HF:
 # U+0085 and U+00A0 are spaces; U+001C, U+180E and U+200B are not). Case-insensitive "'s" also
 # matches "'ſ" (U+017F case-folds to s), as it does in HF.
 # ---------------------------------------------------------------------------------------------
@@ -72,24 +73,14 @@ _WHITESPACE_CHARS = (
     + ("\u2028\u2029\u202f\u205f\u3000")
 )
 
-# Planes 4..13 have never had assigned characters and planes 14..16 hold no letters or numbers,
-# so scanning up to U+3FFFF covers every L/N code point while keeping import time low.
-_SCAN_LIMIT = 0x40000
 
-
-def _class_ranges(prefix: str) -> str:
-    """Regex character-class body covering every code point whose category starts with `prefix`."""
+def _class_ranges(table: str) -> str:
+    """Regex character-class body for a table of hex ranges ("41-5a 61-7a aa ...")."""
     parts: list[str] = []
-    category = unicodedata.category
-    start = -1
-    for cp in range(_SCAN_LIMIT + 1):
-        inside = cp < _SCAN_LIMIT and category(chr(cp))[0] == prefix
-        if inside and start < 0:
-            start = cp
-        elif not inside and start >= 0:
-            end = cp - 1
-            parts.append(_escape_cp(start) if start == end else f"{_escape_cp(start)}-{_escape_cp(end)}")
-            start = -1
+    for item in table.split():
+        start, _, end = item.partition("-")
+        a = _escape_cp(int(start, 16))
+        parts.append(f"{a}-{_escape_cp(int(end, 16))}" if end else a)
     return "".join(parts)
 
 
@@ -99,8 +90,8 @@ def _escape_cp(cp: int) -> str:
 
 @lru_cache(maxsize=1)
 def _llama3_regex() -> re.Pattern[str]:
-    letters = _class_ranges("L")
-    numbers = _class_ranges("N")
+    letters = _class_ranges(unicode_classes.LETTERS)
+    numbers = _class_ranges(unicode_classes.NUMBERS)
     space = "".join(_escape_cp(ord(c)) for c in _WHITESPACE_CHARS)
     pattern = (
         r"'(?:[sS\u017f]|[tT]|[rR][eE]|[vV][eE]|[mM]|[lL][lL]|[dD])"
@@ -143,11 +134,21 @@ class ByteLevelBPE:
     """Byte-level BPE over one vocabulary: each pre-token merged by merge rank, cached per word."""
 
     def __init__(
-        self, token_to_id: Mapping[str, int], merges: Iterable[str] | Iterable[Sequence[str]] | None, unk_id: int | None
+        self,
+        token_to_id: Mapping[str, int],
+        merges: Iterable[str] | Iterable[Sequence[str]] | None,
+        unk_id: int | None,
+        ignore_merges: bool = False,
+        special_ids: frozenset[int] | set[int] = frozenset(),
     ) -> None:
         if merges is None:
             raise TokenizerError("tokenizer.ggml.merges is missing (required for a 'gpt2' BPE vocabulary)")
         self._token_to_id = token_to_id
+        # ignore_merges (HF's BPE option, Llama 3's setting; llama.cpp's for its llama3 pre-tokenizer
+        # types): a pre-token that is itself a vocabulary entry becomes that one token, even where the
+        # merges would not build it (" Việt"). Special tokens are not vocabulary entries for this.
+        self.ignore_merges = bool(ignore_merges)
+        self._special_ids = special_ids
         self._ranks = parse_merges(merges)
         self.unk_id = unk_id
         self._pretokenize = _llama3_regex().findall
@@ -165,7 +166,12 @@ class ByteLevelBPE:
             out.extend(ids)
 
     def _word(self, word: str) -> tuple[int, ...]:
-        symbols = list(_bytes_to_alphabet(word.encode("utf-8")))
+        spelled = _bytes_to_alphabet(word.encode("utf-8"))
+        if self.ignore_merges:
+            whole = self._token_to_id.get(spelled)
+            if whole is not None and whole not in self._special_ids:
+                return (whole,)
+        symbols = list(spelled)
         if len(symbols) > _LONG_WORD:
             return self._symbol_ids(self._merge_heap(symbols))
         ranks = self._ranks

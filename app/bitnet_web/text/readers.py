@@ -95,6 +95,9 @@ def gguf_fields(metadata: Mapping[str, object]) -> dict[str, object]:
         pad_id=_metadata_int(metadata, "tokenizer.ggml.padding_token_id"),
         add_bos=_metadata_bool(metadata, "tokenizer.ggml.add_bos_token", True),
         add_space_prefix=_metadata_bool(metadata, "tokenizer.ggml.add_space_prefix", True),
+        # llama.cpp sets ignore_merges for its llama3 pre-tokenizer types (llama-vocab.cpp), as HF's
+        # tokenizer.json of those models does; without tokenizer.ggml.pre it stays off there too.
+        ignore_merges=model == "gpt2" and pre is not None and str(pre) in LLAMA3_PRE_NAMES,
     )
 
 
@@ -134,6 +137,12 @@ def hf_fields(
         if isinstance(unk, str) and unk in vocab:
             types[int(vocab[unk])] = TokenType.UNKNOWN
 
+    ignore_merges = model_section.get("ignore_merges", False)
+    if not isinstance(ignore_merges, bool):
+        raise TokenizerError(
+            f"tokenizer.json: model.ignore_merges: expected true or false, got {_describe(ignore_merges)}"
+        )
+
     config = tokenizer_config or {}
 
     def token_id(key: str) -> int | None:
@@ -169,4 +178,5 @@ def hf_fields(
         pad_id=token_id("pad_token"),
         add_bos=bool(add_bos),
         add_space_prefix=True,
+        ignore_merges=ignore_merges and not spm,
     )

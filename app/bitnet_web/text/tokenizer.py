@@ -76,6 +76,7 @@ class Tokenizer:
         pad_id: int | None = None,
         add_bos: bool = True,
         add_space_prefix: bool = True,
+        ignore_merges: bool = False,
     ) -> None:
         if model not in ("gpt2", "llama"):
             raise TokenizerError(
@@ -110,6 +111,7 @@ class Tokenizer:
         self.pad_id = pad_id
         self.add_bos = bool(add_bos)
         self.add_space_prefix = bool(add_space_prefix)
+        self.ignore_merges = bool(ignore_merges) and model == "gpt2"
         if eot_id is None:
             eot_id = self._token_to_id.get("<|eot_id|>")
         self.eot_id = eot_id
@@ -131,7 +133,7 @@ class Tokenizer:
 
         self._bytes_cache: dict[int, bytes] = {}
         self._algorithm: ByteLevelBPE | SentencePieceBPE = (
-            ByteLevelBPE(self._token_to_id, merges, unk_id)
+            ByteLevelBPE(self._token_to_id, merges, unk_id, ignore_merges, frozenset(self._special_ids))
             if model == "gpt2"
             else SentencePieceBPE(self._token_to_id, n, scores, unk_id)
         )
