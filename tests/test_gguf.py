@@ -455,3 +455,62 @@ def test_describe_model(tmp_path):
     assert "architecture: bitnet-b1.58" in text and "block_count: 2" in text
     assert "I2_S      14 tensors" in text and "F32        9 tensors" in text
     assert "tied to token_embd" in text
+
+
+# --- byte order and general.alignment's type, as gguf-py sees them --------------------------
+
+
+def _gguf_py_file(path, *, big_endian: bool = False, alignment=None) -> None:
+    gguf = pytest.importorskip("gguf")
+    endian = gguf.GGUFEndian.BIG if big_endian else gguf.GGUFEndian.LITTLE
+    w = gguf.GGUFWriter(str(path), "test", endianess=endian)
+    if alignment is not None:
+        value, vtype = alignment
+        w.add_key_value("general.alignment", value, vtype)
+    w.add_tensor("t", np.arange(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_big_endian_file_is_named_as_such(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "be.gguf"
+    _gguf_py_file(path, big_endian=True)
+    assert gguf.GGUFReader(str(path)).endianess == gguf.GGUFEndian.BIG  # the reference reads it as big-endian
+    with pytest.raises(GGUFUnsupportedError, match="big-endian GGUF .*version 3.* is not supported"):
+        open_gguf(str(path))
+
+
+@pytest.mark.parametrize("vtype_name", ["UINT32", "UINT64", "INT32", "UINT16", "FLOAT32"])
+def test_alignment_of_another_type_is_rejected_like_gguf_py(tmp_path, vtype_name):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "a.gguf"
+    value = 32.0 if vtype_name == "FLOAT32" else 32  # the writer pads to 32 whatever the key says
+    _gguf_py_file(path, alignment=(value, getattr(gguf.GGUFValueType, vtype_name)))
+    try:
+        gguf.GGUFReader(str(path))
+        reference_ok = True
+    except ValueError:
+        reference_ok = False
+    assert reference_ok == (vtype_name == "UINT32")
+    if reference_ok:
+        assert open_gguf(str(path)).alignment == 32
+    else:
+        with pytest.raises(GGUFFormatError, match="general.alignment .*value type .*expected 4, UINT32"):
+            open_gguf(str(path))
+
+
+def test_describe_names_the_file_type(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from bitnet_web.formats.gguf_reader import FILE_TYPE_NAMES
+
+    # Upstream names agree with gguf-py up to TQ2_0; 40 is bitnet.cpp's I2_S (the 2B-4T file's value).
+    for ft in gguf.LlamaFileType:
+        if ft.value <= 37 and ft.name != "GUESSED":
+            assert FILE_TYPE_NAMES[ft.value] == ft.name
+    path = tmp_path / "m.gguf"
+    write_random_bitnet(str(path), dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=128, vocab_size=300)
+    text = describe(open_gguf(str(path)))
+    assert "file_type: 40 (MOSTLY_I2_S, bitnet.cpp" in text

@@ -446,6 +446,13 @@ def _parse_cursor(cur: _Cursor, source: str) -> GGUFFile:
             "with a current llama.cpp to get version 3"
         )
     if version not in SUPPORTED_VERSIONS:
+        swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+        if swapped in (1, *SUPPORTED_VERSIONS):
+            # llama.cpp's big-endian builds write the version (and everything after) big-endian.
+            raise GGUFUnsupportedError(
+                f"big-endian GGUF (version {swapped} stored big-endian at byte offset 4) is not supported: "
+                "use a little-endian file (the usual kind; llama.cpp's gguf_convert_endian.py converts)"
+            )
         raise GGUFUnsupportedError(f"unknown GGUF version {version} at byte offset 4 (supported: 2, 3)")
 
     n_tensors_at = cur.pos
@@ -463,6 +470,11 @@ def _parse_cursor(cur: _Cursor, source: str) -> GGUFFile:
             raise GGUFFormatError(f"duplicate metadata key {key!r} at byte offset {key_at}")
         vtype_at = cur.pos
         vtype = cur.u32(f"value type of {key!r}")
+        if key == Keys.ALIGNMENT and vtype != GGUFValueType.UINT32:
+            # gguf-py ("Bad type for GGUF general.alignment field") and llama.cpp accept only UINT32.
+            raise GGUFFormatError(
+                f"general.alignment at byte offset {vtype_at} has value type {vtype} (expected 4, UINT32)"
+            )
         metadata[key] = cur.value(vtype, repr(key), vtype_at)
 
     alignment = metadata.get(Keys.ALIGNMENT, GGUF_DEFAULT_ALIGNMENT)
@@ -578,6 +590,50 @@ def _fmt_bytes(n: int) -> str:
     return str(n)
 
 
+# general.file_type values (llama.h's llama_ftype). 0..37 as in upstream llama.cpp / gguf-py; 38..40
+# as in bitnet.cpp, whose I2_S files say 40 (upstream later gave 38..40 to other types).
+FILE_TYPE_NAMES: dict[int, str] = {
+    0: "ALL_F32",
+    1: "MOSTLY_F16",
+    2: "MOSTLY_Q4_0",
+    3: "MOSTLY_Q4_1",
+    7: "MOSTLY_Q8_0",
+    8: "MOSTLY_Q5_0",
+    9: "MOSTLY_Q5_1",
+    10: "MOSTLY_Q2_K",
+    11: "MOSTLY_Q3_K_S",
+    12: "MOSTLY_Q3_K_M",
+    13: "MOSTLY_Q3_K_L",
+    14: "MOSTLY_Q4_K_S",
+    15: "MOSTLY_Q4_K_M",
+    16: "MOSTLY_Q5_K_S",
+    17: "MOSTLY_Q5_K_M",
+    18: "MOSTLY_Q6_K",
+    19: "MOSTLY_IQ2_XXS",
+    20: "MOSTLY_IQ2_XS",
+    21: "MOSTLY_Q2_K_S",
+    22: "MOSTLY_IQ3_XS",
+    23: "MOSTLY_IQ3_XXS",
+    24: "MOSTLY_IQ1_S",
+    25: "MOSTLY_IQ4_NL",
+    26: "MOSTLY_IQ3_S",
+    27: "MOSTLY_IQ3_M",
+    28: "MOSTLY_IQ2_S",
+    29: "MOSTLY_IQ2_M",
+    30: "MOSTLY_IQ4_XS",
+    31: "MOSTLY_IQ1_M",
+    32: "MOSTLY_BF16",
+    33: "MOSTLY_Q4_0_4_4",
+    34: "MOSTLY_Q4_0_4_8",
+    35: "MOSTLY_Q4_0_8_8",
+    36: "MOSTLY_TQ1_0",
+    37: "MOSTLY_TQ2_0",
+    38: "MOSTLY_TL1, bitnet.cpp",
+    39: "MOSTLY_TL2, bitnet.cpp",
+    40: "MOSTLY_I2_S, bitnet.cpp: 2 bpw ternary",
+}
+
+
 def describe(gguf: GGUFFile) -> str:
     """A readable summary: architecture, dimensions, tensors by type, tokenizer, chat template."""
     md = gguf.metadata
@@ -596,7 +652,9 @@ def describe(gguf: GGUFFile) -> str:
         for k, v in dims:
             lines.append(f"  {k}: {_short(v)}")
     if Keys.FILE_TYPE in md:
-        lines.append(f"file_type: {md[Keys.FILE_TYPE]}")
+        ftype = md[Keys.FILE_TYPE]
+        name = FILE_TYPE_NAMES.get(ftype) if isinstance(ftype, int) else None
+        lines.append(f"file_type: {ftype}" + (f" ({name})" if name else " (unknown to llama.cpp and bitnet.cpp)"))
 
     total = sum(t.n_bytes for t in gguf.tensors.values())
     lines.append(f"tensors: {len(gguf.tensors)} ({_fmt_bytes(total)})")
