@@ -43,9 +43,10 @@ TINY = dict(
 PROMPT_IDS = [7, 400, 401, 88, 901, 15, 16]
 
 
-def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = dict(os.environ, XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"))
-    env.pop("BITNET_WEB_DEBUG", None)
+def cli(*args: str, timeout: float = 180, env_remove: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    for name in ("BITNET_WEB_DEBUG", *env_remove):
+        env.pop(name, None)
     return subprocess.run(
         [sys.executable, "-m", "bitnet_web", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
@@ -269,6 +270,22 @@ BAD_INVOCATIONS = {
         "at least one token id",
     ),
     "no_prompt": (["generate", "--model", "{model}"], "--prompt"),
+    "max_tokens_zero": (["generate", "--model", "{model}", "--tokens", "1", "--max-tokens", "0"], "at least 1"),
+    "max_tokens_negative": (["generate", "--model", "{model}", "--prompt", "x", "--max-tokens", "-1"], "at least 1"),
+    "tokens_out_of_range": (
+        ["generate", "--model", "{model}", "--tokens", "5,128000,9906"],
+        r"--tokens: 128000, 9906 outside the vocabulary of .*tiny\.gguf \(1000 tokens, ids 0\.\.999\)",
+    ),
+    "chat_on_completion_model": (  # the bundled model: no chat template
+        ["generate", "--chat", "--prompt", "Hello"],
+        r"--chat: .*bitnet-pystdlib.*\.gguf is a completion-only model \(.*chat_template.*\); leave out --chat",
+    ),
+    "convert_a_gguf": (["convert", "{model}", "{folder}/out.gguf"], r"convert expects a checkpoint folder .*GGUF file"),
+    "logits_out_folder": (["logits", "--model", "{model}", "--tokens", "1", "--out", "{folder}"], "is a folder"),
+    "logits_out_is_model": (
+        ["logits", "--model", "{model}", "--tokens", "1", "--out", "{model}"],
+        "is the input .*refusing to write over it",
+    ),
     "unknown_command": (["frobnicate"], "invalid choice"),
 }
 
@@ -285,6 +302,7 @@ def test_bad_input_prints_one_line(case, bad_files, model_path, folder):
     assert lines[0].startswith("error: ")
     assert re.search(message, lines[0]), lines[0]
     assert result.stdout == ""
+    assert "Exception ignored" not in result.stderr and "XDG_RUNTIME_DIR" not in result.stderr
 
 
 # --model with a Hugging Face checkpoint folder URL, served by a local http.server thread ------------
@@ -367,3 +385,199 @@ def test_checkpoint_folder_url_without_config_names_it(hf_site, tmp_path, monkey
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and re.search(r"^error: .*org/empty/resolve/main/config\.json.*404", lines[0]), lines
+
+
+# files: exactly the path given, never over an input, never half written ------------------------------
+
+
+def test_logits_out_is_exactly_the_path_given(model_path, ref, folder):
+    out = folder / "logits.bin"
+    result = cli("logits", "--model", model_path, "--tokens", "3,999,500", "--out", str(out), "-q")
+    assert_ok(result)
+    assert out.exists() and not (folder / "logits.bin.npy").exists()
+    assert np.allclose(np.load(out), ref.logits([3, 999, 500]), atol=MAX_TOL * 50)
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".logits.bin")]  # no temp left
+
+
+def test_convert_never_writes_over_its_input(tmp_path):
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    files = {"config.json": b'{"hidden_size": 256}', "model.safetensors": os.urandom(4096)}
+    for name, data in files.items():
+        (checkpoint / name).write_bytes(data)
+    for target in ("model.safetensors", "config.json"):
+        result = cli("convert", str(checkpoint), str(checkpoint / target))
+        assert result.returncode == 2 and "refusing to write over it" in result.stderr, result.stderr
+        assert len(result.stderr.splitlines()) == 1
+    result = cli("convert", str(checkpoint), str(checkpoint))
+    assert result.returncode == 2 and "is a folder" in result.stderr
+    assert {p.name: p.read_bytes() for p in checkpoint.iterdir()} == files
+
+
+def test_failed_convert_leaves_the_old_output_whole(tmp_path):
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": "big",
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "intermediate_size": 384,
+                "vocab_size": 1000,
+            }
+        )
+    )
+    out = tmp_path / "out.gguf"
+    out.write_bytes(b"an earlier, complete output")
+    result = cli("convert", str(checkpoint), str(out))
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and re.search(
+        r"config\.json: 'hidden_size' is 'big'; expected a non-negative integer", lines[0]
+    )
+    assert out.read_bytes() == b"an earlier, complete output"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "out.gguf"]  # the temp file is gone
+
+
+def test_convert_writes_through_a_temp_file(hf_site, tmp_path):
+    checkpoint, _, _ = hf_site
+    out = tmp_path / "tiny.gguf"
+    seen: list[list[str]] = []
+    # Watch the folder while convert runs: the final name appears only complete.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bitnet_web", "convert", str(checkpoint), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    while proc.poll() is None:
+        seen.append(sorted(p.name for p in tmp_path.iterdir()))
+    assert proc.returncode == 0, proc.stderr.read()
+    assert all("tiny.gguf" not in names for names in seen[:-1] if any(n.endswith(".part") for n in names))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]
+    from bitnet_web.convert import hf_checkpoint
+
+    written, in_memory = open_gguf(str(out)), hf_checkpoint.load(str(checkpoint))
+    assert {n: (t.shape, t.ggml_type) for n, t in written.tensors.items()} == {
+        n: (t.shape, t.ggml_type) for n, t in in_memory.tensors.items()
+    }
+
+
+# the README's examples, with the bundled model ------------------------------------------------------
+
+
+def _readme_cli_lines() -> list[str]:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    return [line.split("#")[0].strip() for line in readme.splitlines() if line.startswith("python -m bitnet_web ")]
+
+
+def test_readme_token_examples_fit_the_bundled_model():
+    from bitnet_web.cli import bundled_model_path
+
+    vocab = len(open_gguf(str(bundled_model_path())).metadata["tokenizer.ggml.tokens"])
+    examples = [line for line in _readme_cli_lines() if "--tokens" in line]
+    assert examples
+    for line in examples:
+        assert "--model" not in line, line  # runs as written, on the bundled model
+        ids = [int(t) for t in line.split("--tokens ")[1].split()[0].split(",")]
+        assert all(0 <= t < vocab for t in ids), line
+
+
+def test_readme_generate_example_runs_without_xdg_runtime_dir():
+    # A machine without XDG_RUNTIME_DIR: Mesa would print "XDG_RUNTIME_DIR is invalid" per device.
+    line = next(line for line in _readme_cli_lines() if " generate " in line and "--json" in line)
+    args = line.split()[3:]
+    result = cli(*args, env_remove=("XDG_RUNTIME_DIR",))
+    assert_ok(result)
+    assert "XDG_RUNTIME_DIR" not in result.stderr
+    out = json.loads(result.stdout)
+    max_tokens = int(args[args.index("--max-tokens") + 1])
+    assert 1 <= len(out["tokens"]) <= max_tokens
+
+
+def test_failed_load_closes_the_engine(vocab_only_path, monkeypatch, capsys):
+    """A load that raises inside `generate` must close the engine: an event loop left open warns from
+    BaseEventLoop.__del__ at exit (the 25-line "Exception ignored" traceback after the error line)."""
+    import gc
+    import warnings
+
+    from bitnet_web import cli as cli_module
+
+    unraisable: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(f"{u.exc_type.__name__}: {u.exc_value}"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        code = cli_module.main(["generate", "--model", vocab_only_path, "--tokens", "1", "-q"])
+        gc.collect()
+    assert code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "cannot build" in err[0]
+    assert [u for u in unraisable if "event loop" in u] == []  # (other tests' pipes may warn too)
+
+
+# downloads: checked before use, a bad one discarded ----------------------------------------------------
+
+
+@pytest.fixture()
+def model_site(tmp_path, model_path):
+    """A local http.server with a good GGUF, an HTML page and a truncated GGUF, each named *.gguf."""
+    import functools
+    import http.server
+    import threading
+
+    root = tmp_path / "www"
+    root.mkdir()
+    data = Path(model_path).read_bytes()
+    (root / "good.gguf").write_bytes(data)
+    (root / "page.gguf").write_bytes(b"<!DOCTYPE html>\n<html><body>Sign in to continue</body></html>\n")
+    (root / "cut.gguf").write_bytes(data[: len(data) * 2 // 3])
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/", root
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_bad_downloads_are_discarded_not_reused(model_site, tmp_path, monkeypatch):
+    from bitnet_web import sources
+
+    base, root = model_site
+    monkeypatch.setenv("BITNET_WEB_CACHE", str(tmp_path / "cache"))
+    for name, message in (("page.gguf", "HTML page"), ("cut.gguf", "not a complete GGUF file .*past the end")):
+        with pytest.raises(sources.DownloadError, match=f"{message}.*discarded"):
+            sources.download_to_cache(base + name)
+        assert list(sources.cache_dir().iterdir()) == []  # nothing kept, not even a .part
+    good = sources.download_to_cache(base + "good.gguf")
+    assert good.read_bytes() == (root / "good.gguf").read_bytes()
+
+    # A bad file already in the cache (an older version's download) is checked, deleted, fetched again.
+    cached = sources.cached_path(base + "cut.gguf")
+    cached.write_bytes(b"<html>old error page</html>")
+    (root / "cut.gguf").write_bytes((root / "good.gguf").read_bytes())  # the server has it right now
+    assert sources.download_to_cache(base + "cut.gguf").read_bytes() == (root / "good.gguf").read_bytes()
+    cached.write_bytes((root / "good.gguf").read_bytes()[:5000])  # truncated in the cache
+    assert sources.download_to_cache(base + "cut.gguf").stat().st_size == (root / "good.gguf").stat().st_size
+
+
+@pytest.mark.slow
+def test_bench_prints_progress_and_writes_its_report(model_path, tmp_path):
+    out = tmp_path / "report.json"
+    result = cli("bench", "--model", model_path, "--quick", "--out", str(out), timeout=600)
+    assert_ok(result)
+    report = json.loads(out.read_text())
+    assert report == json.loads(result.stdout)
+    steps = [line for line in result.stderr.splitlines() if line.startswith("bench: ")]
+    assert steps[0].startswith("bench: adapter ") and any(line.startswith("bench: loading ") for line in steps)
+    assert any("decode 16 tokens" in line for line in steps)
+    # once a decode speed is known, each later step says how long is left
+    after = steps[[i for i, line in enumerate(steps) if "decode 16 tokens" in line][0] + 1 :]
+    assert after and all(re.search(r"\(about \d+ (s|min) left\)$", line) for line in after if "generate" in line)
+    assert report["decode_short_tok_per_s"] > 0

@@ -561,3 +561,17 @@ def test_pretokenizer_classes_match_hf_on_every_code_point(hf_split):
         if ours != theirs:
             first = next(i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b)
             pytest.fail(f"plane {start >> 16}: ours {ours[first]!r}, HF {theirs[first]!r}")
+
+
+def test_converted_checkpoint_keeps_ignore_merges(ignore_merges_json, llama3_json, tmp_path):
+    from bitnet_web.convert.hf_checkpoint import CheckpointFiles, tokenizer_metadata
+
+    hf = tokenizers.Tokenizer.from_str(json.dumps(ignore_merges_json))
+    hf.encode_special_tokens = True
+    for tj, flag in ((ignore_merges_json, True), (llama3_json, False)):
+        (tmp_path / "tokenizer.json").write_text(json.dumps(tj), encoding="utf-8")
+        md = tokenizer_metadata(CheckpointFiles.from_folder(tmp_path), 128256, {})
+        ours = Tokenizer.from_gguf(md)
+        assert ours.ignore_merges is flag
+        if flag:
+            assert ours.encode(" Việt Nam") == hf_ids(hf, " Việt Nam")

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -150,11 +151,47 @@ def bytes_read_per_token(model) -> int:
     return total
 
 
-async def measure_async(engine, quick: bool = False) -> dict:
-    """Prefill and decode speeds of a loaded engine (CPython and browser alike)."""
+class _Progress:
+    """Progress lines for a long benchmark: each step as it starts, and once the first decode speed
+    is known, an estimate of the time left (a CPU adapter takes many minutes)."""
+
+    def __init__(self, log: Callable[[str], None] | None, steps: list[tuple[str, int, int]]) -> None:
+        self.log = log
+        self.steps = steps  # (label, prefill tokens, decode tokens) still to run
+        self.prefill_s_per_token: float | None = None
+        self.decode_s_per_token: float | None = None
+        self.start = time.perf_counter()
+
+    def step(self, label: str) -> None:
+        left = self.steps
+        while left and left[0][0] != label:
+            left.pop(0)
+        if self.log is None:
+            return
+        text = f"bench: {label}"
+        if self.decode_s_per_token is not None and self.prefill_s_per_token is not None:
+            seconds = sum(p * self.prefill_s_per_token + d * self.decode_s_per_token for _, p, d in left)
+            text += f" (about {_duration(seconds)} left)"
+        self.log(text)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+async def measure_async(engine, quick: bool = False, log: Callable[[str], None] | None = None) -> dict:
+    """Prefill and decode speeds of a loaded engine (CPython and browser alike); `log` gets progress lines."""
     from .text.sampler import SamplerSettings
 
     model, device = engine.model, engine.device
+    n_decode = 16 if quick else 128
+    prefills = (128,) if quick else (128, 512)
+    contexts = {"short": 16} if quick else {"short": 16, "1k": 1024}
+    steps = [("warm-up", 128 * (3 if quick else 10), 0)]
+    steps += [(f"prefill {n} tokens", 2 * n, 0) for n in prefills]
+    steps += [(f"decode {n_decode} tokens at context {label}", ctx, n_decode) for label, ctx in contexts.items()]
+    steps += [(f"generate {n_decode} tokens ({label})", 16, n_decode) for label in ("greedy", "sampled", "sampled_cpu")]
+    progress = _Progress(log, steps)
     report: dict = {"device": device.adapter_name, "gpu_bytes_allocated": device.bytes_allocated}
     rng = np.random.default_rng(0)
     vocab, context = engine.config.vocab_size, engine.config.context_length
@@ -164,11 +201,15 @@ async def measure_async(engine, quick: bool = False) -> dict:
 
     # An idle GPU runs at a low clock for about a second after a pause (the H100: 345 MHz, then
     # 1980 MHz): without this warm-up the first prefill figures measure the clock ramp, not the kernels.
+    progress.step("warm-up")
     warm_until = time.perf_counter() + (0.3 if quick else 1.5)
     while time.perf_counter() < warm_until:
         model.truncate(0)
+        t0 = time.perf_counter()
         await model.prefill(prompt(128))
-    for n in (128,) if quick else (128, 512):
+        progress.prefill_s_per_token = (time.perf_counter() - t0) / 128
+    for n in prefills:
+        progress.step(f"prefill {n} tokens")
         ids = prompt(n)
         model.truncate(0)
         await model.prefill(ids)  # warm-up: pipelines, KV growth
@@ -176,12 +217,15 @@ async def measure_async(engine, quick: bool = False) -> dict:
         t0 = time.perf_counter()
         await model.prefill(ids)
         report[f"prefill_{len(ids)}_tok_per_s"] = len(ids) / (time.perf_counter() - t0)
+        progress.prefill_s_per_token = (time.perf_counter() - t0) / len(ids)
 
-    n_decode = 16 if quick else 128
-    for label, ctx in ({"short": 16} if quick else {"short": 16, "1k": 1024}).items():
+    for label, ctx in contexts.items():
+        progress.step(f"decode {n_decode} tokens at context {label}")
         model.truncate(0)
         await model.prefill(prompt(ctx))
         stats = await decode_greedy_benchmark(model, n_decode)
+        if progress.decode_s_per_token is None:
+            progress.decode_s_per_token = stats["ms_per_token"] / 1000
         report[f"decode_{label}_tok_per_s"] = stats["tok_per_s"]
         report[f"decode_{label}_ms_per_token"] = stats["ms_per_token"]
         report[f"decode_{label}_process_cpu_ms_per_token"] = stats["cpu_ms_per_token"]
@@ -199,6 +243,7 @@ async def measure_async(engine, quick: bool = False) -> dict:
         ("sampled", sampled, True),  # drawn on the GPU
         ("sampled_cpu", sampled, False),
     ):  # logits read back each token
+        progress.step(f"generate {n_decode} tokens ({label})")
         model.truncate(0)
         engine.gpu_sampling = on_gpu
         try:
@@ -216,12 +261,24 @@ async def measure_async(engine, quick: bool = False) -> dict:
     return report
 
 
-def run_bench(model_path: Path, quick: bool, int8_head: bool = False) -> dict:
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_bench(model_path: Path, quick: bool, int8_head: bool = False, log: Callable[[str], None] | None = None) -> dict:
     from . import gpu
     from .engine import Engine
 
     engine = Engine(int8_head=int8_head)  # the default prefill chunk (512 rows)
     engine.device = gpu.open_device(profile=True)
+    if log is not None:
+        log(f"bench: adapter {engine.device.adapter_name}")
+        if engine.device.is_cpu:
+            log(
+                "bench: warning: this is a CPU (software) adapter; the benchmark is meant for a GPU and takes "
+                "many minutes here (--quick and a small --model shorten it)"
+            )
+        log(f"bench: loading {model_path}")
     baseline_mb = peak_host_mb()
     t0 = time.perf_counter()
     engine.load(model_path)
@@ -232,7 +289,9 @@ def run_bench(model_path: Path, quick: bool, int8_head: bool = False) -> dict:
         "load_s": time.perf_counter() - t0,
         "peak_host_mb_after_load": peak_host_mb(),
     }
-    report.update(engine._run(measure_async(engine, quick)))
+    report.update(engine._run(measure_async(engine, quick, log)))
+    if log is not None:
+        log("bench: read bandwidth")
     report["peak_host_mb"] = peak_host_mb()
     report["host_mb_before_load"] = baseline_mb
     report["host_peak_growth_over_file"] = (report["peak_host_mb"] - baseline_mb) * 1048576 / report["file_size"]
@@ -246,10 +305,14 @@ def run_bench(model_path: Path, quick: bool, int8_head: bool = False) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
+    from .outfiles import check_output, write_text
+
+    if args.out:
+        check_output(args.out, [args.model] if args.model else [], "--out")
     path = Path(args.model) if args.model else synthetic_model(args.synthetic)
-    report = run_bench(path, args.quick, getattr(args, "int8_head", False))
+    report = run_bench(path, args.quick, getattr(args, "int8_head", False), log=_log)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        write_text(args.out, text + "\n")
     return 0

@@ -25,6 +25,18 @@ def _parse_ids(text: str) -> list[int]:
     return ids
 
 
+def _max_tokens(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--max-tokens must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"--max-tokens must be at least 1 (got {value}): it is how many tokens to generate"
+        )
+    return value
+
+
 def _progress(phase: str, done: int, total: int) -> None:
     # Only on a terminal: a redirected stderr keeps exactly the lines that matter (errors, stats).
     if not total or not sys.stderr.isatty():
@@ -62,7 +74,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     from .formats.gguf_reader import open_gguf
     from .text.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_gguf(open_gguf(args.model).metadata)
+    tokenizer = Tokenizer.from_gguf(open_gguf(args.model or str(bundled_model_path())).metadata)
     print(json.dumps(tokenizer.encode(args.text, add_bos=args.bos, allow_special=args.special)))
     return 0
 
@@ -87,11 +99,25 @@ def _load_engine(args: argparse.Namespace):
     )
     if args.model is None:
         args.model = str(bundled_model_path())
-    engine.load(
-        args.model,
-        progress=None if args.quiet else _progress,
-        allow_lossy_ternarization=getattr(args, "ternarize_lossy", False),
-    )
+    try:
+        engine.load(
+            args.model,
+            progress=None if args.quiet else _progress,
+            allow_lossy_ternarization=getattr(args, "ternarize_lossy", False),
+        )
+        tokens = getattr(args, "tokens", None)
+        vocab = engine.config.vocab_size
+        bad = [t for t in tokens or () if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(
+                f"--tokens: {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''} outside the "
+                f"vocabulary of {args.model} ({vocab} tokens, ids 0..{vocab - 1})"
+            )
+    except BaseException:
+        # The engine's event loop and GPU device must be released here, or interpreter shutdown
+        # prints "Exception ignored in BaseEventLoop.__del__" after the one-line error.
+        engine.close()
+        raise
     return engine
 
 
@@ -108,6 +134,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     engine = _load_engine(args)
     try:
+        if args.chat and engine.template is not None and engine.template.kind == "completion":
+            raise ValueError(
+                f"--chat: {args.model} is a completion-only model ({engine.template.note or 'no chat template'}); "
+                "leave out --chat to continue the prompt as plain text"
+            )
         if args.tokens is not None:
             stream = engine.generate(tokens=args.tokens, settings=settings, max_tokens=args.max_tokens)
         elif args.chat:
@@ -145,12 +176,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_logits(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from .outfiles import atomic_path, check_output
+
+    check_output(args.out, [args.model] if args.model else [], "--out")
     engine = _load_engine(args)
     try:
         logits = engine.logits(args.tokens)
     finally:
         engine.close()
-    np.save(args.out, logits.astype(np.float32))
+    with atomic_path(args.out) as tmp, open(tmp, "wb") as f:
+        np.save(f, logits.astype(np.float32))  # a file object: numpy appends no ".npy"
     if not args.quiet:
         print(f"wrote {logits.shape[0]} x {logits.shape[1]} float32 logits to {args.out}", file=sys.stderr)
     return 0
@@ -158,8 +193,17 @@ def cmd_logits(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from .convert.convert_hf import convert
+    from .outfiles import atomic_path, check_output
 
-    convert(args.hf_dir, args.out, allow_lossy_ternarization=args.ternarize_lossy)
+    if os.path.isfile(args.hf_dir):
+        with open(args.hf_dir, "rb") as f:
+            kind = "a GGUF file, which needs no conversion" if f.read(4) == b"GGUF" else "a file"
+        raise ValueError(
+            f"convert expects a checkpoint folder (config.json, tokenizer.json, *.safetensors); {args.hf_dir} is {kind}"
+        )
+    check_output(args.out, [args.hf_dir], "output")
+    with atomic_path(args.out) as tmp:
+        convert(args.hf_dir, tmp, allow_lossy_ternarization=args.ternarize_lossy)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
@@ -189,7 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("tokenize", help="print the token ids of a text as a JSON list")
-    p.add_argument("--model", required=True, help="a GGUF with tokenizer metadata (vocab-only files work)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="a GGUF with tokenizer metadata (vocab-only files work); default: the bundled model",
+    )
     p.add_argument("--text", required=True)
     p.add_argument("--bos", action="store_true", help="prepend the BOS token")
     p.add_argument("--special", action="store_true", help="parse special-token text such as <|eot_id|>")
@@ -223,20 +271,25 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--tokens", type=_parse_ids, help="comma-separated token ids, used as given (no BOS)")
     p.add_argument("--chat", action="store_true", help="wrap --prompt in the model's chat template")
     p.add_argument("--system", default="", help="system prompt for --chat")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=_max_tokens, default=128, help="at most this many tokens (at least 1)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=40)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--json", action="store_true", help='print {"tokens": [...], "text": "..."} at the end')
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"tokens": [...], "text": "...", "stats": {...}} at the end; "tokens" leaves out the '
+        "end-of-text token that stopped generation (stats.stop_reason is then 'eos')",
+    )
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("logits", help="save float32 logits [n_tokens, vocab] for a token id sequence")
     model_args(p)
     p.add_argument("--tokens", type=_parse_ids, required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="the .npy file to write (exactly this path)")
     p.set_defaults(func=cmd_logits)
 
     p = sub.add_parser("convert", help="convert a Hugging Face BitNet checkpoint folder to GGUF I2_S")
@@ -255,8 +308,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_GPU_COMMANDS = frozenset({"generate", "logits", "bench"})
+
+
+def _private_runtime_dir() -> None:
+    """Give Mesa's Vulkan drivers an XDG_RUNTIME_DIR where the session has none (a container, ssh,
+    cron): without one they print "XDG_RUNTIME_DIR is invalid or not set" for every device opened.
+    A private folder (mode 0700, removed at exit) is what they expect."""
+    current = os.environ.get("XDG_RUNTIME_DIR")
+    if current and os.path.isdir(current) and os.access(current, os.W_OK):
+        return
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="bitnet-web-runtime-")  # mkdtemp makes it 0700
+    os.environ["XDG_RUNTIME_DIR"] = folder
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in _GPU_COMMANDS:
+        _private_runtime_dir()  # before wgpu loads the drivers
     if args.command == "generate" and args.prompt is None and args.chat:
         print("error: --chat needs --prompt", file=sys.stderr)
         return EXIT_BAD_INPUT

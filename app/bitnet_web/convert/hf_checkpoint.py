@@ -344,6 +344,10 @@ def tokenizer_metadata(files: CheckpointFiles, vocab_size: int, config: dict) ->
         Keys.SCORES: np.zeros(vocab_size, dtype=np.float32),
         Keys.MERGES: Typed(GGUFValueType.STRING, merges, True),
     }
+    if model.get("ignore_merges") is True:
+        # llama.cpp (and our reader) turn ignore_merges on for this pre-tokenizer type only; it is the
+        # name llama.cpp's converter writes for the Llama 3 vocabulary.
+        md[Keys.TOKENIZER_PRE] = "llama-bpe"
     bos, eos = special_id("bos"), special_id("eos")
     if bos is not None:
         md[Keys.BOS_ID] = bos
@@ -379,10 +383,31 @@ _HF_NORMS = {
 _SUB_NORMS = ("attn_sub_norm", "ffn_sub_norm")
 
 
-def _cfg(config: dict, key: str, label: str):
+# config.json keys that are counts or sizes: a value of another type is named, not a bare int() error.
+_INT_CONFIG = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
+
+
+def _cfg(config: dict, key: str, label: str) -> int:
+    """A required integer of config.json."""
     if key not in config or config[key] is None:
         raise ConvertError(f"{label}: missing {key!r}")
+    _check_int(config, key, label)
     return config[key]
+
+
+def _check_int(config: dict, key: str, label: str) -> None:
+    value = config.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ConvertError(f"{label}: {key!r} is {value!r}; expected a non-negative integer")
 
 
 def _rope_scaling(config: dict) -> str | None:
@@ -458,6 +483,8 @@ def check_config(
     fetched. Raises ConvertError (LossyTernarizationError without the opt-in) naming `label`."""
     for key in _REQUIRED_CONFIG:
         _cfg(config, key, label)
+    for key in _INT_CONFIG:
+        _check_int(config, key, label)
     arch, lossy = _model_kind(config, label, arch)
     linear_class = _linear_class(config, label)
     warning = None
@@ -502,6 +529,8 @@ def build_gguf_writer(
     """
     cfg_label = files.label(CONFIG_FILE)
     config = files.json(CONFIG_FILE)
+    for key in _INT_CONFIG:
+        _check_int(config, key, cfg_label)
     dim = int(_cfg(config, "hidden_size", cfg_label))
     n_layers = int(_cfg(config, "num_hidden_layers", cfg_label))
     n_heads = int(_cfg(config, "num_attention_heads", cfg_label))
