@@ -577,7 +577,8 @@ def test_bench_prints_progress_and_writes_its_report(model_path, tmp_path):
     steps = [line for line in result.stderr.splitlines() if line.startswith("bench: ")]
     assert steps[0].startswith("bench: adapter ") and any(line.startswith("bench: loading ") for line in steps)
     assert any("decode 16 tokens" in line for line in steps)
-    # once a decode speed is known, each later step says how long is left
-    after = steps[[i for i, line in enumerate(steps) if "decode 16 tokens" in line][0] + 1 :]
-    assert after and all(re.search(r"\(about \d+ (s|min) left\)$", line) for line in after if "generate" in line)
+    # after the warm-up (which measures the speeds) each step says how long is left
+    after = steps[[i for i, line in enumerate(steps) if line == "bench: warm-up"][0] + 1 :]
+    measured = [line for line in after if "prefill" in line or "decode" in line or "generate" in line]
+    assert len(measured) == 5 and all(re.search(r"\(about \d+ (s|min) left\)$", line) for line in measured)
     assert report["decode_short_tok_per_s"] > 0

@@ -176,7 +176,7 @@ class _Progress:
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+    return f"{max(1.0, seconds):.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 async def measure_async(engine, quick: bool = False, log: Callable[[str], None] | None = None) -> dict:
@@ -208,6 +208,8 @@ async def measure_async(engine, quick: bool = False, log: Callable[[str], None] 
         t0 = time.perf_counter()
         await model.prefill(prompt(128))
         progress.prefill_s_per_token = (time.perf_counter() - t0) / 128
+    # Two decode steps give the speed for the estimate before the long measurements start.
+    progress.decode_s_per_token = (await decode_greedy_benchmark(model, 2))["ms_per_token"] / 1000
     for n in prefills:
         progress.step(f"prefill {n} tokens")
         ids = prompt(n)
@@ -224,8 +226,7 @@ async def measure_async(engine, quick: bool = False, log: Callable[[str], None] 
         model.truncate(0)
         await model.prefill(prompt(ctx))
         stats = await decode_greedy_benchmark(model, n_decode)
-        if progress.decode_s_per_token is None:
-            progress.decode_s_per_token = stats["ms_per_token"] / 1000
+        progress.decode_s_per_token = stats["ms_per_token"] / 1000
         report[f"decode_{label}_tok_per_s"] = stats["tok_per_s"]
         report[f"decode_{label}_ms_per_token"] = stats["ms_per_token"]
         report[f"decode_{label}_process_cpu_ms_per_token"] = stats["cpu_ms_per_token"]
