@@ -33,6 +33,7 @@ from test_transformers_reference import (  # noqa: E402
     _compare,
     _reference,
 )
+from wrong_files import write_wrong_copy  # noqa: E402
 
 from bitnet_web.cli import main as cli_main  # noqa: E402
 from bitnet_web.convert import hf_checkpoint  # noqa: E402
@@ -293,7 +294,8 @@ def test_llama_layout_bitnet_matches_transformers(engine, llama_folders, tmp_pat
     assert result["decisive_positions"] > SEQ_LEN // 2, result
     assert result["greedy_agree_on_decisive"], result
     # The comparison sees the Q/K row order: left in HF's rotate-half order, the llama GGUF is wrong.
-    convert(folder, tmp_path / "neox_order.gguf", permute_qk=True)
+    convert(folder, tmp_path / "good.gguf")
+    write_wrong_copy(tmp_path / "good.gguf", tmp_path / "neox_order.gguf", permute_qk=True)
     wrong = _compare(engine, reference, tmp_path / "neox_order.gguf", IDS)
     assert not (wrong["close"] and wrong["greedy_agree_on_decisive"]), wrong
 
