@@ -34,7 +34,7 @@ from bitnet_web.convert.convert_hf import convert  # noqa: E402
 from bitnet_web.engine import Engine  # noqa: E402
 from bitnet_web.text.sampler import SamplerSettings  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]  # torch + transformers references
 
 RELATIVE_TOLERANCE = 0.004
 MEAN_RELATIVE_TOLERANCE = 0.0025
