@@ -3,7 +3,8 @@
 
     python3 build.py build              assemble dist/ (everything self-hosted, no CDN at run time)
     python3 build.py serve [--port N]   build, then serve dist/ on http://127.0.0.1:N/
-    python3 build.py test [PYTEST_ARGS] install what the tests need, build, ruff, pytest
+    python3 build.py test [PYTEST_ARGS] install what the tests need, build, ruff, pytest (CI)
+    python3 build.py check [PYTEST_ARGS] the 1-minute check: ruff, ruff format --check, fast tests
 
 Standard library only: this file runs before .venv exists. Downloads are cached under .cache/ and
 verified against the pins below (npm integrity, PyPI sha256, and each Pyodide wheel against the
@@ -696,16 +697,51 @@ def ensure_venv(extras: str | None) -> Path:
     return python
 
 
+LINTED = ["app", "tests", "tools", "build.py"]
+
+
+def lint(python: Path) -> int:
+    """ruff check and ruff format --check over the Python sources; 0 when both pass."""
+    for what in (["check"], ["format", "--check"]):
+        result = subprocess.run([str(python), "-m", "ruff", *what, *LINTED], cwd=ROOT)
+        if result.returncode != 0:
+            log(
+                f"ruff {' '.join(what)} failed"
+                + (": run `ruff format` on the files it names" if "format" in what else "")
+            )
+            return result.returncode
+    return 0
+
+
+def test_env() -> dict[str, str]:
+    """This checkout's app/ first for pytest and for the subprocesses tests start (the CLI tests)."""
+    paths = [str(ROOT / "app"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+
+
+def check(pytest_args: list[str]) -> int:
+    """The quick check for contributors (about a minute on 2 cores): ruff, the format check and the
+    non-browser tests not marked slow. No apt, no dist/ build; the venv is made only if missing."""
+    python = VENV / "bin" / "python"
+    probe = [str(python), "-c", "import pytest, ruff, wgpu, numpy"]
+    if not python.exists() or subprocess.run(probe, capture_output=True).returncode != 0:
+        python = ensure_venv(extras="test")
+    status = lint(python)
+    if status:
+        return status
+    selection = ["tests", "--ignore=tests/browser", "-m", "not slow", "-q"]
+    return subprocess.run([str(python), "-m", "pytest", *selection, *pytest_args], cwd=ROOT, env=test_env()).returncode
+
+
 def test(pytest_args: list[str]) -> int:
     ensure_system_packages()
     python = ensure_venv(extras="test")
     build()
-    lint = subprocess.run([str(python), "-m", "ruff", "check", "app", "tests", "tools", "build.py"], cwd=ROOT)
-    if lint.returncode != 0:
-        log("ruff check failed")
-        return lint.returncode
+    status = lint(python)
+    if status:
+        return status
     # The browser tests reuse this dist/ instead of building again.
-    env = dict(os.environ, BITNET_WEB_DIST_BUILT="1")
+    env = dict(test_env(), BITNET_WEB_DIST_BUILT="1")
     # Two pytest processes: pytest-playwright's sync fixtures leave an asyncio loop marked as running
     # in the main thread, which breaks code that runs its own loop (the engine's sync API, Playwright's
     # sync API in the kernel tests) for the rest of the session.
@@ -724,8 +760,9 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--port", type=int, default=8000)
     p_serve.add_argument("--no-build", action="store_true", help="serve the existing dist/")
     sub.add_parser("test", help="install test dependencies, build, ruff, pytest (extra args go to pytest)")
+    sub.add_parser("check", help="ruff, ruff format --check, the fast non-browser tests (extra args go to pytest)")
     args, rest = parser.parse_known_args(argv)
-    if rest and args.command != "test":
+    if rest and args.command not in ("test", "check"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         if args.command == "build":
@@ -736,6 +773,8 @@ def main(argv: list[str] | None = None) -> int:
             serve(args.port)
         elif args.command == "test":
             return test(rest)
+        elif args.command == "check":
+            return check(rest)
     except BuildError as e:
         print(f"build.py: error: {e}", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from hf_tiny import build_tiny_bitnet, load_tiny_bitnet, unpacked_linear_weights  # noqa: E402
+from wrong_files import write_wrong_copy  # noqa: E402
 
 from bitnet_web.convert.convert_hf import ConvertError, convert, permute_for_interleaved_rope  # noqa: E402
 from bitnet_web.formats.ggml import GGMLType  # noqa: E402
@@ -169,7 +170,7 @@ def tiny(tmp_path_factory):
 
 def test_wrong_file_swapped_codes(tiny):
     folder, good = tiny
-    convert(folder, folder / "swap.gguf", swap_codes=True)
+    write_wrong_copy(folder / "good.gguf", folder / "swap.gguf", swap_codes=True)
     bad = open_gguf(str(folder / "swap.gguf"))
     for name in ("blk.0.attn_q.weight", "blk.0.ffn_down.weight"):
         np.testing.assert_array_equal(bad.ternary(name)[0], -good.ternary(name)[0])
@@ -178,7 +179,7 @@ def test_wrong_file_swapped_codes(tiny):
 
 def test_wrong_file_permuted_qk(tiny):
     folder, good = tiny
-    convert(folder, folder / "perm.gguf", permute_qk=True)
+    write_wrong_copy(folder / "good.gguf", folder / "perm.gguf", permute_qk=True)
     bad = open_gguf(str(folder / "perm.gguf"))
     q, k = good.ternary("blk.0.attn_q.weight")[0], good.ternary("blk.0.attn_k.weight")[0]
     head_dim = 64
@@ -195,7 +196,7 @@ def test_wrong_file_permuted_qk(tiny):
 
 def test_wrong_file_ones_sub_norm(tiny):
     folder, good = tiny
-    convert(folder, folder / "ones.gguf", ones_norm="blk.0.ffn_sub_norm.weight")
+    write_wrong_copy(folder / "good.gguf", folder / "ones.gguf", ones_norm="blk.0.ffn_sub_norm.weight")
     bad = open_gguf(str(folder / "ones.gguf"))
     assert np.all(bad.tensor("blk.0.ffn_sub_norm.weight") == 1.0)
     assert not np.any(good.tensor("blk.0.ffn_sub_norm.weight") == 1.0)

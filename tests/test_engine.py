@@ -155,6 +155,7 @@ def test_gpu_sampling_draws_the_cpu_samplers_tokens(loaded, settings):
 
 
 @pytest.mark.parametrize("depth", [1, 3])
+@pytest.mark.slow
 def test_queue_depth_does_not_change_tokens_or_bookkeeping(loaded, depth):
     """Steps queued ahead of the host (BitNetModel.GREEDY_DEPTH) run at positions the host has not
     recorded yet: any depth must give the same tokens, up to the context end, and leave the cache

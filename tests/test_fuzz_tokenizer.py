@@ -178,6 +178,7 @@ unicode_text = st.one_of(
 
 @FUZZ
 @given(text=unicode_text)
+@pytest.mark.slow
 def test_unicode_round_trips_and_matches_hf(tok, hf, text):
     check_round_trip(tok, hf, text)
 

@@ -120,6 +120,7 @@ def test_wrong_tensor_size_rejected(tmp_path):
         w.add_tensor("a", (8,), GGMLType.F32, np.zeros(8))
 
 
+@pytest.mark.slow
 def test_streaming_keeps_memory_small(tmp_path):
     dim, vocab = 1024, 32768  # 64 MiB F16 embedding, streamed in chunks
     tracemalloc.start()

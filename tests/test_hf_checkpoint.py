@@ -33,6 +33,7 @@ from test_transformers_reference import (  # noqa: E402
     _compare,
     _reference,
 )
+from wrong_files import write_wrong_copy  # noqa: E402
 
 from bitnet_web.cli import main as cli_main  # noqa: E402
 from bitnet_web.convert import hf_checkpoint  # noqa: E402
@@ -195,6 +196,7 @@ def test_fast_repack_equals_reference_encoding():
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_engine_logits_same_for_gguf_packed_and_master(engine, folders):
     gguf_path, packed, master = folders
     engine.load(str(gguf_path))
@@ -210,6 +212,7 @@ def test_engine_logits_same_for_gguf_packed_and_master(engine, folders):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("form", ["packed", "master"])
+@pytest.mark.slow
 def test_folders_match_transformers(engine, folders, form):
     _, packed, master = folders
     if form == "packed":
@@ -280,6 +283,7 @@ def llama_folders(tmp_path_factory):
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_llama_layout_bitnet_matches_transformers(engine, llama_folders, tmp_path):
     from transformers import LlamaForCausalLM
     from transformers.integrations.bitnet import BitLinear
@@ -293,7 +297,8 @@ def test_llama_layout_bitnet_matches_transformers(engine, llama_folders, tmp_pat
     assert result["decisive_positions"] > SEQ_LEN // 2, result
     assert result["greedy_agree_on_decisive"], result
     # The comparison sees the Q/K row order: left in HF's rotate-half order, the llama GGUF is wrong.
-    convert(folder, tmp_path / "neox_order.gguf", permute_qk=True)
+    convert(folder, tmp_path / "good.gguf")
+    write_wrong_copy(tmp_path / "good.gguf", tmp_path / "neox_order.gguf", permute_qk=True)
     wrong = _compare(engine, reference, tmp_path / "neox_order.gguf", IDS)
     assert not (wrong["close"] and wrong["greedy_agree_on_decisive"]), wrong
 
@@ -307,6 +312,7 @@ def test_plain_llama_refused_without_opt_in(llama_folders):
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_plain_llama_lossy_ternarization(engine, llama_folders, tmp_path):
     _, plain = llama_folders
     gguf = load_folder(plain, allow_lossy_ternarization=True)
@@ -439,6 +445,7 @@ def test_folder_urls_download_and_load(folders, sharded, http_root):
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_cli_with_folder(engine, folders, llama_folders, tmp_path, capsys):
     gguf_path, packed, _ = folders
     out = tmp_path / "logits.npy"

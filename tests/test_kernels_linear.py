@@ -269,6 +269,7 @@ def test_gated_epilogues_match_numpy(device, kernels, epilogue, f, k, t):
 )
 @pytest.mark.parametrize("epilogue", ["residual", "gate_relu2"])
 @pytest.mark.parametrize("pingpong", [False, True])
+@pytest.mark.slow
 def test_gemm_tiles_match_numpy(device, kernels, tile, epilogue, pingpong):
     """Other GEMM tilings (the sweep's variants), with one or two staging buffers, compute the same
     function, tile edges included."""
@@ -976,6 +977,7 @@ def check_norm_linear(got: np.ndarray, expected: np.ndarray, tie: np.ndarray, na
     ],
 )
 @pytest.mark.parametrize("rows,row_groups", [(16, 1), (8, 1), (32, 1), (16, 2), (8, 4)])
+@pytest.mark.slow
 def test_norm_linear_decode_matches_numpy(device, kernels, parts, k, epilogue, with_weight, rows, row_groups):
     rng = np.random.default_rng(k + sum(parts) + rows)
     op, out_buf, expected, tie = norm_linear_case(

@@ -79,6 +79,7 @@ def test_columns_not_a_multiple_of_16_are_refused(device):
         Int8Matrix.upload(device, np.zeros((4, 24), np.float16), "head")
 
 
+@pytest.mark.slow
 def test_engine_with_int8_head_stays_close_to_the_f16_head():
     """On the bundled (trained) model: logits within 2% of their range of the F16 head's, the same
     next token wherever the F16 head's top-2 gap is clear, and fewer bytes read per token."""

@@ -61,6 +61,7 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("vocab", [300, 5000, 70_000, 128_256])
+@pytest.mark.slow
 def test_gpu_draws_equal_the_cpu_choice(device, kernels, vocab):
     """Levels: 300 -> one span; 5000 -> 5 spans -> draw; 70000 and 128256 -> spans -> merge -> draw."""
     rng = np.random.default_rng(vocab)

@@ -132,6 +132,7 @@ def bitnet_web_bytes(snapshot: tracemalloc.Snapshot) -> int:
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_200_turns_stay_bounded_and_follow_the_context_policy(engine, tiny_path):
     device = engine.device
     tok = engine.tokenizer

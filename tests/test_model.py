@@ -139,6 +139,7 @@ def assert_logits_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.slow
 def test_logits_match_reference_for_shape(engine, models, name):
     model = loaded(engine, models, name)
     cfg = model.config
@@ -177,6 +178,7 @@ def one_pass_logits(engine, models, main_sequence):
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64])
+@pytest.mark.slow
 def test_prefill_in_chunks_equals_one_pass(engine, models, main_sequence, one_pass_logits, chunk):
     model = loaded(engine, models, MAIN)
     ids, want = main_sequence
@@ -207,6 +209,7 @@ def long_sequence(models):
 
 
 @pytest.mark.parametrize("grow_during", ["prefill", "decode"])
+@pytest.mark.slow
 def test_kv_cache_grows_past_initial_capacity(engine, models, long_sequence, grow_during):
     """270 tokens on a 600-token model: the cache starts at 256 rows and must grow, keeping old rows."""
     model = loaded(engine, models, MAIN, fresh=True)

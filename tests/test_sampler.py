@@ -148,6 +148,7 @@ def assert_close(observed: np.ndarray, expected: np.ndarray, n: int) -> None:
 
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+@pytest.mark.slow
 def test_temperature_frequencies(temperature):
     logits = logits_of(PROBS)
     n = 20000
@@ -156,6 +157,7 @@ def test_temperature_frequencies(temperature):
     assert_close(observed, scaled / scaled.sum(), n)
 
 
+@pytest.mark.slow
 def test_top_p_frequencies_renormalise():
     logits = logits_of(PROBS)
     n = 20000
@@ -163,6 +165,7 @@ def test_top_p_frequencies_renormalise():
     assert_close(observed, np.array([0.5, 0.3, 0.0, 0.0]) / 0.8, n)
 
 
+@pytest.mark.slow
 def test_temperature_applies_after_top_p():
     # llama.cpp order: top-p picks {0, 1} on the T=1 distribution, then T=2 flattens the two.
     logits = logits_of(PROBS)

@@ -151,6 +151,7 @@ def test_tokenizer_encodes_like_hf_tokenizers(tokenizer):
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.slow
 def test_greedy_continuation_matches_torch_model(prompt, tokenizer, reference, torch_model):
     ids = tokenizer.encode(prompt, add_bos=True)
     pt_tokens = greedy_generate(torch_model, ids, N_GREEDY)  # KV-cached, one token per step
@@ -171,6 +172,7 @@ def test_greedy_continuation_matches_torch_model(prompt, tokenizer, reference, t
     assert len(set(pt_tokens)) > 3, "degenerate output: the model repeats one or two tokens"
 
 
+@pytest.mark.slow
 def test_model_beats_unigram_on_held_out_file(tokenizer, reference, torch_model, card):
     # fnmatch.py is in the validation split (by path hash, tools/train/corpus.py): never trained on.
     sys.path.insert(0, str(REPO / "tools/train"))
@@ -205,6 +207,7 @@ def engine():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("prompt", PROMPTS[:3])
+@pytest.mark.slow
 def test_gpu_engine_greedy_matches_torch_model(prompt, tokenizer, torch_model, engine):
     """The product path: the exported GGUF through our WGSL engine (lavapipe in CI) against the
     PyTorch model in inference mode. Tokens must agree until the first step where PyTorch's own

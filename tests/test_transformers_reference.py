@@ -28,12 +28,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from hf_tiny import build_tiny_bitnet, load_tiny_bitnet  # noqa: E402
+from wrong_files import write_wrong_copy  # noqa: E402
 
 from bitnet_web.convert.convert_hf import convert  # noqa: E402
 from bitnet_web.engine import Engine  # noqa: E402
 from bitnet_web.text.sampler import SamplerSettings  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]  # torch + transformers references
 
 RELATIVE_TOLERANCE = 0.004
 MEAN_RELATIVE_TOLERANCE = 0.0025
@@ -153,7 +154,8 @@ def test_comparison_detects_wrong_files(engine, tmp_path, sensitivity_model, def
         "no_sub_norm": {"ones_norm": "blk.1.ffn_sub_norm.weight"},
     }[defect]
     gguf_path = tmp_path / f"{defect}.gguf"
-    convert(folder, gguf_path, **options)
+    convert(folder, tmp_path / "good.gguf")
+    write_wrong_copy(tmp_path / "good.gguf", gguf_path, **options)
     ids = np.random.default_rng(2).integers(0, 1000, SEQ_LEN).tolist()
     result = _compare(engine, hf_model, gguf_path, ids)
     passes = result["close"] and result["greedy_agree_on_decisive"]

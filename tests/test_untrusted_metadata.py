@@ -175,6 +175,7 @@ def test_hostile_tokens_decode_verbatim_and_content_cannot_produce_them(tmp_path
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_engine_loads_and_chats_with_hostile_metadata(tmp_path, capfd):
     from bitnet_web.engine import Engine
 

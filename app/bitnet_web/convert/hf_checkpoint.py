@@ -516,9 +516,6 @@ def build_gguf_writer(
     *,
     embed_type: str = "F16",
     arch: str | None = None,
-    swap_codes: bool = False,
-    permute_qk: bool = False,
-    ones_norm: str | None = None,
     name: str | None = None,
     allow_lossy_ternarization: bool = False,
     progress: ProgressCallback | None = None,
@@ -546,8 +543,8 @@ def build_gguf_writer(
     if embed_type not in ("F16", "F32", "BF16"):
         raise ValueError(f"embed_type must be F16, F32 or BF16, not {embed_type!r}")
     model_name = name or files.name
-    # llama-arch GGUFs hold Q/K rows in interleaved-RoPE order; `permute_qk` deliberately breaks that.
-    permute = (arch == "llama") != permute_qk
+    # llama-arch GGUFs hold Q/K rows in interleaved-RoPE order.
+    permute = arch == "llama"
 
     weights = files.weights()
     embd_name = "model.embed_tokens.weight"
@@ -614,16 +611,12 @@ def build_gguf_writer(
 
         return chunks
 
-    def norm_tensor(hf_name: str, gguf_name: str):
-        if gguf_name == ones_norm:
-            return lambda: np.ones(weights.file(hf_name).shape(hf_name), dtype=np.float32)
+    def norm_tensor(hf_name: str):
         return lambda: weights.file(hf_name).float32(hf_name)
 
     def ternary_tensor(key: str, out_f: int, in_f: int, heads: int | None):
         def make() -> np.ndarray:
             codes, scale = linear_ternary_codes(weights, key, out_f, in_f, linear_class)
-            if swap_codes:
-                codes = np.uint8(2) - codes
             if permute and heads is not None:
                 codes = permute_for_interleaved_rope(codes, heads)
             if codes.size % I2S_BLOCK:
@@ -656,7 +649,7 @@ def build_gguf_writer(
             if short in _SUB_NORMS and arch == "llama" and hf_name not in weights:
                 continue  # llama-layout BitNets may have no sub-norms
             shape = weights.file(hf_name).shape(hf_name)
-            writer.add_tensor(gguf_name, shape, GGMLType.F32, reported(norm_tensor(hf_name, gguf_name)))
+            writer.add_tensor(gguf_name, shape, GGMLType.F32, reported(norm_tensor(hf_name)))
             known.add(hf_name)
         for short, hf_lin in _HF_LINEARS.items():
             key = hf + hf_lin
@@ -669,9 +662,7 @@ def build_gguf_writer(
                 reported(ternary_tensor(key, out_f, in_f, heads_of.get(short))),
             )
             known.update({key + ".weight", key + ".weight_scale"})
-    writer.add_tensor(
-        "output_norm.weight", (dim,), GGMLType.F32, reported(norm_tensor("model.norm.weight", "output_norm.weight"))
-    )
+    writer.add_tensor("output_norm.weight", (dim,), GGMLType.F32, reported(norm_tensor("model.norm.weight")))
     if untied:
         writer.add_tensor("output.weight", (vocab_size, dim), float_type, reported(embedding_tensor("lm_head.weight")))
     unknown = sorted(n for n in weights if n not in known and "rotary_emb" not in n)
