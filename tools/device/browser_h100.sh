@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One device call of issue 13's measurements: this checkout's pages in headless Chromium on the GPU
+# (staged by shared/device-browser's stage.sh in earlier calls of the same warm machine), with the
+# browser's CPU time per process sampled from /proc and the GPU's utilization and clock from nvidia-smi.
+#
+#   bash tools/device/browser_h100.sh PACK SITE STEP...
+#
+# PACK: the folder holding the device-browser kit's bin/ (open_page.py); SITE: a folder with dist/,
+# app/ and whl/ (wgpu-py wheels, for the native rows). Steps, in the order given:
+#   overhead   static/bench/overhead.html (synthetic steps in plain JS, page + worker + Pyodide)
+#   decode     static/bench/decode.html on the bundled model and the synthetic 2B-4T model
+#   bench      static/bench/?full=1 on both models (the page's own benchmark)
+#   native     `python -m bitnet_web bench` (wgpu-py) on both models
+#   load       static/bench/load.html: the synthetic model stored in IndexedDB, then loaded from there
+# The synthetic model is the one stage call 1 started writing into /opt/device-browser/synth.
+# Results: $OUT/summary.txt (tools/device/summarize.py, also printed) and $OUT/res.tgz (every page's JSON
+# and log, the /proc samples, the CPU time per phase, the nvidia-smi trace).
+set -u
+PACK=${1:?PACK}; SITE=${2:?SITE}; shift 2
+OUT=${OUT:-/tmp/out}; R=/tmp/res; rm -rf "$R"; mkdir -p "$R" "$OUT"
+OP="python3 $PACK/bin/open_page.py --flags ${BROWSER_FLAGS:-gpu}"  # swiftshader: a local dry run
+FL=(--extra-flag=--enable-webgpu-developer-features --extra-flag=--disable-dawn-features=timestamp_quantization)
+M=/opt/device-browser/synth/synthetic-2b4t-bitnet-25.gguf
+BUNDLED=$(ls "$SITE"/dist/models/*.gguf | head -1)
+T0=$(date +%s)
+say() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+if printf '%s\n' "$@" | grep -qx native; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$SITE"/whl/*.whl || exit 1
+fi
+for i in $(seq 90); do [ -f $M ] && break; sleep 2; done
+[ -f $M ] || { say "no synthetic model at $M"; cat /opt/device-browser/synth/log; }
+ln -sf $M "$SITE/dist/synth.gguf"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+nvidia-smi --query-gpu=timestamp,utilization.gpu,clocks.sm --format=csv,noheader -lms 200 > "$R/smi.csv" 2>&1 &
+SMI=$!
+python3 "$SITE/tools/device/proc_sample.py" "$R/procs.jsonl" &
+PROCS=$!
+page() {  # page NAME PATH [TIMEOUT]
+  say "page $1: $2"
+  $OP --serve "$SITE/dist" --path "$2${QS:+&$QS}" --wait window.benchResult "${FL[@]}" --timeout "${3:-240}" \
+    --progress 'document.getElementById("status").textContent' --out "$R/$1.json" > "$R/$1.out" 2>&1
+  say "page $1: exit $?"; tail -c 1500 "$R/$1.out" | grep -v '^\s*\[' | tail -3
+}
+for step in "$@"; do
+  case $step in
+    overhead) page overhead '/bench/overhead.html?' 200 ;;
+    decode) page decode_bundled '/bench/decode.html' 150; page decode_synth '/bench/decode.html?model=../synth.gguf' 240 ;;
+    bench) page bench_bundled '/bench/?full=1' 150; page bench_synth '/bench/?full=1&model=../synth.gguf' 240 ;;
+    load) page load_synth '/bench/load.html?model=../synth.gguf' 240 ;;
+    native)
+      for m in synth bundled; do
+        f=$M; [ $m = bundled ] && f=$BUNDLED
+        say "native $m"
+        PYTHONPATH=/tmp/site:$PWD/$SITE/app timeout 200 python3 -m bitnet_web bench --model "$f" --out "$R/native_$m.json" > "$R/native_$m.out" 2>&1
+        say "native $m: exit $?"
+      done ;;
+    *) say "unknown step $step" ;;
+  esac
+done
+kill $SMI $PROCS 2>/dev/null
+python3 "$SITE/tools/device/cpu_by_phase.py" "$R/procs.jsonl" "$R"/overhead.json "$R"/decode_*.json > "$R/cpu_by_phase.json" 2>"$R/cpu_by_phase.err"
+python3 "$SITE/tools/device/summarize.py" "$R" | tee "$R/summary.txt"
+tar czf "$OUT/res.tgz" -C "$R" .
+cp "$R/summary.txt" "$OUT/"
+say "done"
