@@ -154,19 +154,20 @@ def test_gpu_sampling_draws_the_cpu_samplers_tokens(loaded, settings):
     assert len(set(runs[True][1])) > 3  # a sampler stuck on one token would also "agree"
 
 
-@pytest.mark.parametrize("depth", [1, 3])
+@pytest.mark.parametrize("batching", [(1, 1), (1, 3), (4, 2), (5, 3)])
 @pytest.mark.slow
-def test_queue_depth_does_not_change_tokens_or_bookkeeping(loaded, depth):
-    """Steps queued ahead of the host (BitNetModel.GREEDY_DEPTH) run at positions the host has not
-    recorded yet: any depth must give the same tokens, up to the context end, and leave the cache
-    holding exactly prompt + reply (what a following turn reuses)."""
+def test_decode_batching_does_not_change_tokens_or_bookkeeping(loaded, batching):
+    """Steps queued ahead of the host, several to a submit (BitNetModel.DECODE_BATCHING: steps per
+    submit, submits in flight), run at positions the host has not recorded yet: any batching must give
+    the same tokens, up to the context end, and leave the cache holding exactly prompt + reply (what a
+    following turn reuses), whether the reply ends at max_tokens inside a submit or at the context."""
     context = loaded.config.context_length
     sampled = SamplerSettings(temperature=1.0, top_k=20, seed=3)
     expected_full = generate(loaded, GREEDY, tokens=PROMPT, max_tokens=context)
     assert loaded.last_stats.stop_reason == "context_full"
     loaded.reset()
     expected_sampled = generate(loaded, sampled, tokens=PROMPT, max_tokens=10)
-    loaded.model.GREEDY_DEPTH = depth
+    loaded.model.DECODE_BATCHING = batching
     try:
         loaded.reset()
         assert generate(loaded, GREEDY, tokens=PROMPT, max_tokens=context) == expected_full
@@ -181,7 +182,7 @@ def test_queue_depth_does_not_change_tokens_or_bookkeeping(loaded, depth):
             loaded.reset()
             assert generate(loaded, settings, tokens=PROMPT + part[1] + [7], max_tokens=3) == follow
     finally:
-        del loaded.model.GREEDY_DEPTH
+        del loaded.model.DECODE_BATCHING
 
 
 def test_long_prefill_chunks_with_a_short_logits_buffer(tiny_path, ref):

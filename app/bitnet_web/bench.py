@@ -114,12 +114,13 @@ async def decode_greedy_benchmark(model, n_tokens: int) -> dict:
     first = model.cached_tokens[-1] if model.cached_tokens else 0
     model.truncate(model.n_cached - 1 if model.cached_tokens else 0)
     stream = model.decode_greedy(first)
-    await stream.__anext__()  # warm: first step
+    for _ in range(model.decode_batching()[0]):  # warm: the first submit's steps (read back at once)
+        await stream.__anext__()
     model.encode_seconds = 0.0
     wall0, cpu0 = time.perf_counter(), time.process_time()
     for _ in range(n_tokens):
         await stream.__anext__()
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    wall, cpu = max(time.perf_counter() - wall0, 1e-9), time.process_time() - cpu0
     await stream.aclose()
     return {
         "tok_per_s": n_tokens / wall,
@@ -179,25 +180,41 @@ def _duration(seconds: float) -> str:
     return f"{max(1.0, seconds):.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-async def measure_async(engine, quick: bool = False, log: Callable[[str], None] | None = None) -> dict:
-    """Prefill and decode speeds of a loaded engine (CPython and browser alike); `log` gets progress lines."""
+async def measure_async(
+    engine, quick: bool = False, log: Callable[[str], None] | None = None, runs: int | None = None
+) -> dict:
+    """Prefill and decode speeds of a loaded engine (CPython and browser alike); `log` gets progress lines.
+    Each figure is the median of `runs` measurements (default 3; 1 with `quick`), the runs listed beside it."""
     from .text.sampler import SamplerSettings
 
     model, device = engine.model, engine.device
+    runs = runs or (1 if quick else 3)
     n_decode = 16 if quick else 128
     prefills = (128,) if quick else (128, 512)
     contexts = {"short": 16} if quick else {"short": 16, "1k": 1024}
     steps = [("warm-up", 128 * (3 if quick else 10), 0)]
-    steps += [(f"prefill {n} tokens", 2 * n, 0) for n in prefills]
-    steps += [(f"decode {n_decode} tokens at context {label}", ctx, n_decode) for label, ctx in contexts.items()]
-    steps += [(f"generate {n_decode} tokens ({label})", 16, n_decode) for label in ("greedy", "sampled", "sampled_cpu")]
+    steps += [(f"prefill {n} tokens", (1 + runs) * n, 0) for n in prefills]
+    steps += [
+        (f"decode {n_decode} tokens at context {label}", runs * ctx, runs * n_decode) for label, ctx in contexts.items()
+    ]
+    steps += [
+        (f"generate {n_decode} tokens ({label})", 16 * n, n * n_decode)
+        for label, n in (("greedy", runs), ("sampled", runs), ("sampled_cpu", 1))
+    ]
     progress = _Progress(log, steps)
-    report: dict = {"device": device.adapter_name, "gpu_bytes_allocated": device.bytes_allocated}
+    report: dict = {"device": device.adapter_name, "gpu_bytes_allocated": device.bytes_allocated, "runs": runs}
+    report["decode_tokens_per_run"] = n_decode
+    report["decode_batching"] = list(model.decode_batching())
     rng = np.random.default_rng(0)
     vocab, context = engine.config.vocab_size, engine.config.context_length
 
     def prompt(n: int) -> list[int]:
         return rng.integers(0, vocab, size=min(n, context - 200)).tolist()
+
+    def keep(key: str, values: list[float]) -> None:
+        report[key] = float(np.median(values))
+        if len(values) > 1:
+            report[key + "_runs"] = [round(v, 2) for v in values]
 
     # An idle GPU runs at a low clock for about a second after a pause (the H100: 345 MHz, then
     # 1980 MHz): without this warm-up the first prefill figures measure the clock ramp, not the kernels.
@@ -215,24 +232,32 @@ async def measure_async(engine, quick: bool = False, log: Callable[[str], None] 
         ids = prompt(n)
         model.truncate(0)
         await model.prefill(ids)  # warm-up: pipelines, KV growth
-        model.truncate(0)
-        t0 = time.perf_counter()
-        await model.prefill(ids)
-        report[f"prefill_{len(ids)}_tok_per_s"] = len(ids) / (time.perf_counter() - t0)
-        progress.prefill_s_per_token = (time.perf_counter() - t0) / len(ids)
+        rates = []
+        for _ in range(runs):
+            model.truncate(0)
+            t0 = time.perf_counter()
+            await model.prefill(ids)
+            rates.append(len(ids) / (time.perf_counter() - t0))
+        keep(f"prefill_{len(ids)}_tok_per_s", rates)
+        progress.prefill_s_per_token = 1 / float(np.median(rates))
 
     for label, ctx in contexts.items():
         progress.step(f"decode {n_decode} tokens at context {label}")
-        model.truncate(0)
-        await model.prefill(prompt(ctx))
-        stats = await decode_greedy_benchmark(model, n_decode)
-        progress.decode_s_per_token = stats["ms_per_token"] / 1000
-        report[f"decode_{label}_tok_per_s"] = stats["tok_per_s"]
-        report[f"decode_{label}_ms_per_token"] = stats["ms_per_token"]
-        report[f"decode_{label}_process_cpu_ms_per_token"] = stats["cpu_ms_per_token"]
-        report[f"decode_{label}_python_encode_ms_per_token"] = stats["encode_ms_per_token"]
-        report["dispatches_per_token"] = stats["dispatches_per_token"]
-        report["passes_per_token"] = stats["passes_per_token"]
+        all_stats = []
+        for _ in range(runs):
+            model.truncate(0)
+            await model.prefill(prompt(ctx))
+            all_stats.append(await decode_greedy_benchmark(model, n_decode))
+        for key, name in (
+            ("tok_per_s", "tok_per_s"),
+            ("ms_per_token", "ms_per_token"),
+            ("cpu_ms_per_token", "process_cpu_ms_per_token"),
+            ("encode_ms_per_token", "python_encode_ms_per_token"),
+        ):
+            keep(f"decode_{label}_{name}", [stats[key] for stats in all_stats])
+        progress.decode_s_per_token = report[f"decode_{label}_ms_per_token"] / 1000
+        report["dispatches_per_token"] = all_stats[-1]["dispatches_per_token"]
+        report["passes_per_token"] = all_stats[-1]["passes_per_token"]
         if getattr(device, "profiling", False):
             report[f"gpu_profile_{label}"] = profile_summary(profile_decode_step(model))
 
@@ -245,15 +270,18 @@ async def measure_async(engine, quick: bool = False, log: Callable[[str], None] 
         ("sampled_cpu", sampled, False),
     ):  # logits read back each token
         progress.step(f"generate {n_decode} tokens ({label})")
-        model.truncate(0)
-        engine.gpu_sampling = on_gpu
-        try:
-            async for _ in engine.generate_tokens_async(ids, settings, max_tokens=n_decode):
-                pass
-        finally:
-            engine.gpu_sampling = True
+        rates = []
+        for _ in range(1 if label == "sampled_cpu" else runs):
+            model.truncate(0)
+            engine.gpu_sampling = on_gpu
+            try:
+                async for _ in engine.generate_tokens_async(ids, settings, max_tokens=n_decode):
+                    pass
+            finally:
+                engine.gpu_sampling = True
+            rates.append(engine.last_stats.decode_tok_per_s)
         stats = engine.last_stats
-        report[f"engine_{label}_decode_tok_per_s"] = stats.decode_tok_per_s
+        keep(f"engine_{label}_decode_tok_per_s", rates)
         report[f"engine_{label}_tokens"] = stats.n_generated
         report[f"engine_{label}_token_choice"] = stats.token_choice
     if getattr(device, "profiling", False):

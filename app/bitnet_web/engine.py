@@ -358,7 +358,7 @@ class Engine:
         reused = model.reuse_prefix(prompt_ids)
         stats.n_reused_tokens = reused
         history = list(prompt_ids)
-        tokens = self._token_source(model, prompt_ids[reused:], sampler, settings, history)
+        tokens = self._token_source(model, prompt_ids[reused:], sampler, settings, history, max_tokens)
         decode_start = None
         stats.stop_reason = "max_tokens"
         try:
@@ -401,20 +401,27 @@ class Engine:
         self._abort = False
 
     async def _token_source(
-        self, model: BitNetModel, new_ids: list[int], sampler: Sampler, settings: SamplerSettings, history: list[int]
+        self,
+        model: BitNetModel,
+        new_ids: list[int],
+        sampler: Sampler,
+        settings: SamplerSettings,
+        history: list[int],
+        max_tokens: int,
     ) -> AsyncIterator[int]:
         """Tokens of the reply, one per step. After the prompt's logits (read back anyway), the GPU
         chooses each token (argmax, or a seeded draw: sampler.Sampler.gpu_supported) so only 4 bytes
         come back per token; other settings read logits back and sample on the CPU. `history` (the
-        caller appends each yielded token) is what the repetition penalty looks at."""
+        caller appends each yielded token) is what the repetition penalty looks at; the caller takes
+        at most `max_tokens`, so the GPU loop queues no step past them."""
         logits = await model.prefill(new_ids)
         first = sampler.sample(logits, history)
         yield first
         on_gpu = None
         if settings.temperature == 0 and settings.repetition_penalty == 1.0:
-            on_gpu, self.last_stats.token_choice = model.decode_greedy(first), "gpu_argmax"
+            on_gpu, self.last_stats.token_choice = model.decode_greedy(first, max_tokens - 1), "gpu_argmax"
         elif self.gpu_sampling and sampler.gpu_supported():
-            on_gpu = model.decode_sampled(first, settings, sampler.seed, sampler.draws, history)
+            on_gpu = model.decode_sampled(first, settings, sampler.seed, sampler.draws, history, max_tokens - 1)
             self.last_stats.token_choice = "gpu_sample"
         else:
             self.last_stats.token_choice = "cpu_sample"

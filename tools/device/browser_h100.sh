@@ -5,12 +5,15 @@
 #
 #   bash tools/device/browser_h100.sh PACK SITE STEP...
 #
-# PACK: the folder holding the device-browser kit's bin/ (open_page.py); SITE: a folder with dist/,
-# app/ and whl/ (wgpu-py wheels, for the native rows). Steps, in the order given:
+# PACK: the folder holding the device-browser kit's bin/ (open_page.py); SITE: a folder with dist/
+# (build.py build), app/, shaders/, tools/ and whl/ (wgpu-py, cffi, pycparser, rendercanvas wheels for
+# the native rows), e.g. copied into the git-ignored .device-carry/ and carried (the device tool sends
+# only its session's checkout). Steps, in the order given:
 #   overhead   static/bench/overhead.html (synthetic steps in plain JS, page + worker + Pyodide)
 #   decode     static/bench/decode.html on the bundled model and the synthetic 2B-4T model
 #   bench      static/bench/?full=1 on both models (the page's own benchmark)
 #   native     `python -m bitnet_web bench` (wgpu-py) on both models
+#   nbatch     tools/device/decode_batching.py (wgpu-py decode speed against the decode batching), both models
 #   load       static/bench/load.html: the synthetic model stored in IndexedDB, then loaded from there
 # The synthetic model is the one stage call 1 started writing into /opt/device-browser/synth.
 # Results: $OUT/summary.txt (tools/device/summarize.py, also printed) and $OUT/res.tgz (every page's JSON
@@ -24,7 +27,7 @@ M=/opt/device-browser/synth/synthetic-2b4t-bitnet-25.gguf
 BUNDLED=$(ls "$SITE"/dist/models/*.gguf | head -1)
 T0=$(date +%s)
 say() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-if printf '%s\n' "$@" | grep -qx native; then
+if printf '%s\n' "$@" | grep -qxE 'native|nbatch'; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$SITE"/whl/*.whl || exit 1
 fi
 for i in $(seq 90); do [ -f $M ] && break; sleep 2; done
@@ -51,8 +54,15 @@ for step in "$@"; do
       for m in synth bundled; do
         f=$M; [ $m = bundled ] && f=$BUNDLED
         say "native $m"
-        PYTHONPATH=/tmp/site:$PWD/$SITE/app timeout 200 python3 -m bitnet_web bench --model "$f" --out "$R/native_$m.json" > "$R/native_$m.out" 2>&1
+        BITNET_WEB_DEBUG=1 PYTHONPATH=/tmp/site:$PWD/$SITE/app timeout 200 python3 -m bitnet_web bench --model "$f" --out "$R/native_$m.json" > "$R/native_$m.out" 2>&1
         say "native $m: exit $?"
+      done ;;
+    nbatch)
+      for m in synth bundled; do
+        f=$M; [ $m = bundled ] && f=$BUNDLED
+        say "native batching $m"
+        PYTHONPATH=/tmp/site:$PWD/$SITE/app timeout 150 python3 "$SITE/tools/device/decode_batching.py" "$f" \
+          "$R/nbatch_$m.list" 2>&1 | tee "$R/nbatch_$m.out" | tail -8
       done ;;
     *) say "unknown step $step" ;;
   esac

@@ -67,9 +67,14 @@ def main() -> int:
                             key = f"{kind}/{tname}"
                             threads[key] = threads.get(key, 0.0) + (tticks - prev[1]) / TICK / wall
             top = dict(sorted(((k, round(v, 3)) for k, v in threads.items()), key=lambda kv: -kv[1])[:6])
-            result.append({"phase": name, "wall_s": round(wall, 2),
-                           "cpu_per_wall": {k: round(v, 3) for k, v in sorted(by_type.items())},
-                           "top_threads": top})
+            result.append(
+                {
+                    "phase": name,
+                    "wall_s": round(wall, 2),
+                    "cpu_per_wall": {k: round(v, 3) for k, v in sorted(by_type.items())},
+                    "top_threads": top,
+                }
+            )
     json.dump(result, sys.stdout, indent=1)
     print()
     return 0

@@ -17,8 +17,8 @@ import time
 
 
 def _ticks(stat: str) -> tuple[str, int]:
-    name = stat[stat.index("(") + 1:stat.rindex(")")]
-    fields = stat[stat.rindex(")") + 2:].split()
+    name = stat[stat.index("(") + 1 : stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2 :].split()
     return name, int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
 
 

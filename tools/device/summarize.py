@@ -1,6 +1,6 @@
 """Print the numbers of one browser_h100.sh call, compactly (the device tool returns only the output's tail).
 
-    python3 tools/device/summarize.py RESULTS_DIR
+python3 tools/device/summarize.py RESULTS_DIR
 """
 
 from __future__ import annotations
@@ -26,13 +26,17 @@ def overhead(report: dict) -> None:
         block = report.get(where)
         if not isinstance(block, dict):
             continue
-        print(f"overhead {where} (timestamps {block.get('timestamps')}): ms/step | GPU busy us | gap us median/mean "
-              "| host encode ms")
+        print(
+            f"overhead {where} (timestamps {block.get('timestamps')}): ms/step | GPU busy us | gap us median/mean "
+            "| host encode ms"
+        )
         for r in block.get("results", []):
             cfg = " ".join(f"{k}={r[k]}" for k in ("D", "Q", "K", "kernel", "bg", "wait") if k in r)
-            print(f"  {r['group']:10} {cfg:48} {r['ms_per_step']:.3f} | {fmt(r.get('gpu_busy_us_median'))} | "
-                  f"{fmt(r.get('gpu_gap_us_median'))}/{fmt(r.get('gpu_gap_us_mean'))} | "
-                  f"{r['host_encode_submit_ms_per_step']:.3f}")
+            print(
+                f"  {r['group']:10} {cfg:48} {r['ms_per_step']:.3f} | {fmt(r.get('gpu_busy_us_median'))} | "
+                f"{fmt(r.get('gpu_gap_us_median'))}/{fmt(r.get('gpu_gap_us_mean'))} | "
+                f"{r['host_encode_submit_ms_per_step']:.3f}"
+            )
     if isinstance(report.get("pyodide"), dict):
         print("  pyodide:", {k: v for k, v in report["pyodide"].items() if k != "epoch_ms"})
 
@@ -40,23 +44,48 @@ def overhead(report: dict) -> None:
 def decode(name: str, report: dict) -> None:
     print(f"{name}: load {fmt(report.get('load_s'))} s")
     for key, value in report.items():
-        if key.startswith("decode_depth_"):
+        if key.startswith("decode_batching_"):
             runs = value["runs"]
-            print(f"  {key}: median {value['median_tok_per_s']:.1f} tok/s; runs " + ", ".join(
-                f"{r['tok_per_s']:.0f} (await {r['await_read_ms_per_token']:.3f} ms, encode "
-                f"{r['encode_ms_per_token']:.3f} ms)" for r in runs))
-        elif key.startswith("batched_"):
-            print(f"  {key}: median {value['median_tok_per_s']} tok/s {value['tok_per_s']} "
-                  f"same tokens: {value['same_tokens_as_shipped_loop']}")
+            print(
+                f"  {key}: median {value['median_tok_per_s']:.1f} tok/s, same tokens as 1x2: "
+                f"{value.get('same_tokens_as_1x2')}; runs "
+                + ", ".join(
+                    f"{r['tok_per_s']:.0f} (await {r['await_read_ms_per_token']:.3f} ms, encode "
+                    f"{r['encode_ms_per_token']:.3f} ms)"
+                    for r in runs
+                )
+            )
         elif key.startswith("submit_only_"):
-            print(f"  {key}: " + ", ".join(f"{r['ms_per_step']:.3f} ms/step (python {r['python_submit_ms_per_step']:.3f})"
-                                           for r in value))
+            print(
+                f"  {key}: "
+                + ", ".join(
+                    f"{r['ms_per_step']:.3f} ms/step (python {r['python_submit_ms_per_step']:.3f})" for r in value
+                )
+            )
     print("  timestamps:", report.get("timestamps"))
 
 
 def bench(name: str, report: dict) -> None:
-    keys = [k for k in report if k.endswith("tok_per_s") or k in ("load_s", "file_size", "peak_host_mb",
-                                                                   "host_peak_growth_over_file", "device")]
+    wanted = (
+        "load_s",
+        "file_size",
+        "peak_host_mb",
+        "host_peak_growth_over_file",
+        "device",
+        "decode_batching",
+        "store_s",
+        "read_s",
+        "upload_s",
+        "ready_s",
+        "heap_start",
+        "heap_after_store",
+        "heap_after_read",
+        "heap_peak",
+        "heap_peak_over_file",
+        "heap_growth_over_file",
+        "js_heap_after_load",
+    )
+    keys = [k for k in report if k.endswith(("tok_per_s", "tok_per_s_runs")) or k in wanted]
     print(f"{name}: " + "; ".join(f"{k} {fmt(report[k])}" for k in keys))
 
 
@@ -77,8 +106,10 @@ def main() -> int:
             print("CPU per wall second (gpu-process / renderer / browser) and top threads:")
             for p in report:
                 c = p["cpu_per_wall"]
-                print(f"  {p['phase'][:70]:70} {c.get('gpu-process', 0):.2f} / {c.get('renderer', 0):.2f} / "
-                      f"{c.get('browser', 0):.2f}  {p['top_threads']}")
+                print(
+                    f"  {p['phase'][:70]:70} {c.get('gpu-process', 0):.2f} / {c.get('renderer', 0):.2f} / "
+                    f"{c.get('browser', 0):.2f}  {p['top_threads']}"
+                )
         else:
             bench(path.stem, report)
     return 0

@@ -142,6 +142,9 @@ class Device:
     bytes_allocated: int
     lost_reason: str | None = None  # None while usable; why it stopped being usable otherwise
     is_cpu: bool = False  # a software adapter (lavapipe, SwiftShader): kernels pick CPU-friendly variants
+    # (decode steps per submit, submits in flight) for the model's GPU decode loop: what hides the
+    # host's per-readback cost on this backend (docs/performance.md, "Chromium on an H100")
+    decode_batching: tuple[int, int] = (1, 2)
 
     def buffer(self, nbytes: int, usage: int = STORAGE_USAGE, label: str = "") -> Buffer:
         raise NotImplementedError

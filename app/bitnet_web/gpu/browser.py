@@ -64,7 +64,9 @@ def _heap_view(array: np.ndarray):
 # program is found by comparing the whole list, never by a key that could go stale.
 _DISPATCH = 0  # command kinds, as static/gpu-replay.js numbers them
 _COPY = 1
-_PROGRAMS_KEPT = 8  # distinct command lists kept per device (decode cycles through 3 staging buffers)
+# distinct command lists kept per device: decode cycles through 3 staging buffers, each with programs
+# for the direct and split attention paths and a shorter last submit, beside prefill's programs
+_PROGRAMS_KEPT = 64
 
 
 def _replay_helper():
@@ -242,6 +244,11 @@ class BrowserDevice(Device):
         self.is_cpu = bool(getattr(adapter, "isFallbackAdapter", False)) or "swiftshader" in (
             f"{vendor} {architecture}".lower()
         )
+        # Each await of a readback costs the page ~0.6 ms and more (Pyodide's event-loop hop plus the
+        # GPU process's round trip; docs/performance.md): 16 decode steps per submit and 2 submits
+        # queued keep a real GPU busy. A CPU adapter takes seconds per step: steps queued past a stop
+        # would cost that much each, so it keeps one step per submit.
+        self.decode_batching = (1, 2) if self.is_cpu else (16, 2)
         limits = device.limits
         binding = int(limits.maxStorageBufferBindingSize)
         if max_binding_size is not None:

@@ -205,13 +205,15 @@ class Attention:
     def record(self, recorder: gpu.Recorder, n_tokens: int, pos: int | None = None) -> None:
         """Add this layer's attention (and RoPE + KV append when built with `rope`).
 
-        `pos` (tokens already cached) is optional: given, the decode dispatch covers only the splits
-        in use and a short context takes a single dispatch; without it the dispatch covers MAX_SPLITS
-        splits (surplus ones exit at once), so a recorded step stays valid for any position.
+        `pos` (tokens already cached) is optional: given, the decode dispatch covers the splits in use
+        rounded up to a power of two (surplus ones exit at once), so the recorded command list, and
+        with it the browser's replayed program, changes at a few sizes only, and a short context takes
+        a single dispatch; without it the dispatch covers MAX_SPLITS splits, valid for any position.
         """
         if not 0 < n_tokens <= self.max_tokens:
             raise ValueError(f"Attention layer {self.layer}: n_tokens {n_tokens} outside 1..{self.max_tokens}")
-        splits = MAX_SPLITS if pos is None else min(MAX_SPLITS, -(-(pos + n_tokens) // self.tile))
+        tiles = MAX_SPLITS if pos is None else -(-(pos + n_tokens) // self.tile)
+        splits = min(MAX_SPLITS, 1 << (tiles - 1).bit_length())
         if self.fused_rope and n_tokens == 1:
             if pos is not None and pos < DIRECT_MAX_TILES * self.tile:
                 recorder.dispatch(self.rope_direct_pipeline, self.rope_direct_group, 1, self.n_kv_heads, 1)

@@ -221,7 +221,8 @@ struct StepParams {
 
 
 class StepParams:
-    """The per-step scalars, one 16-byte uniform buffer written once per step."""
+    """The per-step scalars, one 16-byte uniform buffer written once per step (or, for steps recorded
+    several to a submit, copied in by each step from a row the host packed with `pack`)."""
 
     NBYTES = 16
 
@@ -230,8 +231,13 @@ class StepParams:
         self.buffer = device.buffer(self.NBYTES, gpu.UNIFORM_USAGE, "step params")
         self._host = np.zeros(4, dtype=np.uint32)
 
+    @staticmethod
+    def pack(row: np.ndarray, n_tokens: int, pos: int, kv_capacity: int) -> None:
+        """Fill `row` (NBYTES // 4 uint32) with a step's fields in STEP_PARAMS_WGSL's layout."""
+        row[0] = n_tokens
+        row[1] = pos
+        row[2] = kv_capacity
+
     def write(self, n_tokens: int, pos: int, kv_capacity: int) -> None:
-        self._host[0] = n_tokens
-        self._host[1] = pos
-        self._host[2] = kv_capacity
+        self.pack(self._host, n_tokens, pos, kv_capacity)
         self.device.upload(self.buffer, 0, self._host)

@@ -38,7 +38,7 @@ from ..kernels.norm import RMSNorm
 from ..kernels.rope import RopeKV, RopeTable
 from ..kernels.sampling import GPUSampler
 from .config import ModelConfig
-from .decode import GPUDecodeLoop
+from .decode import MAX_STEPS_PER_SUBMIT, GPUDecodeLoop
 from .weights import LOGITS_ROWS, LayerWeights, ProgressCallback, check_device_limits, upload_weights
 
 
@@ -105,6 +105,9 @@ class BitNetModel(GPUDecodeLoop):
         widest = max(cfg.dim, cfg.q_dim, cfg.ffn_dim)
         self.step = StepParams(device)
         self._buffers.append(self.step.buffer)
+        # StepParams of the decode steps recorded into one submit, one row each (decode.py)
+        self.step_rows = buf(StepParams.NBYTES * MAX_STEPS_PER_SUBMIT, "step params rows", gpu.COPY_SRC | gpu.COPY_DST)
+        self._step_rows_host = np.zeros((MAX_STEPS_PER_SUBMIT, StepParams.NBYTES // 4), dtype=np.uint32)
         self.token_ids = buf(4 * rows, "token ids")  # (rows,) u32
         self.x = buf(4 * rows * cfg.dim, "residual x")  # (rows, dim) f32
         self.x_q = buf(rows * widest, "int8 activations")  # (rows, widest/4) u32: 4 int8 per word
@@ -205,14 +208,21 @@ class BitNetModel(GPUDecodeLoop):
         rec: gpu.Recorder | None = None,
         pos: int | None = None,
         head: bool = True,
+        step_row: int | None = None,
     ) -> gpu.Recorder:
         """Record one forward step over `n_tokens` rows at positions pos.. (default: the next ones,
         n_cached; queued decode steps run ahead of the host's bookkeeping); `head=False` leaves out
-        the final norm and LM head (a prefill chunk whose logits nobody reads). Allocates nothing."""
+        the final norm and LM head (a prefill chunk whose logits nobody reads). Allocates nothing.
+
+        The step's StepParams are written before the submit, or, with `step_row`, copied by the step
+        itself from that row of `step_rows` (the caller packed it): several steps in one submit."""
         pos = self.n_cached if pos is None else pos
         self.kv_cache.ensure_capacity(pos + n_tokens)
-        self.step.write(n_tokens, pos, self.kv_cache.capacity)
         rec = rec or self.device.begin()
+        if step_row is None:
+            self.step.write(n_tokens, pos, self.kv_cache.capacity)
+        else:
+            rec.copy(self.step_rows, StepParams.NBYTES * step_row, self.step.buffer, 0, StepParams.NBYTES)
         n = n_tokens
         self.embed.record(rec, n)  # x = token_embd[token_ids]
         for layer in self.layer_ops:

@@ -1,0 +1,202 @@
+"""The GPU decode loop stops exactly in the browser: max tokens, EOS, a stop string and Stop give the
+CPython engine's text, stop reason and cache, while the worker decodes several steps per submit with
+more steps queued than the reply needs (steps queued past a stop must leave no trace).
+
+Reference: the CPython engine (wgpu-py, another WebGPU implementation) on the same GGUF bytes and
+batching. The same scenario code runs in both; after each stop a follow-up turn that reuses the
+cached prefix must give what a fresh computation of the same prompt gives, so a KV row written by a
+step queued past the stop would show.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from browser_helpers import LOCAL_PREFIXES, NO_AUTOLOAD, engine_worker, open_app
+
+pytestmark = pytest.mark.browser
+
+# Untied head: greedy tokens vary (a tied random model repeats its input).
+MODEL = dict(
+    dim=256, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256, vocab_size=300, context_length=256, seed=3, untied=True
+)
+PROMPT_IDS = [5, 17, 42, 99, 123, 7, 250, 64]
+BROWSER_BATCHING = (3, 2)  # 3 steps per submit, 2 submits queued: up to 6 steps past a stop
+
+SCENARIOS = """
+import json
+from bitnet_web.text.sampler import SamplerSettings
+
+PROMPT = PROMPT_IDS_LITERAL
+GREEDY = SamplerSettings(temperature=0.0)
+
+
+async def run(engine, max_tokens, stop_strings=(), eos=None, abort_after=None):
+    engine.reset()
+    saved = engine.tokenizer.stop_ids
+    if eos is not None:  # a token of the reply as the end-of-sequence token
+        engine.tokenizer.stop_ids = frozenset({eos})
+    pieces = []
+    try:
+        async for piece in engine.generate_tokens_async(PROMPT, GREEDY, max_tokens, stop_strings):
+            pieces.append(piece)
+            if abort_after is not None and len(pieces) == abort_after:
+                engine.abort()  # what the worker does on Stop
+    finally:
+        engine.tokenizer.stop_ids = saved
+    model = engine.model
+    stats = engine.last_stats
+    out = {"text": "".join(pieces), "tokens": list(engine.generated_tokens), "reason": stats.stop_reason,
+           "n_cached": model.n_cached, "cached": list(model.cached_tokens)}
+    # The next turn reuses the cached prefix: its reply must equal a fresh computation's.
+    follow = out["cached"] + [11]
+    async for _ in engine.generate_tokens_async(follow, GREEDY, 4):
+        pass
+    out["reused"] = engine.last_stats.n_reused_tokens
+    out["follow"] = list(engine.generated_tokens)
+    engine.reset()
+    async for _ in engine.generate_tokens_async(follow, GREEDY, 4):
+        pass
+    out["follow_fresh"] = list(engine.generated_tokens)
+    return out
+
+
+async def scenarios(engine, eos, stop_string):
+    return {
+        "full": await run(engine, 20),
+        "max_tokens": await run(engine, 7),
+        "eos": await run(engine, 20, eos=eos),
+        "stop_string": await run(engine, 20, stop_strings=[stop_string]),
+        "stop_button": await run(engine, 20, abort_after=5),
+    }
+"""
+
+
+def cpython_scenarios(path: str, eos: int | None = None, stop_string: str = "\\0") -> dict:
+    from bitnet_web.engine import Engine
+
+    namespace: dict = {}
+    exec(SCENARIOS.replace("PROMPT_IDS_LITERAL", repr(PROMPT_IDS)), namespace)
+    engine = Engine()
+    engine.load(path)
+    engine.model.DECODE_BATCHING = BROWSER_BATCHING
+    try:
+        return engine._run(namespace["scenarios"](engine, eos, stop_string))
+    finally:
+        engine.close()
+
+
+def in_thread(fn, *args):
+    """Run the CPython engine off the test's thread (Playwright's sync API owns this one)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    from bitnet_web.convert.synthetic import write_random_bitnet
+
+    path = tmp_path_factory.mktemp("decode-stops") / "model.gguf"
+    write_random_bitnet(str(path), **MODEL)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(model_path):
+    """CPython's replies; the EOS token and the stop string are taken from its full greedy reply."""
+    full = in_thread(cpython_scenarios, str(model_path))["full"]
+    tokens = full["tokens"]
+    assert len(tokens) == 20 and len(set(tokens)) > 3, "the model must give a varied reply"
+    eos = tokens[9]  # EOS at its first occurrence, well inside a submit of 3
+    text = full["text"]
+    middle = len(text) // 2
+    stop_string = text[middle : middle + 3]
+    assert stop_string.strip(), f"no visible stop string in {text!r}"
+    return {
+        "eos": eos,
+        "stop_string": stop_string,
+        "runs": in_thread(cpython_scenarios, str(model_path), eos, stop_string),
+    }
+
+
+@pytest.fixture(scope="module")
+def browser_runs(browser, site, model_path, reference):
+    context = browser.new_context()
+    page = context.new_page()
+    log: list[str] = []
+    outside: list[str] = []
+    page.on("console", lambda m: log.append(f"console.{m.type}: {m.text}"))
+    page.on("request", lambda r: None if r.url.startswith(LOCAL_PREFIXES) else outside.append(r.url))
+    page.set_default_timeout(300_000)
+    open_app(page, site.url + NO_AUTOLOAD)
+    worker = engine_worker(page)
+    code = f"""
+import json
+import numpy as np
+from bitnet_web.engine import Engine
+from bitnet_web.formats.gguf_reader import GGUFFile
+from bitnet_web.model.forward import BitNetModel
+{SCENARIOS.replace("PROMPT_IDS_LITERAL", repr(PROMPT_IDS))}
+engine = Engine()
+await engine.load_async(GGUFFile.from_buffer(np.frombuffer(bytes(MODEL_BYTES), dtype=np.uint8)), name="stops")
+engine.model.DECODE_BATCHING = {BROWSER_BATCHING!r}
+result = await scenarios(engine, {reference["eos"]}, {json.dumps(reference["stop_string"])})
+result["batching"] = list(engine.model.decode_batching())
+engine.close()
+json.dumps(result)
+"""
+    runs = json.loads(
+        worker.evaluate(
+            """async ([code, bytes]) => {
+                self.pyodide.globals.set("MODEL_BYTES", self.pyodide.toPy(new Uint8Array(bytes)));
+                return await self.pyodide.runPythonAsync(code);
+            }""",
+            [code, list(model_path.read_bytes())],
+        )
+    )
+    context.close()
+    if log:
+        print("\n".join(log[-40:]))
+    assert outside == [], f"requests outside 127.0.0.1: {outside}"
+    return runs
+
+
+def test_browser_decodes_several_steps_per_submit(browser_runs):
+    assert browser_runs["batching"] == list(BROWSER_BATCHING)
+
+
+@pytest.mark.parametrize("scenario", ["full", "max_tokens", "eos", "stop_string", "stop_button"])
+def test_stop_matches_cpython(browser_runs, reference, scenario):
+    got, want = browser_runs[scenario], reference["runs"][scenario]
+    expected_reason = {
+        "full": "max_tokens",
+        "max_tokens": "max_tokens",
+        "eos": "eos",
+        "stop_string": "stop_string",
+        "stop_button": "aborted",
+    }[scenario]
+    assert want["reason"] == expected_reason, f"CPython stopped for {want['reason']}"
+    for key in ("text", "tokens", "reason", "n_cached", "cached", "follow"):
+        assert got[key] == want[key], f"{scenario}: {key} differs from CPython's"
+    # the cache holds the prompt and the reply's tokens in order (the EOS token too once a queued step
+    # took it as input), and no step ran past max_tokens
+    reply = got["tokens"] + ([reference["eos"]] if scenario == "eos" else [])
+    assert got["cached"] == PROMPT_IDS + reply[: got["n_cached"] - len(PROMPT_IDS)]
+    if scenario in ("full", "max_tokens"):
+        assert got["n_cached"] == len(PROMPT_IDS) + len(got["tokens"]) - 1
+    assert got["follow"] == got["follow_fresh"], f"{scenario}: reusing the cache after the stop changed the reply"
+    assert got["reused"] == got["n_cached"]
+
+
+def test_stops_end_where_the_full_reply_says(reference):
+    """The reference itself: each stop cut the full greedy reply at the expected token."""
+    runs = reference["runs"]
+    full = runs["full"]["tokens"]
+    assert runs["max_tokens"]["tokens"] == full[:7]
+    assert runs["eos"]["tokens"] == full[: full.index(reference["eos"])]
+    assert runs["stop_button"]["tokens"] == full[: len(runs["stop_button"]["tokens"])]
+    assert len(runs["stop_button"]["tokens"]) <= 6
+    assert reference["stop_string"] not in runs["stop_string"]["text"]
+    assert runs["stop_string"]["text"] == runs["full"]["text"][: len(runs["stop_string"]["text"])]
