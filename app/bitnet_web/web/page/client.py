@@ -35,6 +35,9 @@ class EngineClient:
         self.dead: dict[str, Any] | None = None  # the fatal event, once the worker has failed
         self.loaded: dict[str, Any] | None = None  # the last `loaded` event (model info, key)
         self._load_lock = asyncio.Lock()
+        # Held by widgets and api.Engine from loading their model to the end of their request, so
+        # that one of them cannot swap the worker's model while another generates with it.
+        self.run_lock = asyncio.Lock()
 
     # -- transport --------------------------------------------------------------------------------
 
