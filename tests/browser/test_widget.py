@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from browser_helpers import LOCAL_PREFIXES, _reference_thread, engine_importable, needs_engine, screenshot
 
+from bitnet_web.web.shared.progress import format_bytes
 from bitnet_web.web.shared.settings import DEFAULTS, greedy
 
 pytestmark = pytest.mark.browser
@@ -93,8 +94,8 @@ def test_demo_page_has_landmarks_and_both_widgets(demo):
     assert "mount_code" in demo.inner_text("#snippet") and "mount_tldr" in demo.inner_text("#snippet")
 
 
-def test_tldr_names_its_chat_model_and_offers_the_download(demo, site):
-    models = json.loads((Path(site.root) / "models" / "models.json").read_text())
+def test_tldr_names_its_chat_model_and_offers_the_download(demo, dist_dir):
+    models = json.loads((dist_dir / "models" / "models.json").read_text())
     chat = next(m for m in models["models"] if m["id"] == "bitnet-b1.58-2b-4t")
     box = demo.locator("#tldr")
     if not engine_importable():
@@ -104,7 +105,8 @@ def test_tldr_names_its_chat_model_and_offers_the_download(demo, site):
     assert chat["name"] in box.locator("[data-role=model]").text_content()
     button = box.locator("[data-role=download]")
     assert button.is_visible() and not button.is_disabled()
-    assert button.text_content() == "Download 1.19 GB", button.text_content()
+    assert button.text_content() == f"Download {format_bytes(chat['size_hint'])}", button.text_content()
+    assert button.text_content().endswith(" GB")
     notice = box.locator("[data-role=notice]").text_content()
     assert "not in this browser yet" in notice and "huggingface.co" in notice
     assert box.locator("button", has_text="Summarize").is_disabled()
@@ -133,7 +135,7 @@ def test_code_widget_streams_the_engines_completion_and_stops(demo, bundled_mode
     box.locator("select").select_option("256")
     box.locator("button", has_text="Complete").click()
     demo.wait_for_function(
-        "() => document.querySelector('#code').shadowRoot.querySelector('[data-role=completion]').textContent.length"
+        "() => document.querySelector('#code').shadowRoot.querySelector('[data-role=completion]')?.textContent.length"
     )
     box.locator("button", has_text="Stop").click()
     _wait_state(demo, "#code", "['done', 'error']")
