@@ -292,7 +292,13 @@ def test_readme_api_example_runs_as_written(browser, site, test_files, bundled_m
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(site.url + "_test/api-example.html")
-    page.wait_for_function("() => document.getElementById('out').dataset.done === '1'", timeout=300_000)
+    try:
+        page.wait_for_function(
+            "() => document.getElementById('out').dataset.done === '1' || document.querySelector('.py-error')",
+            timeout=400_000,
+        )
+    finally:
+        print("page text:", page.inner_text("body"), errors)
     out = page.inner_text("#out")
     example_messages = [{"role": "user", "content": "def fibonacci(n):"}]
     assert '"content": "def fibonacci(n):"' in example and "max_tokens=24" in example
