@@ -9,7 +9,10 @@ and model.safetensors holding every decoder Linear as
   `<name>.weight_scale` shape (1,), the absmean of the original weights (AutoBitLinear multiplies).
 Weights are random normal (std 0.02) ternarized by absmean; norms are random in [0.8, 1.2] (never
 exactly 1, so a skipped norm shows); the embedding is normal with std `embed_std`; embeddings are
-tied (no lm_head.weight saved). bos/eos are vocab-3 / vocab-2, like `synthetic_vocab_metadata`.
+tied (no lm_head.weight saved) unless `tied=False`. bos/eos are vocab-3 / vocab-2, like
+`synthetic_vocab_metadata`. `hidden_act` ('relu2' or 'silu') and `head_dim` as in BitNetConfig;
+`model_type='llama'` writes a LlamaForCausalLM with the same BitNet quantization_config (the layout
+of Falcon3-*-1.58bit and HF1BitLLM: SiLU, no sub-norms).
 
 Optional: `packed=False` saves plain float (non-ternary) weights without quantization_config (to test
 absmean ternarization in a converter), `linear_class='bitlinear'` stores 1/absmean (BitLinear divides),
@@ -71,17 +74,24 @@ def build_tiny_bitnet(
     packed: bool = True,
     linear_class: str = "autobitlinear",
     with_tokenizer: bool = False,
+    hidden_act: str = "relu2",
+    head_dim: int | None = None,
+    tied: bool = True,
+    model_type: str = "bitnet",
 ) -> Path:
-    """Write a tiny random BitNetForCausalLM checkpoint into `folder`; returns the folder path."""
+    """Write a tiny random BitNetForCausalLM (or LlamaForCausalLM) checkpoint into `folder`; returns the
+    folder path."""
     import torch
     from safetensors.torch import save_file
-    from transformers import BitNetConfig, BitNetForCausalLM
+    from transformers import BitNetConfig, BitNetForCausalLM, LlamaConfig, LlamaForCausalLM
     from transformers.integrations.bitnet import pack_weights
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    config = BitNetConfig(
+    bitnet = model_type == "bitnet"
+    config_class, model_class = (BitNetConfig, BitNetForCausalLM) if bitnet else (LlamaConfig, LlamaForCausalLM)
+    config = config_class(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -90,20 +100,21 @@ def build_tiny_bitnet(
         num_key_value_heads=num_key_value_heads,
         max_position_embeddings=max_position_embeddings,
         rms_norm_eps=rms_norm_eps,
-        tie_word_embeddings=True,
-        hidden_act="relu2",
+        tie_word_embeddings=tied,
+        hidden_act=hidden_act,
+        head_dim=head_dim or hidden_size // num_attention_heads,
         bos_token_id=vocab_size - 3,
         eos_token_id=vocab_size - 2,
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
     )
-    torch.manual_seed(seed)
-    model = BitNetForCausalLM(config)
+    with torch.device("meta"):  # shapes only: the values are drawn below
+        model = model_class(config)
     gen = torch.Generator().manual_seed(seed)
     state: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight":
+        if name == "lm_head.weight" and tied:
             continue  # tied to the embedding
-        if name.endswith("embed_tokens.weight"):
+        if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
             value = torch.randn(tensor.shape, generator=gen) * embed_std
         elif name.endswith("norm.weight"):
             value = torch.rand(tensor.shape, generator=gen) * 0.4 + 0.8
@@ -124,7 +135,7 @@ def build_tiny_bitnet(
 
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     cfg = config.to_dict()
-    cfg["architectures"] = ["BitNetForCausalLM"]
+    cfg["architectures"] = [model_class.__name__]
     cfg["dtype"] = dtype
     cfg["rope_theta"] = rope_theta
     if packed:
@@ -143,9 +154,9 @@ def build_tiny_bitnet(
 
 def load_tiny_bitnet(folder: str | os.PathLike):
     """Reload with transformers (unpacks the uint8 weights); float32, eval mode."""
-    from transformers import BitNetForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    model = BitNetForCausalLM.from_pretrained(str(folder))
+    model = AutoModelForCausalLM.from_pretrained(str(folder))
     return model.eval()
 
 

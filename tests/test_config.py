@@ -135,12 +135,17 @@ def test_missing_architecture():
         header_config(w)
 
 
-def test_widths_must_be_multiples_of_128():
-    w = random_bitnet_writer("unused", dim=192, n_layers=1, n_heads=3, n_kv_heads=1, ffn_dim=320, vocab_size=300)
-    with pytest.raises(ModelConfigError) as e:
+def test_widths_not_multiples_of_128_and_any_gqa_ratio_are_accepted():
+    # padded and repeated at upload (model/layout.py); 12 query heads per KV head of 16 dims
+    w = random_bitnet_writer("unused", dim=192, n_layers=1, n_heads=12, n_kv_heads=1, ffn_dim=320, vocab_size=300)
+    cfg = header_config(w)
+    assert (cfg.dim, cfg.ffn_dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads) == (192, 320, 16, 12, 1)
+
+
+def test_head_dim_over_256_is_refused_before_loading():
+    w = random_bitnet_writer("unused", dim=640, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256, vocab_size=300)
+    with pytest.raises(ModelConfigError, match="head_dim 320 is larger than 256"):
         header_config(w)
-    assert "embedding_length = 192 is not a multiple of 128" in str(e.value)
-    assert "feed_forward_length = 320 is not a multiple of 128" in str(e.value)
 
 
 def test_vocab_contradictions():

@@ -39,6 +39,13 @@ def tile_rows(head_dim: int) -> int:
     return 2 * WORKGROUP * 4 // head_dim
 
 
+def max_query_heads_per_kv(head_dim: int) -> int:
+    """Most query heads one KV head can serve: its query rows share one workgroup (one invocation per
+    (query row, output vec4) and per (query row, tile row)). Models with more are run with their KV
+    heads repeated (model/layout.py)."""
+    return WORKGROUP // max(head_dim // 4, tile_rows(head_dim))
+
+
 class AttentionScratch:
     """Partial results of split-sequence decode, shared by every layer's Attention op.
 
@@ -113,7 +120,7 @@ class Attention:
         group = n_heads // n_kv_heads
         # One invocation per (query row, output vec4) and per (query row, tile row).
         self.tile = tile_rows(head_dim)
-        max_query_rows = WORKGROUP // max(head_dim // 4, self.tile)
+        max_query_rows = max_query_heads_per_kv(head_dim)
         if group > max_query_rows:
             raise ValueError(
                 f"{what}: {group} query heads per KV head with head_dim {head_dim} exceed one "

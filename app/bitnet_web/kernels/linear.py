@@ -328,7 +328,7 @@ class NormTernaryLinear:
     Prefill: `RMSNormQuant` into x_q / x_scale, then the tiled GEMM, exactly as the two ops would.
     Constructor arguments are those of RMSNormQuant and TernaryLinear together; `rows` weight rows
     per row group, `row_groups` (1, 2 or 4; default by size) groups per workgroup, `workgroup_size`
-    threads per group.
+    threads per group, `mean_width` the true width of zero-padded input rows (see RMSNormQuant).
     """
 
     def __init__(
@@ -348,12 +348,14 @@ class NormTernaryLinear:
         rows: int = NORM_GEMV_ROWS,
         workgroup_size: int | None = None,
         row_groups: int | None = None,
+        mean_width: int | None = None,
     ):
         label = label or f"{weights.label} {epilogue} (normed input)"
         op = f"NormTernaryLinear {label!r}"
         k = weights.n_cols
+        mean_width = k if mean_width is None else mean_width
         row_groups = row_groups or norm_gemv_row_groups(weights.n_rows)
-        self.norm = RMSNormQuant(kernels, x, norm_weight, x_q, x_scale, step, k, eps, f"{label} norm")
+        self.norm = RMSNormQuant(kernels, x, norm_weight, x_q, x_scale, step, k, eps, f"{label} norm", mean_width)
         self.linear = TernaryLinear(kernels, weights, x_q, x_scale, out, step, epilogue, label, use_dot4=use_dot4)
         if x.nbytes < 4 * k:
             raise TernaryShapeError(f"{op}: x ({x.nbytes} bytes) holds less than one row of {k} f32")
@@ -405,7 +407,7 @@ class NormTernaryLinear:
             SVEC=4 // row_groups,
             EPILOGUE=EPILOGUES[epilogue],
             EPS=float(eps),
-            K_F=float(k),
+            K_F=float(mean_width),
         )
         buffers = [weights.codes, weights.scales, x] + ([norm_weight] if norm_weight is not None else []) + [out]
         self.fused_bind = device.bind_group(self.fused, buffers, f"{label} fused")

@@ -28,9 +28,14 @@ def _check_rows(buffer: gpu.Buffer, row_bytes: int, what: str, op: str) -> int:
     return buffer.nbytes // row_bytes
 
 
-def _norm_constants(width: int, eps: float, op: str) -> dict[str, object]:
+def _norm_constants(width: int, eps: float, op: str, mean_width: int | None = None) -> dict[str, object]:
+    """Shader constants; `mean_width` (default `width`) divides the sum of squares: a row padded with
+    zeros past the model's true width keeps the true width's mean."""
     if width <= 0 or width % 4:
         raise NormShapeError(f"{op}: width must be a positive multiple of 4, got {width}")
+    mean_width = width if mean_width is None else mean_width
+    if not 0 < mean_width <= width:
+        raise NormShapeError(f"{op}: mean_width must be in 1..{width}, got {mean_width}")
     w4 = width // 4
     return {
         "STEP_PARAMS": STEP_PARAMS_WGSL,
@@ -38,14 +43,15 @@ def _norm_constants(width: int, eps: float, op: str) -> dict[str, object]:
         "WG": NORM_WORKGROUP,
         "ITEMS": ceil_div(w4, NORM_WORKGROUP),
         "EPS": float(eps),
-        "W_F": float(width),
+        "W_F": float(mean_width),
     }
 
 
 class RMSNormQuant:
     """x (T, width) f32 [-> RMSNorm with `weight`] -> x_q (T, width/4) u32 + x_scale (T,) f32.
 
-    `weight=None` quantizes without normalizing (models without sub-norms).
+    `weight=None` quantizes without normalizing (models without sub-norms). `mean_width`: the
+    model's true width when rows are zero-padded to `width` (the mean of squares is over it).
     Dispatch: one workgroup per token row.
     """
 
@@ -60,9 +66,10 @@ class RMSNormQuant:
         width: int,
         eps: float,
         label: str = "rmsnorm_quant",
+        mean_width: int | None = None,
     ):
         op = f"RMSNormQuant {label!r}"
-        constants = _norm_constants(width, eps, op)
+        constants = _norm_constants(width, eps, op, mean_width)
         self.width = width
         self.max_tokens = min(
             _check_rows(x, 4 * width, "x", op),
@@ -89,8 +96,8 @@ class RMSNormQuant:
 class RMSNorm:
     """x (T, width) f32 -> y (T, width) f32 = x / rms(x) * weight.
 
-    `record(..., last_only=True)` normalizes only row n_tokens-1 (read from StepParams) into row 0
-    of `y`, which is what the LM head needs when only the next token's logits are wanted.
+    `mean_width` as in RMSNormQuant. `record(..., last_only=True)` normalizes only row n_tokens-1 (read
+    from StepParams) into row 0 of `y`, which is what the LM head needs when only the next token's logits are wanted.
     """
 
     def __init__(
@@ -103,9 +110,10 @@ class RMSNorm:
         width: int,
         eps: float,
         label: str = "rmsnorm",
+        mean_width: int | None = None,
     ):
         op = f"RMSNorm {label!r}"
-        constants = _norm_constants(width, eps, op)
+        constants = _norm_constants(width, eps, op, mean_width)
         self.width = width
         self.max_tokens = min(_check_rows(x, 4 * width, "x", op), _check_rows(y, 4 * width, "y", op))
         if weight.nbytes < 4 * width:

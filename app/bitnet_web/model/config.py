@@ -8,7 +8,10 @@ Supported architectures (general.architecture):
                            converter), untied output.weight; sub-norms only if the tensors exist.
 
 Every problem found (missing keys, missing tensors, wrong shapes or types, contradictions) is
-collected and reported in one ModelConfigError.
+collected and reported in one ModelConfigError. Widths, head dims and GQA ratios the kernels do not
+take directly are padded / repeated at upload (model/layout.py); the one shape limit left is the
+head dim (at most MAX_HEAD_DIM), checked here, so `inspect`, `convert` and loading refuse such a
+model before any work.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 
 from ..formats.ggml import GGMLType, GGUFError, Keys
 from ..formats.gguf_reader import GGUFFile
+from ..kernels.attention import SUPPORTED_HEAD_DIMS
 
 ARCH_TRAITS: dict[str, dict[str, object]] = {
     # arch: activation, rope_style, sub-norms required (True) or optional (None)
@@ -28,7 +32,7 @@ ARCH_TRAITS: dict[str, dict[str, object]] = {
 
 TERNARY_TYPES = (GGMLType.I2_S, GGMLType.TQ1_0, GGMLType.TQ2_0)
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
-MATMUL_BLOCK = 128  # I2_S block: every BitLinear input width must be a multiple of this
+MAX_HEAD_DIM = max(SUPPORTED_HEAD_DIMS)  # smaller heads are zero-padded up to a supported size
 DEFAULT_ROPE_THETA = 10000.0
 
 
@@ -153,6 +157,9 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     rope_dim = _int_key(gguf, k(Keys.ROPE_DIMENSION_COUNT), problems, required=False) or head_dim
     if rope_dim and head_dim and (rope_dim > head_dim or rope_dim % 2):
         problems.append(f"{k(Keys.ROPE_DIMENSION_COUNT)} {rope_dim} must be even and <= head_dim {head_dim}")
+    problem = head_dim_problem(head_dim)
+    if problem:
+        problems.append(problem)
 
     tensors = gguf.tensors
     # Vocabulary: rows of token_embd; cross-checked against the vocab_size key and tokenizer tokens.
@@ -231,17 +238,6 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         extra_layers = [n for n in tensors if n.startswith(f"blk.{n_layers}.")]
         if extra_layers:
             problems.append(f"tensor {extra_layers[0]} belongs to a layer beyond block_count {n_layers}")
-        # BitLinear inputs are quantized in I2_S blocks of 128 values along each row.
-        for label, width in (
-            ("embedding_length", dim),
-            ("head_count * head_dim", q_dim),
-            ("feed_forward_length", ffn_dim),
-        ):
-            if width and width % MATMUL_BLOCK:
-                problems.append(
-                    f"{label} = {width} is not a multiple of {MATMUL_BLOCK} (the I2_S block); "
-                    "ternary matmul inputs must be whole blocks"
-                )
 
     if problems:
         raise ModelConfigError(
@@ -265,6 +261,16 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         tied_embeddings=tied,
         has_sub_norms=has_sub_norms,
     )
+
+
+def head_dim_problem(head_dim: int | None) -> str | None:
+    """Why the engine cannot run heads of `head_dim` values, or None (shared with the HF converter)."""
+    if head_dim and head_dim > MAX_HEAD_DIM:
+        return (
+            f"head_dim {head_dim} is larger than {MAX_HEAD_DIM}, the largest head the attention kernels "
+            "hold in one workgroup"
+        )
+    return None
 
 
 def _check_tensor(tensors: dict, name: str, shape: tuple, types: tuple, problems: list[str]) -> None:

@@ -39,6 +39,7 @@ from ..kernels.rope import RopeKV, RopeTable
 from ..kernels.sampling import GPUSampler
 from .config import ModelConfig
 from .decode import MAX_STEPS_PER_SUBMIT, GPUDecodeLoop
+from .layout import GPULayout, gpu_layout
 from .weights import LOGITS_ROWS, LayerWeights, ProgressCallback, check_device_limits, upload_weights
 
 
@@ -65,6 +66,7 @@ class BitNetModel(GPUDecodeLoop):
         self.int8_head = int8_head  # the head reads an int8 per-row-scaled copy (approximate, faster)
         self.gguf = gguf
         self.config = config
+        self.layout: GPULayout = gpu_layout(config)  # widths as padded on the GPU (model/layout.py)
         self.max_tokens = max_tokens  # rows per forward call (prefill chunk)
         self.kernels = KernelCache(device)
         self.cached_tokens: list[int] = []  # tokens whose K/V rows are in the cache, in order
@@ -95,7 +97,8 @@ class BitNetModel(GPUDecodeLoop):
             progress("upload", cfg.n_layers + 2, cfg.n_layers + 2)
 
     def _allocate_run_state(self) -> None:
-        cfg, device, rows = self.config, self.device, self.max_tokens
+        cfg, device, rows = self.layout, self.device, self.max_tokens
+        context_length, vocab_size = self.config.context_length, self.config.vocab_size
 
         def buf(nbytes: int, label: str, usage: int = gpu.STORAGE_USAGE) -> gpu.Buffer:
             b = device.buffer(nbytes, usage, label)
@@ -120,16 +123,18 @@ class BitNetModel(GPUDecodeLoop):
         # (logits_rows, vocab) f32: only all-logits calls need more than one row, and they run in
         # pieces of at most LOGITS_ROWS, so long prefill chunks do not need a 128k-wide row each
         self.logits_rows = min(rows, LOGITS_ROWS)
-        self.logits = buf(4 * self.logits_rows * cfg.vocab_size, "logits")
+        self.logits = buf(4 * self.logits_rows * vocab_size, "logits")
         self.next_token = buf(16, "next token")  # (4,) u32: GPU argmax result
-        self.kv_cache = KVCache(device, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.context_length)
-        self.rope_table = RopeTable(device, cfg.rope_dim, cfg.rope_theta, cfg.context_length)
-        self.attention_scratch = AttentionScratch(device, cfg.n_heads, cfg.head_dim, cfg.context_length)
+        self.kv_cache = KVCache(device, self.config.n_layers, cfg.n_kv_heads, cfg.head_dim, context_length)
+        self.rope_table = RopeTable(device, self.config.rope_dim, self.config.rope_theta, context_length)
+        self.attention_scratch = AttentionScratch(device, cfg.n_heads, cfg.head_dim, context_length)
         self._buffers += [self.rope_table.buffer, self.attention_scratch.acc, self.attention_scratch.stats]
 
     def _build_ops(self) -> None:
-        cfg, k, step = self.config, self.kernels, self.step
+        cfg, layout, k, step = self.config, self.layout, self.kernels, self.step
         eps, rows = cfg.norm_eps, self.max_tokens
+        # norms of zero-padded rows divide by the model's true widths (model/layout.py)
+        dim, q_dim, ffn_dim = cfg.dim, cfg.n_heads * cfg.head_dim, cfg.ffn_dim
         gate = "gate_relu2" if cfg.activation == "relu2" else "gate_silu"
         self.embed = EmbeddingLookup(k, self.token_embd, self.token_ids, self.x, step)
         self.layer_ops = []
@@ -137,7 +142,9 @@ class BitNetModel(GPUDecodeLoop):
         for i, w in enumerate(self.layers):
             self.layer_ops.append(
                 LayerOps(
-                    qkv=NormTernaryLinear(k, self.x, w.attn_norm, eps, w.qkv, xq, xs, self.qkv, step, "store"),
+                    qkv=NormTernaryLinear(
+                        k, self.x, w.attn_norm, eps, w.qkv, xq, xs, self.qkv, step, "store", mean_width=dim
+                    ),
                     attention=Attention(
                         k,
                         step,
@@ -148,6 +155,7 @@ class BitNetModel(GPUDecodeLoop):
                         n_heads=cfg.n_heads,
                         max_tokens=rows,
                         scratch=self.attention_scratch,
+                        scale=1.0 / float(np.sqrt(cfg.head_dim)),
                         rope=RopeKV(
                             k,
                             step,
@@ -162,17 +170,27 @@ class BitNetModel(GPUDecodeLoop):
                         ),
                     ),
                     wo=NormTernaryLinear(
-                        k, self.attn_out, w.attn_sub_norm, eps, w.wo, xq, xs, self.x, step, "residual"
+                        k, self.attn_out, w.attn_sub_norm, eps, w.wo, xq, xs, self.x, step, "residual", mean_width=q_dim
                     ),
                     gate_up=NormTernaryLinear(
-                        k, self.x, w.ffn_norm, eps, w.gate_up, xq, xs, self.ffn_hidden, step, gate
+                        k, self.x, w.ffn_norm, eps, w.gate_up, xq, xs, self.ffn_hidden, step, gate, mean_width=dim
                     ),
                     down=NormTernaryLinear(
-                        k, self.ffn_hidden, w.ffn_sub_norm, eps, w.down, xq, xs, self.x, step, "residual"
+                        k,
+                        self.ffn_hidden,
+                        w.ffn_sub_norm,
+                        eps,
+                        w.down,
+                        xq,
+                        xs,
+                        self.x,
+                        step,
+                        "residual",
+                        mean_width=ffn_dim,
                     ),
                 )
             )
-        self.final_norm = RMSNorm(k, self.x, self.output_norm, self.x_final, step, cfg.dim, eps)
+        self.final_norm = RMSNorm(k, self.x, self.output_norm, self.x_final, step, layout.dim, eps, mean_width=dim)
         self.lm_head = LMHead(k, self.output, self.x_final, self.logits, step)
         # Greedy decoding on the GPU: the argmax goes straight into token_ids[0], the next step's input.
         self.argmax = Argmax(k, self.logits, self.token_ids, cfg.vocab_size)

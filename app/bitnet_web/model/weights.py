@@ -20,6 +20,7 @@ from ..formats.quants import i2s_encode, ternarize
 from ..kernels.embedding import F16Matrix, Int8Matrix
 from ..kernels.linear import TernaryMatrix
 from .config import ModelConfig
+from .layout import gather, gather_index, gpu_layout
 
 ProgressCallback = Callable[[str, int, int], None]
 
@@ -58,20 +59,22 @@ def check_device_limits(config: ModelConfig, limits: gpu.GPULimits, max_tokens: 
     the run-state buffers and each layer's KV cache are bound whole: real BitNet shapes are far below
     WebGPU's 128 MiB default (2B-4T's largest ternary matrix, the fused gate/up, is 8.8 MB), so a
     model that does not fit is refused with every offending buffer named instead of being sharded.
+    Sizes are as laid out on the GPU, padding included (model/layout.py).
     """
-    cfg, limit = config, limits.max_binding
+    cfg, limit = gpu_layout(config), limits.max_binding
     qkv_rows = cfg.q_dim + 2 * cfg.kv_dim
+    context_length, vocab_size, rope_dim = config.context_length, config.vocab_size, config.rope_dim
     needs = {
         "blk.*.attn_q + attn_k + attn_v (fused ternary codes)": qkv_rows * cfg.dim // 4,
         "blk.*.attn_output (ternary codes)": cfg.dim * cfg.q_dim // 4,
         "blk.*.ffn_gate + ffn_up (fused ternary codes)": 2 * cfg.ffn_dim * cfg.dim // 4,
         "blk.*.ffn_down (ternary codes)": cfg.dim * cfg.ffn_dim // 4,
         "one row of token_embd / output (F16)": 2 * cfg.dim,
-        f"logits of {min(max_tokens, LOGITS_ROWS)} tokens (f32)": 4 * min(max_tokens, LOGITS_ROWS) * cfg.vocab_size,
+        f"logits of {min(max_tokens, LOGITS_ROWS)} tokens (f32)": 4 * min(max_tokens, LOGITS_ROWS) * vocab_size,
         f"activations of {max_tokens} tokens (f32)": 4 * max_tokens * max(qkv_rows, cfg.ffn_dim, cfg.dim),
-        "one layer's K or V cache at the full context (f32)": 4 * cfg.context_length * cfg.kv_dim,
-        "attention split partials (f32)": 4 * cfg.n_heads * -(-cfg.context_length // 64) * cfg.head_dim,
-        "RoPE cos/sin table (f32)": 4 * cfg.context_length * cfg.rope_dim,
+        "one layer's K or V cache at the full context (f32)": 4 * context_length * cfg.kv_dim,
+        "attention split partials (f32)": 4 * cfg.n_heads * -(-context_length // 64) * cfg.head_dim,
+        "RoPE cos/sin table (f32)": 4 * context_length * rope_dim,
     }
     over = [f"{what} {nbytes} bytes" for what, nbytes in needs.items() if nbytes > limit]
     if over:
@@ -112,21 +115,40 @@ async def upload_weights(
     progress: ProgressCallback | None = None,
 ) -> ModelWeights:
     """Upload every weight tensor. Each buffer is appended to `buffers` as soon as it exists, so the
-    caller can free everything after a failure part way. Progress: ("upload", layer + 1, n_layers + 2)."""
-    cfg = config
+    caller can free everything after a failure part way. Progress: ("upload", layer + 1, n_layers + 2).
+    Tensors are laid out as `gpu_layout(config)` says: padded / repeated where the kernels need it."""
+    cfg, layout = config, gpu_layout(config)
 
-    def f32(name: str, label: str) -> gpu.Buffer:
-        values = np.ascontiguousarray(gguf.tensor(name), dtype=np.float32)
+    def index(axis: str) -> np.ndarray | None:
+        return gather_index(cfg, layout, axis)
+
+    def f32(name: str, label: str, axis: str = "dim") -> gpu.Buffer:
+        """A norm weight laid out along `axis`."""
+        values = np.ascontiguousarray(gather(np.asarray(gguf.tensor(name), dtype=np.float32), index(axis)))
         buffer = device.buffer(values.nbytes, label=label)
         device.upload(buffer, 0, values)
         buffers.append(buffer)
         return buffer
 
-    def ternary(names: list[str], label: str, pair_rows: bool = False) -> TernaryMatrix:
-        parts = [(ternary_rows(gguf, n), gguf.tensors[n].shape) for n in names]
-        matrix = TernaryMatrix.upload(
-            device, [(rows, scale, shape) for (rows, scale), shape in parts], label=label, pair_rows=pair_rows
-        )
+    def ternary_part(name: str, rows_axis: str, cols_axis: str) -> tuple[np.ndarray, float, tuple[int, int]]:
+        """(packed codes, scale, shape) as laid out on the GPU: the file's own bytes where the layout
+        changes nothing, else decoded, padded / repeated and packed again."""
+        rows, cols = index(rows_axis), index(cols_axis)
+        shape = tuple(int(d) for d in gguf.tensors[name].shape)
+        if rows is None and cols is None:
+            codes, scale = ternary_rows(gguf, name)
+            return codes, scale, shape
+        if gguf.tensors[name].ggml_type in (GGMLType.I2_S, GGMLType.TQ1_0, GGMLType.TQ2_0):
+            values, scale = gguf.ternary(name)
+        else:
+            values, scale = ternarize(np.asarray(gguf.tensor(name), dtype=np.float32))
+        values = gather(np.asarray(values, dtype=np.int8).reshape(shape), rows, cols)
+        return i2s_encode(values, float(scale))[: values.size // 4], float(scale), values.shape
+
+    def ternary(parts: list[tuple[str, str, str]], label: str, pair_rows: bool = False) -> TernaryMatrix:
+        """Tensors given as (name, rows axis, columns axis), concatenated by rows."""
+        laid_out = [ternary_part(*part) for part in parts]
+        matrix = TernaryMatrix.upload(device, laid_out, label=label, pair_rows=pair_rows)
         buffers.extend([matrix.codes, matrix.scales])
         return matrix
 
@@ -137,13 +159,26 @@ async def upload_weights(
         layers.append(
             LayerWeights(
                 attn_norm=f32(p + "attn_norm.weight", f"{p}attn_norm"),
-                qkv=ternary([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], f"{p}qkv"),
-                attn_sub_norm=(f32(p + "attn_sub_norm.weight", f"{p}attn_sub_norm") if cfg.has_sub_norms else None),
-                wo=ternary([p + "attn_output.weight"], f"{p}attn_output"),
+                qkv=ternary(
+                    [
+                        (p + "attn_q.weight", "q", "dim"),
+                        (p + "attn_k.weight", "kv", "dim"),
+                        (p + "attn_v.weight", "kv", "dim"),
+                    ],
+                    f"{p}qkv",
+                ),
+                attn_sub_norm=(
+                    f32(p + "attn_sub_norm.weight", f"{p}attn_sub_norm", "q") if cfg.has_sub_norms else None
+                ),
+                wo=ternary([(p + "attn_output.weight", "dim", "q")], f"{p}attn_output"),
                 ffn_norm=f32(p + "ffn_norm.weight", f"{p}ffn_norm"),
-                gate_up=ternary([p + "ffn_gate.weight", p + "ffn_up.weight"], f"{p}gate_up", pair_rows=True),
-                ffn_sub_norm=(f32(p + "ffn_sub_norm.weight", f"{p}ffn_sub_norm") if cfg.has_sub_norms else None),
-                down=ternary([p + "ffn_down.weight"], f"{p}ffn_down"),
+                gate_up=ternary(
+                    [(p + "ffn_gate.weight", "ffn", "dim"), (p + "ffn_up.weight", "ffn", "dim")],
+                    f"{p}gate_up",
+                    pair_rows=True,
+                ),
+                ffn_sub_norm=(f32(p + "ffn_sub_norm.weight", f"{p}ffn_sub_norm", "ffn") if cfg.has_sub_norms else None),
+                down=ternary([(p + "ffn_down.weight", "dim", "ffn")], f"{p}ffn_down"),
             )
         )
         if progress:
@@ -151,13 +186,18 @@ async def upload_weights(
         await device.checkpoint(f"uploading layer {i}")
         await asyncio.sleep(0)  # let the page repaint its progress bar
     output_norm = f32("output_norm.weight", "output_norm")
-    token_embd = F16Matrix.upload(device, gguf.tensor("token_embd.weight"), "token_embd")
+
+    def embedding(name: str) -> np.ndarray:  # columns padded to the GPU's hidden width
+        cols = index("dim")
+        return gguf.tensor(name) if cols is None else gather(np.asarray(gguf.tensor(name)), None, cols)
+
+    token_embd = F16Matrix.upload(device, embedding("token_embd.weight"), "token_embd")
     head_name = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
     if int8_head:
-        output = Int8Matrix.upload(device, gguf.tensor(head_name), "output")
+        output = Int8Matrix.upload(device, embedding(head_name), "output")
         buffers.append(output.scales)
     else:
-        output = token_embd if cfg.tied_embeddings else F16Matrix.upload(device, gguf.tensor(head_name), "output")
+        output = token_embd if cfg.tied_embeddings else F16Matrix.upload(device, embedding(head_name), "output")
     buffers.extend(b for _, _, b in token_embd.shards)
     if output is not token_embd:
         buffers.extend(b for _, _, b in output.shards)
