@@ -47,6 +47,7 @@ from ..formats.gguf_reader import GGUFFile
 from ..formats.gguf_writer import GGUFWriter, Typed
 from ..formats.quants import i2s_pack_codes, ternarize
 from ..formats.safetensors import SafetensorsError, SafetensorsFile, ShardedSafetensors, open_safetensors, parse_index
+from ..model.config import head_dim_problem
 from .hf_urls import checkpoint_base_url, checkpoint_name
 from .synthetic import bitnet_model_metadata, synthetic_vocab_metadata
 
@@ -486,6 +487,12 @@ def check_config(
     for key in _INT_CONFIG:
         _check_int(config, key, label)
     arch, lossy = _model_kind(config, label, arch)
+    head_dim, n_heads, dim = config.get("head_dim"), config["num_attention_heads"], config["hidden_size"]
+    if not isinstance(head_dim, int) and isinstance(n_heads, int) and isinstance(dim, int) and n_heads > 0:
+        head_dim = dim // n_heads
+    problem = head_dim_problem(head_dim) if isinstance(head_dim, int) else None
+    if problem:  # the engine's one shape limit, said before any weight is read
+        raise ConvertError(f"{label}: {problem}")
     linear_class = _linear_class(config, label)
     warning = None
     if lossy:
