@@ -39,9 +39,7 @@ const W_F: f32 = ${W_F};
 @group(0) @binding(3) var<storage, read_write> scale_out: array<f32>;
 //#endif
 
-var<workgroup> red_ss: array<f32, WG>;
-var<workgroup> red_mx: array<f32, WG>;
-var<workgroup> n_slots_wg: u32;
+//#include _norm_reduce
 
 fn pack_i8(q: vec4<i32>) -> u32 {
     let b = bitcast<vec4<u32>>(q) & vec4<u32>(0xffu);
@@ -76,36 +74,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     mx = max(mx, max(max(a{{i}}.x, a{{i}}.y), max(a{{i}}.z, a{{i}}.w)));
 //#endfor
 //#if SUBGROUPS
-    let ss_sg = subgroupAdd(ss);
-    let mx_sg = subgroupMax(mx);
-    if (sg_lane == 0u) {
-        red_ss[lid / sg_size] = ss_sg;
-        red_mx[lid / sg_size] = mx_sg;
-    }
-    if (lid == 0u) {
-        n_slots_wg = (WG + sg_size - 1u) / sg_size;
-    }
-    let n_slots = workgroupUniformLoad(&n_slots_wg);  // also the barrier for the slots
-    var total = 0.0;
-    var amax = 0.0;
-    for (var i = 0u; i < n_slots; i++) {  // same order in every thread: identical results
-        total += red_ss[i];
-        amax = max(amax, red_mx[i]);
-    }
+    let red = reduce_sum_max(ss, mx, lid, sg_size, sg_lane);
 //#else
-    red_ss[lid] = ss;
-    red_mx[lid] = mx;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-        if (lid < stride) {
-            red_ss[lid] += red_ss[lid + stride];
-            red_mx[lid] = max(red_mx[lid], red_mx[lid + stride]);
-        }
-        workgroupBarrier();
-    }
-    let total = red_ss[0];
-    let amax = red_mx[0];
+    let red = reduce_sum_max(ss, mx, lid);
 //#endif
+    let total = red.x;
+    let amax = red.y;
 //#if NORMALIZE
     let r = 1.0 / sqrt(total / W_F + EPS);
 //#else

@@ -59,7 +59,6 @@ const BUFS: u32 = ${BUFS};  // 2 (PINGPONG): stage b+1 goes into one buffer whil
 const WV: u32 = 2u * KB;  // 16-byte code loads per row per stage
 const W_ITEMS: u32 = ${W_ITEMS};  // 16-byte code loads per thread per stage: ceil(RT * WV / WG)
 const X_ITEMS: u32 = ${X_ITEMS};  // 16-byte activation loads per thread per stage: ceil(TT * SV / WG)
-const CODE_MASK: u32 = 0x03030303u;
 
 @group(0) @binding(0) var<uniform> params: StepParams;
 @group(0) @binding(1) var<storage, read> weights: array<vec4<u32>>;
@@ -71,19 +70,8 @@ const CODE_MASK: u32 = 0x03030303u;
 var<workgroup> w_s: array<vec4<u32>, BUFS * RT * STRIDE>;
 var<workgroup> x_s: array<vec4<u32>, BUFS * TT * STRIDE>;
 
-//#if DOT4
-fn dot4(a: u32, b: u32) -> i32 {
-    return dot4I8Packed(a, b);
-}
-//#else
-// Four signed int8 times four signed int8, without the packed_4x8_integer_dot_product feature.
-fn dot4(a: u32, b: u32) -> i32 {
-    let p = bitcast<i32>(a);
-    let q = bitcast<i32>(b);
-    return ((p << 24u) >> 24u) * ((q << 24u) >> 24u) + ((p << 16u) >> 24u) * ((q << 16u) >> 24u)
-         + ((p << 8u) >> 24u) * ((q << 8u) >> 24u) + (p >> 24u) * (q >> 24u);
-}
-//#endif
+//#include _ternary_codes
+//#include _epilogue
 
 fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
     return dot4(a.x, b.x) + dot4(a.y, b.y) + dot4(a.z, b.z) + dot4(a.w, b.w);
@@ -103,19 +91,7 @@ fn decode(v: vec4<u32>, shift: u32) -> vec4<u32> {
 
 // Global weight row of local tile row lr in row tile rt.
 fn global_row(rt: u32, lr: u32) -> u32 {
-    if (GATED) {
-        let o = rt * OUT_TILE + (lr % OUT_TILE);
-        return select(o, HALF + o, lr >= OUT_TILE);
-    }
-    return rt * RT + lr;
-}
-
-fn activate(g: f32) -> f32 {
-    if (EPILOGUE == 2u) {
-        let r = max(g, 0.0);
-        return r * r;
-    }
-    return g / (1.0 + exp(-g));
+    return group_row(rt, lr, RT);
 }
 
 @compute @workgroup_size(WG)
@@ -247,7 +223,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     if (o < OUT_W) {
                         let gv = wscale[o] * xs * f32(acc0{{i}}_{{m}});
                         let uv = wscale[HALF + o] * xs * f32(acc1{{i}}_{{m}});
-                        out[t * OUT_W + o] = activate(gv) * uv;
+                        store_out(t * OUT_W + o, gv, uv);
                     }
                 }
 //#endfor
@@ -257,12 +233,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 {
                     let n = rt * RT + tx + TX * ({{h}}u * MRH + {{i}}u);
                     if (n < N) {
-                        let y = wscale[n] * xs * f32(acc{{h}}{{i}}_{{m}});
-                        if (EPILOGUE == 1u) {
-                            out[t * OUT_W + n] += y;
-                        } else {
-                            out[t * OUT_W + n] = y;
-                        }
+                        store_out(t * OUT_W + n, wscale[n] * xs * f32(acc{{h}}{{i}}_{{m}}), 0.0);
                     }
                 }
 //#endfor

@@ -42,8 +42,6 @@ const GATED: bool = EPILOGUE >= 2u;
 const HALF: u32 = N / 2u;
 const OUTS: u32 = select(ROWS, ROWS / 2u, GATED);
 const OUT_W: u32 = select(N, HALF, GATED);
-const CODE_MASK: u32 = 0x03030303u;
-const ONES: u32 = 0x01010101u;
 
 @group(0) @binding(0) var<storage, read> weights: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> wscale: array<f32>;
@@ -53,50 +51,13 @@ const ONES: u32 = 0x01010101u;
 
 var<workgroup> acc_wg: array<atomic<i32>, ROWS>;
 
-//#if DOT4
-fn dot4(a: u32, b: u32) -> i32 {
-    return dot4I8Packed(a, b);
-}
-//#else
-// Without the packed_4x8_integer_dot_product language feature: `a` holds small unsigned bytes
-// (codes 0..2 or ones), `b` four signed int8.
-fn dot4(a: u32, b: u32) -> i32 {
-    let s = bitcast<i32>(b);
-    return i32(a & 0xffu) * ((s << 24u) >> 24u) + i32((a >> 8u) & 0xffu) * ((s << 16u) >> 24u)
-         + i32((a >> 16u) & 0xffu) * ((s << 8u) >> 24u) + i32(a >> 24u) * (s >> 24u);
-}
-//#endif
+//#include _ternary_codes
+//#include _epilogue
+
 
 // Weight row of accumulator r in row group g.
 fn weight_row(g: u32, r: u32) -> u32 {
-    if (GATED) {
-        let o = g * OUTS + (r % OUTS);
-        return select(o, HALF + o, r >= OUTS);
-    }
-    return g * ROWS + r;
-}
-
-fn block_dot(w: vec4<u32>, x0: vec4<u32>, x1: vec4<u32>, x2: vec4<u32>, x3: vec4<u32>) -> i32 {
-    let c0 = (w >> vec4<u32>(6u)) & vec4<u32>(CODE_MASK);
-    let c1 = (w >> vec4<u32>(4u)) & vec4<u32>(CODE_MASK);
-    let c2 = (w >> vec4<u32>(2u)) & vec4<u32>(CODE_MASK);
-    let c3 = w & vec4<u32>(CODE_MASK);
-    return dot4(c0.x, x0.x) + dot4(c0.y, x0.y) + dot4(c0.z, x0.z) + dot4(c0.w, x0.w)
-         + dot4(c1.x, x1.x) + dot4(c1.y, x1.y) + dot4(c1.z, x1.z) + dot4(c1.w, x1.w)
-         + dot4(c2.x, x2.x) + dot4(c2.y, x2.y) + dot4(c2.z, x2.z) + dot4(c2.w, x2.w)
-         + dot4(c3.x, x3.x) + dot4(c3.y, x3.y) + dot4(c3.z, x3.z) + dot4(c3.w, x3.w);
-}
-
-fn word_sum(x: vec4<u32>) -> i32 {
-    return dot4(ONES, x.x) + dot4(ONES, x.y) + dot4(ONES, x.z) + dot4(ONES, x.w);
-}
-
-fn activate(g: f32) -> f32 {
-    if (EPILOGUE == 2u) {
-        let r = max(g, 0.0);
-        return r * r;
-    }
-    return g / (1.0 + exp(-g));
+    return group_row(g, r, ROWS);
 }
 
 @compute @workgroup_size(WG)
@@ -159,14 +120,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         let o = g * OUTS + lid;
         if (o < OUT_W) {
             let y = wscale[weight_row(g, lid)] * xscale[t] * f32(atomicLoad(&acc_wg[lid]));
+            var u = 0.0;
             if (GATED) {
-                let u = wscale[weight_row(g, lid + OUTS)] * xscale[t] * f32(atomicLoad(&acc_wg[lid + OUTS]));
-                out[t * OUT_W + o] = activate(y) * u;
-            } else if (EPILOGUE == 1u) {
-                out[t * OUT_W + o] += y;
-            } else {
-                out[t * OUT_W + o] = y;
+                u = wscale[weight_row(g, lid + OUTS)] * xscale[t] * f32(atomicLoad(&acc_wg[lid + OUTS]));
             }
+            store_out(t * OUT_W + o, y, u);
         }
     }
 }

@@ -53,8 +53,6 @@ const GATED: bool = EPILOGUE >= 2u;
 const HALF: u32 = N / 2u;
 const OUTS: u32 = select(TOTAL, TOTAL / 2u, GATED);
 const OUT_W: u32 = select(N, HALF, GATED);
-const CODE_MASK: u32 = 0x03030303u;
-const ONES: u32 = 0x01010101u;
 
 @group(0) @binding(0) var<storage, read> weights: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> wscale: array<f32>;
@@ -66,63 +64,26 @@ const ONES: u32 = 0x01010101u;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 //#endif
 
-var<workgroup> red_ss: array<f32, WG>;
-var<workgroup> red_mx: array<f32, WG>;
 var<workgroup> acc_wg: array<atomic<i32>, TOTAL>;
-var<workgroup> n_slots_wg: u32;
 var<workgroup> sg_fits_wg: u32;  // 1 when subgroups never straddle two row groups
 //#if SHARED_ROW
 var<workgroup> xq_s: array<vec4<u32>, CHUNKS * 4u>;  // chunk c's quantized inputs: vec4 4c + s
 //#endif
 
-//#if DOT4
-fn dot4(a: u32, b: u32) -> i32 {
-    return dot4I8Packed(a, b);
-}
-//#else
-fn dot4(a: u32, b: u32) -> i32 {
-    let s = bitcast<i32>(b);
-    return i32(a & 0xffu) * ((s << 24u) >> 24u) + i32((a >> 8u) & 0xffu) * ((s << 16u) >> 24u)
-         + i32((a >> 16u) & 0xffu) * ((s << 8u) >> 24u) + i32(a >> 24u) * (s >> 24u);
-}
-//#endif
+//#include _ternary_codes
+//#include _epilogue
+//#include _norm_reduce
+
 
 // Weight row of accumulator r (0..TOTAL-1) of workgroup g.
 fn weight_row(g: u32, r: u32) -> u32 {
-    if (GATED) {
-        let o = g * OUTS + (r % OUTS);
-        return select(o, HALF + o, r >= OUTS);
-    }
-    return g * TOTAL + r;
+    return group_row(g, r, TOTAL);
 }
 
 fn pack_i8(v: vec4<f32>, k: f32) -> u32 {
     let q = vec4<i32>(clamp(round(v * k), vec4<f32>(-128.0), vec4<f32>(127.0)));
     let b = bitcast<vec4<u32>>(q) & vec4<u32>(0xffu);
     return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
-}
-
-fn block_dot(w: vec4<u32>, x0: vec4<u32>, x1: vec4<u32>, x2: vec4<u32>, x3: vec4<u32>) -> i32 {
-    let c0 = (w >> vec4<u32>(6u)) & vec4<u32>(CODE_MASK);
-    let c1 = (w >> vec4<u32>(4u)) & vec4<u32>(CODE_MASK);
-    let c2 = (w >> vec4<u32>(2u)) & vec4<u32>(CODE_MASK);
-    let c3 = w & vec4<u32>(CODE_MASK);
-    return dot4(c0.x, x0.x) + dot4(c0.y, x0.y) + dot4(c0.z, x0.z) + dot4(c0.w, x0.w)
-         + dot4(c1.x, x1.x) + dot4(c1.y, x1.y) + dot4(c1.z, x1.z) + dot4(c1.w, x1.w)
-         + dot4(c2.x, x2.x) + dot4(c2.y, x2.y) + dot4(c2.z, x2.z) + dot4(c2.w, x2.w)
-         + dot4(c3.x, x3.x) + dot4(c3.y, x3.y) + dot4(c3.z, x3.z) + dot4(c3.w, x3.w);
-}
-
-fn word_sum(x: vec4<u32>) -> i32 {
-    return dot4(ONES, x.x) + dot4(ONES, x.y) + dot4(ONES, x.z) + dot4(ONES, x.w);
-}
-
-fn activate(g: f32) -> f32 {
-    if (EPILOGUE == 2u) {
-        let r = max(g, 0.0);
-        return r * r;
-    }
-    return g / (1.0 + exp(-g));
 }
 
 fn max4(a: vec4<f32>) -> f32 {
@@ -176,38 +137,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 
     // One reduction round for both: subgroup sums/maxima into one slot per subgroup, or a tree.
 //#if SUBGROUPS
-    let ss_sg = subgroupAdd(ss);
-    let mx_sg = subgroupMax(mx);
-    if (sg_lane == 0u) {
-        red_ss[lid / sg_size] = ss_sg;
-        red_mx[lid / sg_size] = mx_sg;
-    }
     if (lid == 0u) {
-        n_slots_wg = (WG + sg_size - 1u) / sg_size;
         sg_fits_wg = select(0u, 1u, GW % sg_size == 0u);
     }
-    let n_slots = workgroupUniformLoad(&n_slots_wg);  // also the barrier for the slots
+    let red = reduce_sum_max(ss, mx, lid, sg_size, sg_lane);  // its barrier also publishes sg_fits_wg
     let sg_fits = workgroupUniformLoad(&sg_fits_wg) == 1u;
-    var total = 0.0;
-    var amax = 0.0;
-    for (var i = 0u; i < n_slots; i++) {  // same order in every thread: identical results
-        total += red_ss[i];
-        amax = max(amax, red_mx[i]);
-    }
 //#else
-    red_ss[lid] = ss;
-    red_mx[lid] = mx;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-        if (lid < stride) {
-            red_ss[lid] += red_ss[lid + stride];
-            red_mx[lid] = max(red_mx[lid], red_mx[lid + stride]);
-        }
-        workgroupBarrier();
-    }
-    let total = red_ss[0];
-    let amax = red_mx[0];
+    let red = reduce_sum_max(ss, mx, lid);
 //#endif
+    let total = red.x;
+    let amax = red.y;
 //#if NORMALIZE
     let rn = 1.0 / sqrt(total / K_F + EPS);
 //#else
@@ -264,14 +203,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         if (o < OUT_W) {
             let inv_s = 1.0 / s;
             let y = wscale[weight_row(g, lid)] * inv_s * f32(atomicLoad(&acc_wg[lid]));
+            var u = 0.0;
             if (GATED) {
-                let u = wscale[weight_row(g, lid + OUTS)] * inv_s * f32(atomicLoad(&acc_wg[lid + OUTS]));
-                out[t * OUT_W + o] = activate(y) * u;
-            } else if (EPILOGUE == 1u) {
-                out[t * OUT_W + o] += y;
-            } else {
-                out[t * OUT_W + o] = y;
+                u = wscale[weight_row(g, lid + OUTS)] * inv_s * f32(atomicLoad(&acc_wg[lid + OUTS]));
             }
+            store_out(t * OUT_W + o, y, u);
         }
     }
 }

@@ -663,7 +663,7 @@ def test_every_variant_is_collected():
     sources = k1_shader_variants()
     assert any("enable subgroups;" in s for s in sources.values())
     assert any("dot4I8Packed" in s for s in sources.values())
-    assert any("fn dot4(a: u32, b: u32) -> i32 {\n    let s = bitcast" in s for s in sources.values())
+    assert any("fn dot4(a: u32, b: u32) -> i32 {\n    let p = bitcast" in s for s in sources.values())
     assert len(sources) >= 30
     assert any("ternary_gemv_norm" in label and "SUBGROUPS" not in label for label in sources)
 

@@ -46,7 +46,8 @@ SHAPES = {
         dict(BITNET, hidden_size=2560, num_attention_heads=20, num_key_value_heads=5, intermediate_size=6912),
         True,
     ),
-    # 1bitLLM/bitnet_b1_58-large: SiLU, 16 heads of 96, FFN 4096, its own vocabulary of 32002
+    # 1bitLLM/bitnet_b1_58-large: SiLU, 16 heads of 96, FFN 4096 (its vocabulary of 32002 makes random
+    # logits near-tie too often for a greedy check: the small odd vocabulary stands in)
     "1bitLLM-large": (
         dict(
             BITNET,
@@ -56,7 +57,6 @@ SHAPES = {
             num_attention_heads=16,
             num_key_value_heads=16,
             intermediate_size=4096,
-            vocab_size=32002,
         ),
         False,
     ),
@@ -130,10 +130,13 @@ def _check_against(engine: Engine, source: str, hf_model, ids: list[int], what: 
     tolerance = RELATIVE_TOLERANCE * float(theirs.max() - theirs.min())
     worst = np.abs(ours - theirs).max(axis=1)
     assert worst.max() <= tolerance, f"{what}: per-position max |diff| {worst} over {tolerance}"
+    # Argmax and greedy tokens must agree wherever transformers' top-2 gap exceeds what the two sides
+    # were seen to differ by (4x the worst logit difference, at least 1e-4 of the range): one layer
+    # keeps that far below the tolerance (~2e-7 of the range measured), so close calls are checked too.
+    tie = max(4 * float(worst.max()), 0.025 * tolerance)
     top2 = np.sort(theirs, axis=1)[:, -2:]
-    decisive = (top2[:, 1] - top2[:, 0]) > 2 * tolerance
-    # a 32002-token vocabulary has close top-2 logits more often: a quarter of the positions must decide
-    assert decisive.sum() >= len(ids) // 4, f"{what}: too few decisive positions for the argmax check"
+    decisive = (top2[:, 1] - top2[:, 0]) > tie
+    assert decisive.sum() >= len(ids) // 2, f"{what}: too few decisive positions for the argmax check"
     assert (ours.argmax(1) == theirs.argmax(1))[decisive].all(), what
 
     prompt = ids[:4]
@@ -142,9 +145,9 @@ def _check_against(engine: Engine, source: str, hf_model, ids: list[int], what: 
     got = engine.generated_tokens
     # compared up to transformers' first near-tie (a one-ulp difference may pick either token there)
     gap = np.diff(np.sort(chosen_from, axis=1)[:, -2:], axis=1)[:, 0]
-    near_tie = np.nonzero(gap <= 2 * RELATIVE_TOLERANCE * np.ptp(chosen_from))[0]
+    near_tie = np.nonzero(gap <= tie)[0]
     checked = int(near_tie[0]) if len(near_tie) else GREEDY_STEPS
-    assert checked >= GREEDY_STEPS // 4, f"{what}: reference has a near-tie at step {checked}"
+    assert checked >= GREEDY_STEPS // 2, f"{what}: reference has a near-tie at step {checked}"
     assert got[:checked] == expected[:checked], f"{what}: greedy tokens differ"
 
 

@@ -3,7 +3,10 @@ per-step parameter block.
 
 WGSL sources live in the repository's top-level `shaders/` (in the browser build, next to the
 package). Tile and workgroup sizes are chosen in Python and substituted into `${NAME}`
-placeholders, so one number is never written in two places.
+placeholders, so one number is never written in two places. Code shared by several kernels lives in
+snippets (`shaders/_NAME.wgsl`, a leading underscore: not a kernel of its own), pulled in by a line
+`//#include _NAME`. `python -m bitnet_web.kernels.show KERNEL [DEFINE ...] [NAME=VALUE ...]` prints a
+kernel as the compiler gets it.
 """
 
 from __future__ import annotations
@@ -30,7 +33,36 @@ def shader_dir() -> Path:
 
 @functools.cache
 def _shader_source(name: str) -> str:
-    return (shader_dir() / f"{name}.wgsl").read_text(encoding="utf-8")
+    """shaders/<name>.wgsl with every `//#include SNIPPET` line replaced by shaders/SNIPPET.wgsl (nestable)."""
+    return _expand_includes(name, ())
+
+
+def _expand_includes(name: str, chain: tuple[str, ...]) -> str:
+    if name in chain:
+        raise ValueError(f"{name}.wgsl: //#include cycle {' -> '.join(chain + (name,))}")
+    path = shader_dir() / f"{name}.wgsl"
+    if not path.is_file():
+        where = f" (included from {chain[-1]}.wgsl)" if chain else ""
+        raise FileNotFoundError(f"WGSL shader {path} not found{where}")
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        marker = line.strip()
+        if marker.startswith("//#include"):
+            parts = marker.split()
+            if len(parts) != 2:
+                raise ValueError(f"{name}.wgsl: expected '//#include NAME', got {marker!r}")
+            out.append(_expand_includes(parts[1], chain + (name,)).rstrip("\n") + "\n")
+        else:
+            out.append(line)
+    return "".join(out)
+
+
+def expanded_source(name: str, defines: tuple[str, ...] = (), **constants: object) -> str:
+    """The kernel's text after includes, `//#if` selection and `//#for` unrolling, with the given
+    constants filled in and any others left as `${NAME}` (for reading, not compiling)."""
+    values = {k: _wgsl_literal(v) for k, v in constants.items()}
+    source = unroll_loops(select_blocks(_shader_source(name), defines, name), constants, name)
+    return Template(source).safe_substitute(values)
 
 
 def load_shader(name: str, enables: tuple[str, ...] = (), defines: tuple[str, ...] = (), **constants: object) -> str:
