@@ -1,12 +1,14 @@
 """Every published BitNet b1.58 shape against transformers, from a Hugging Face folder and from GGUF.
 
 Each case is a tiny random checkpoint with a published model's true hidden width, head layout, FFN
-width and head tying, but one layer and (except where the size itself is the point) a small
-vocabulary; transformers (BitNetForCausalLM, or LlamaForCausalLM for the Llama-layout ones) is the
+width and head tying, but one layer and a small vocabulary (515 entries, a multiple of nothing the
+kernels tile by); transformers (BitNetForCausalLM, or LlamaForCausalLM for the Llama-layout ones) is the
 reference. The engine pads widths that are not multiples of 128 and heads of 96/100 dims, and repeats
 KV heads for GQA ratios over one workgroup (model/layout.py): these tests are what shows that the
-padding changes nothing. Checked: logits at every prompt position (tolerance and tie rule of
-test_transformers_reference.py) and 16 greedy tokens of the engine's own decode loop.
+padding changes nothing. Checked: logits at every prompt position (the tolerance of
+test_transformers_reference.py; argmax and tokens wherever the top-2 gap exceeds 4x the observed
+difference) from the folder and from the GGUF `convert` writes, and 16 greedy
+tokens of the engine's own decode loop.
 
 The widths are real, so lavapipe takes seconds per case: the big ones are marked slow.
 """
@@ -121,7 +123,7 @@ def _hf_greedy(model, prompt: list[int], steps: int) -> tuple[list[int], np.ndar
     return ids[len(prompt) :], np.stack(chosen_from)
 
 
-def _check_against(engine: Engine, source: str, hf_model, ids: list[int], what: str) -> None:
+def _check_against(engine: Engine, source: str, hf_model, ids: list[int], what: str, greedy: bool = True) -> None:
     engine.load(source)
     ours = engine.logits(ids)
     with torch.no_grad():
@@ -138,9 +140,13 @@ def _check_against(engine: Engine, source: str, hf_model, ids: list[int], what: 
     decisive = (top2[:, 1] - top2[:, 0]) > tie
     assert decisive.sum() >= len(ids) // 2, f"{what}: too few decisive positions for the argmax check"
     assert (ours.argmax(1) == theirs.argmax(1))[decisive].all(), what
+    if not greedy:
+        return
 
     prompt = ids[:4]
     expected, chosen_from = _hf_greedy(hf_model, prompt, GREEDY_STEPS)
+    # (some random one-layer models, e.g. the 2B-4T shape, greedily repeat one token: the logits at
+    # every position above are then the informative check)
     list(engine.generate(tokens=prompt, settings=SamplerSettings(temperature=0.0), max_tokens=GREEDY_STEPS))
     got = engine.generated_tokens
     # compared up to transformers' first near-tie (a one-ulp difference may pick either token there)
@@ -175,4 +181,5 @@ def test_published_shape_matches_transformers(engine, tmp_path, name):
     assert cfg.tied_embeddings == args.get("tied", True)
     gguf_path = tmp_path / "model.gguf"
     convert(folder, gguf_path)
-    _check_against(engine, str(gguf_path), hf_model, ids, f"{name} from GGUF I2_S")
+    # the same weights through a GGUF file (I2_S blocks spanning rows where K is not a multiple of 128)
+    _check_against(engine, str(gguf_path), hf_model, ids, f"{name} from GGUF I2_S", greedy=False)
