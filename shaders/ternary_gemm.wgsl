@@ -21,10 +21,8 @@
 //   x_s: each tile token's 128 * KB int8 activations;
 // rows padded to 8 * KB + 1 vec4 so the vec4 reads of TX different rows hit distinct banks.
 // The next stage's global loads are issued into registers before the current stage's arithmetic
-// (double buffering through registers); with PINGPONG the stages alternate between two workgroup
-// buffers, so one barrier per stage suffices instead of two. Thread (tx, ty) accumulates local rows
-// tx + TX*i and tokens ty + TY*m from vec4 reads: MR + MT vec4 loads per MR*MT*4 dot products
-// (CHAIN = 1 adds each dot4 to the accumulator in turn instead of summing four first). Per-thread
+// (double buffering through registers). Thread (tx, ty) accumulates local rows
+// tx + TX*i and tokens ty + TY*m from vec4 reads: MR + MT vec4 loads per MR*MT*4 dot products. Per-thread
 // values are unrolled `let`/`var`s (//#for, see common.unroll_loops), never loop-indexed arrays.
 // Gated epilogues: local rows 0..RT/2-1 are gate rows, RT/2.. the matching up rows, so a
 // thread's accumulator acc0i (row tx + TX*i) pairs with acc1i (row tx + TX*(MR/2 + i)).
@@ -45,7 +43,6 @@ const RT: u32 = TX * MR;
 const TT: u32 = TY * MT;
 const WG: u32 = TX * TY;
 const CHUNKS: u32 = K / 64u;
-const CHAIN: bool = ${CHAIN} == 1u;  // accumulate each dot4 into the running sum in turn
 const KB: u32 = ${KB};  // 128-value blocks per stage (one barrier pair per stage)
 const STAGES: u32 = K / (128u * KB);
 const SV: u32 = ${SV};  // = 8 * KB: vec4 of activations (and of decoded weights) per row per stage
@@ -55,7 +52,6 @@ const HALF: u32 = N / 2u;
 const OUT_W: u32 = select(N, HALF, GATED);
 const OUT_TILE: u32 = select(RT, RT / 2u, GATED);
 const STRIDE: u32 = SV + 1u;  // vec4 per staged row: SV + 1 pad
-const BUFS: u32 = ${BUFS};  // 2 (PINGPONG): stage b+1 goes into one buffer while stage b is read
 const WV: u32 = 2u * KB;  // 16-byte code loads per row per stage
 const W_ITEMS: u32 = ${W_ITEMS};  // 16-byte code loads per thread per stage: ceil(RT * WV / WG)
 const X_ITEMS: u32 = ${X_ITEMS};  // 16-byte activation loads per thread per stage: ceil(TT * SV / WG)
@@ -67,19 +63,14 @@ const X_ITEMS: u32 = ${X_ITEMS};  // 16-byte activation loads per thread per sta
 @group(0) @binding(4) var<storage, read> xscale: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
-var<workgroup> w_s: array<vec4<u32>, BUFS * RT * STRIDE>;
-var<workgroup> x_s: array<vec4<u32>, BUFS * TT * STRIDE>;
+var<workgroup> w_s: array<vec4<u32>, RT * STRIDE>;
+var<workgroup> x_s: array<vec4<u32>, TT * STRIDE>;
 
 //#include _ternary_codes
 //#include _epilogue
 
 fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
     return dot4(a.x, b.x) + dot4(a.y, b.y) + dot4(a.z, b.z) + dot4(a.w, b.w);
-}
-
-// acc + dot16(a, b) as one dependent chain, the shape of a dp4a with accumulator (CHAIN = 1).
-fn dot16_acc(acc: i32, a: vec4<u32>, b: vec4<u32>) -> i32 {
-    return ((acc + dot4(a.x, b.x)) + dot4(a.y, b.y) + dot4(a.z, b.z)) + dot4(a.w, b.w);
 }
 
 // Codes (0, 1, 2 per 2-bit field) of shift group s -> signed bytes (-1, 0, +1): per byte,
@@ -129,36 +120,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //#endfor
 
     for (var b = 0u; b < STAGES; b++) {
-//#if PINGPONG
-        let wbase = (b % 2u) * (RT * STRIDE);  // stage b was staged here (before the loop, or last round)
-        let xbase = (b % 2u) * (TT * STRIDE);
-        if (b == 0u) {
-//#else
-        let wbase = 0u;
-        let xbase = 0u;
         {
-//#endif
 //#for k in W_ITEMS
             if (w_live{{k}}) {
-                w_s[wbase + w_dst{{k}}] = decode(w_reg{{k}}, 6u);
-                w_s[wbase + w_dst{{k}} + 2u] = decode(w_reg{{k}}, 4u);
-                w_s[wbase + w_dst{{k}} + 4u] = decode(w_reg{{k}}, 2u);
-                w_s[wbase + w_dst{{k}} + 6u] = decode(w_reg{{k}}, 0u);
+                w_s[w_dst{{k}}] = decode(w_reg{{k}}, 6u);
+                w_s[w_dst{{k}} + 2u] = decode(w_reg{{k}}, 4u);
+                w_s[w_dst{{k}} + 4u] = decode(w_reg{{k}}, 2u);
+                w_s[w_dst{{k}} + 6u] = decode(w_reg{{k}}, 0u);
             }
 //#endfor
 //#for k in X_ITEMS
             if (x_live{{k}}) {
-                x_s[xbase + x_dst{{k}}] = x_reg{{k}};
+                x_s[x_dst{{k}}] = x_reg{{k}};
             }
 //#endfor
         }
-//#if PINGPONG
-        if (b == 0u) {
-            workgroupBarrier();
-        }
-//#else
         workgroupBarrier();
-//#endif
         // The next stage's loads fly while this one is multiplied (the last round re-reads
         // stage STAGES-1, harmlessly, to keep the loads unconditional).
         let nb = min(b + 1u, STAGES - 1u);
@@ -171,43 +148,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //#for q in SV
         {
 //#for m in MT
-            let xv{{m}} = x_s[xbase + (ty + TY * {{m}}u) * STRIDE + {{q}}u];
+            let xv{{m}} = x_s[(ty + TY * {{m}}u) * STRIDE + {{q}}u];
 //#endfor
 //#for h in 2
 //#for i in MRH
-            let wv{{h}}{{i}} = w_s[wbase + (tx + TX * ({{h}}u * MRH + {{i}}u)) * STRIDE + {{q}}u];
+            let wv{{h}}{{i}} = w_s[(tx + TX * ({{h}}u * MRH + {{i}}u)) * STRIDE + {{q}}u];
 //#for m in MT
-            if (CHAIN) {
-                acc{{h}}{{i}}_{{m}} = dot16_acc(acc{{h}}{{i}}_{{m}}, wv{{h}}{{i}}, xv{{m}});
-            } else {
-                acc{{h}}{{i}}_{{m}} += dot16(wv{{h}}{{i}}, xv{{m}});
-            }
+            acc{{h}}{{i}}_{{m}} += dot16(wv{{h}}{{i}}, xv{{m}});
 //#endfor
 //#endfor
 //#endfor
         }
 //#endfor
-//#if PINGPONG
-        // Stage b+1 goes into the other buffer: its last readers (round b-1) passed the barrier
-        // that ended round b-1.
-        if (b + 1u < STAGES) {
-            let wnext = RT * STRIDE - wbase;
-            let xnext = TT * STRIDE - xbase;
-//#for k in W_ITEMS
-            if (w_live{{k}}) {
-                w_s[wnext + w_dst{{k}}] = decode(w_reg{{k}}, 6u);
-                w_s[wnext + w_dst{{k}} + 2u] = decode(w_reg{{k}}, 4u);
-                w_s[wnext + w_dst{{k}} + 4u] = decode(w_reg{{k}}, 2u);
-                w_s[wnext + w_dst{{k}} + 6u] = decode(w_reg{{k}}, 0u);
-            }
-//#endfor
-//#for k in X_ITEMS
-            if (x_live{{k}}) {
-                x_s[xnext + x_dst{{k}}] = x_reg{{k}};
-            }
-//#endfor
-        }
-//#endif
         workgroupBarrier();
     }
 

@@ -264,20 +264,15 @@ def test_gated_epilogues_match_numpy(device, kernels, epilogue, f, k, t):
         {"TX": 8, "TY": 8, "MR": 2, "MT": 8},
         {"TX": 16, "TY": 4, "MR": 6, "MT": 2},
         {"TX": 8, "TY": 4, "MR": 4, "MT": 2, "KB": 3},
-        {"TX": 16, "TY": 8, "MR": 2, "MT": 8, "CHAIN": 1},
+        {"TX": 16, "TY": 8, "MR": 2, "MT": 8},
     ],
 )
 @pytest.mark.parametrize("epilogue", ["residual", "gate_relu2"])
-@pytest.mark.parametrize("pingpong", [False, True])
 @pytest.mark.slow
-def test_gemm_tiles_match_numpy(device, kernels, tile, epilogue, pingpong):
-    """Other GEMM tilings (the sweep's variants), with one or two staging buffers, compute the same
-    function, tile edges included."""
+def test_gemm_tiles_match_numpy(device, kernels, tile, epilogue):
+    """Other GEMM tilings (the sweep's variants) compute the same function, tile edges included."""
     rng = np.random.default_rng(tile["TX"] + tile["MR"] + len(epilogue))
-    op, out_buf, expected = linear_case(
-        device, kernels, rng, [90, 90], 384, 21, epilogue, gemm_tile=tile, gemm_pingpong=pingpong
-    )
-    assert ("PINGPONG" in op.gemm.label) == pingpong
+    op, out_buf, expected = linear_case(device, kernels, rng, [90, 90], 384, 21, epilogue, gemm_tile=tile)
     run(device, (op, (21,), {}))
     check_linear(device, op, out_buf, expected)
 

@@ -96,16 +96,24 @@ SHAPES = {  # name: (row counts of the fused tensors, K, epilogue)
 
 TILES = [  # the full 13-tiling sweep of device run 5 is in docs/performance.md; these are its leaders
     {"TX": 16, "TY": 8, "MR": 4, "MT": 4, "KB": 1},  # the default
-    {"TX": 16, "TY": 8, "MR": 4, "MT": 4, "KB": 1, "CHAIN": 1},
     {"TX": 16, "TY": 8, "MR": 2, "MT": 8, "KB": 1},
-    {"TX": 16, "TY": 8, "MR": 2, "MT": 8, "KB": 1, "CHAIN": 1},
     {"TX": 16, "TY": 16, "MR": 4, "MT": 4, "KB": 1},
 ]
 
 
+def _with_tiles(base: type, tiles: dict) -> type:
+    """TernaryLinear choosing its GEMM tile by matrix shape (n_rows, n_cols) from `tiles`."""
+
+    class Tiled(base):
+        def __init__(self, kernels, weights, *args, **kwargs):
+            kwargs.setdefault("gemm_tile", tiles.get((weights.n_rows, weights.n_cols)))
+            super().__init__(kernels, weights, *args, **kwargs)
+
+    return Tiled
+
+
 def tile_name(tile: dict) -> str:
-    chain = " chain" if tile.get("CHAIN") else ""
-    return f"{tile['TX']}x{tile['TY']} MR{tile['MR']} MT{tile['MT']} KB{tile['KB']}{chain}"
+    return f"{tile['TX']}x{tile['TY']} MR{tile['MR']} MT{tile['MT']} KB{tile['KB']}"
 
 
 def gemm_sweep(device, report: dict, t_values: tuple[int, ...]) -> dict[tuple[int, int], dict]:
@@ -310,7 +318,7 @@ def engine_section(path: Path, report: dict, best_tiles: dict | None, attention_
             f"{p['total']:.2f}"
         )
 
-    original = linear.default_gemm_tile, attention_mod.PREFILL_QUERY_ROWS, attention_mod.PREFILL_ROWS_PER_THREAD
+    original = linear.TernaryLinear, attention_mod.PREFILL_QUERY_ROWS, attention_mod.PREFILL_ROWS_PER_THREAD
     variants = {"baseline (legacy attention, 16x8 MR4 MT4)": (None, (), 4)}
     if attention_winner and attention_winner.startswith("tiled"):
         options = ATTENTION_CONFIGS[attention_winner]
@@ -328,9 +336,7 @@ def engine_section(path: Path, report: dict, best_tiles: dict | None, attention_
     ]
     results: dict[str, dict[str, list[float]]] = {}
     for variant, (tiles, rows, per_thread) in variants.items():
-        linear.default_gemm_tile = (
-            (lambda device, n, k, t=tiles: t.get((n, k), linear.GEMM_TILE)) if tiles else original[0]
-        )
+        linear.TernaryLinear = _with_tiles(original[0], tiles) if tiles else original[0]
         attention_mod.PREFILL_QUERY_ROWS, attention_mod.PREFILL_ROWS_PER_THREAD = rows, per_thread
         model._build_ops()
         warm_until = time.perf_counter() + (1.0 if REPS > 1 else 0.0)  # clocks up: a second of prefills
@@ -355,7 +361,7 @@ def engine_section(path: Path, report: dict, best_tiles: dict | None, attention_
     rec = model._record_step(512 // TOKENS, all_logits=False, rec=model.device.begin_profiled())
     rec.submit()
     profile = model.device.read_profile(rec)
-    linear.default_gemm_tile, attention_mod.PREFILL_QUERY_ROWS, attention_mod.PREFILL_ROWS_PER_THREAD = original
+    linear.TernaryLinear, attention_mod.PREFILL_QUERY_ROWS, attention_mod.PREFILL_ROWS_PER_THREAD = original
     engine.close()
 
     report["prefill_ms"] = results

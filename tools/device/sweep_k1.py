@@ -248,14 +248,13 @@ def main() -> None:
     gemm_ops = {}
     if want("gemm"):
         tiles = {
-            "16x8 MR4 MT4 single": ({"TX": 16, "TY": 8, "MR": 4, "MT": 4}, False),
-            "16x8 MR4 MT4 pingpong": ({"TX": 16, "TY": 8, "MR": 4, "MT": 4}, True),
-            "16x16 MR4 MT4 pingpong": ({"TX": 16, "TY": 16, "MR": 4, "MT": 4}, True),
-            "32x8 MR2 MT4 pingpong": ({"TX": 32, "TY": 8, "MR": 2, "MT": 4}, True),
-            "16x8 MR4 MT8 pingpong": ({"TX": 16, "TY": 8, "MR": 4, "MT": 8}, True),
-            "8x16 MR4 MT4 pingpong": ({"TX": 8, "TY": 16, "MR": 4, "MT": 4}, True),
+            "16x8 MR4 MT4": {"TX": 16, "TY": 8, "MR": 4, "MT": 4},
+            "16x16 MR4 MT4": {"TX": 16, "TY": 16, "MR": 4, "MT": 4},
+            "32x8 MR2 MT4": {"TX": 32, "TY": 8, "MR": 2, "MT": 4},
+            "16x8 MR4 MT8": {"TX": 16, "TY": 8, "MR": 4, "MT": 8},
+            "8x16 MR4 MT4": {"TX": 8, "TY": 16, "MR": 4, "MT": 4},
         }
-        for tname, (tile, pingpong) in tiles.items():
+        for tname, tile in tiles.items():
             try:
                 gemm_ops[tname] = {
                     name: TernaryLinear(
@@ -267,7 +266,6 @@ def main() -> None:
                         step_t,
                         wiring[name][3],
                         gemm_tile=tile,
-                        gemm_pingpong=pingpong,
                     )
                     for name in shapes
                 }

@@ -48,20 +48,14 @@ def gemv_workgroup(k: int) -> int:
 
 # Prefill GEMM tile: TX*TY threads, each MR rows x MT tokens -> 64 rows x 32 tokens per workgroup,
 # KB 128-value blocks of K staged per barrier pair (13.8 KB of workgroup memory: under WebGPU's 16 KB
-# default), CHAIN = 1 accumulates dot4 by dot4. The H100 sweep of device run 5 found no tiling faster
-# than this one (docs/performance.md).
-GEMM_TILE = {"TX": 16, "TY": 8, "MR": 4, "MT": 4, "KB": 1, "CHAIN": 0}
+# default). No tiling measured faster (docs/performance.md); `gemm_tile=` overrides it (tests, tools).
+GEMM_TILE = {"TX": 16, "TY": 8, "MR": 4, "MT": 4, "KB": 1}
 
 
-def gemm_workgroup_bytes(tile: dict[str, int], pingpong: bool = False) -> int:
+def gemm_workgroup_bytes(tile: dict[str, int]) -> int:
     """Workgroup memory of a GEMM tiling: staged rows and tokens, 8 * KB + 1 vec4 each."""
     rows, tokens = tile["TX"] * tile["MR"], tile["TY"] * tile["MT"]
-    return (rows + tokens) * (8 * tile["KB"] + 1) * 16 * (2 if pingpong else 1)
-
-
-def default_gemm_tile(device: gpu.Device, n_rows: int, k: int) -> dict[str, int]:
-    """The prefill GEMM tiling for an (n_rows x k) matrix on this device."""
-    return GEMM_TILE
+    return (rows + tokens) * (8 * tile["KB"] + 1) * 16
 
 
 class TernaryShapeError(ValueError):
@@ -202,7 +196,6 @@ class TernaryLinear:
         gemv_rows: int = GEMV_ROWS,
         gemv_workgroup_size: int | None = None,
         gemm_tile: dict[str, int] | None = None,
-        gemm_pingpong: bool = False,
     ):
         label = label or f"{weights.label} {epilogue}"
         op = f"TernaryLinear {label!r}"
@@ -257,16 +250,14 @@ class TernaryLinear:
             self.gemv, [weights.codes, weights.scales, x_q, x_scale, out], f"{label} gemv"
         )
 
-        tile = {**GEMM_TILE, **default_gemm_tile(device, n, k), **(gemm_tile or {})}
+        tile = {**GEMM_TILE, **(gemm_tile or {})}
         rt, tt, kb = tile["TX"] * tile["MR"], tile["TY"] * tile["MT"], tile["KB"]
         if tile["MR"] % 2:
             raise TernaryShapeError(f"{op}: GEMM tile MR must be even (gate/up pairs), got {tile['MR']}")
         if kb <= 0 or (k // I2S_BLOCK) % kb:
             raise TernaryShapeError(f"{op}: GEMM tile KB={kb} must divide the {k // I2S_BLOCK} blocks of K={k}")
         room = device.limits.max_compute_workgroup_storage_size
-        # Two staging buffers (one barrier per K block) measured no faster on the H100 (run 25): off by default.
-        pingpong = bool(gemm_pingpong)
-        gemm_bytes = gemm_workgroup_bytes(tile, pingpong)
+        gemm_bytes = gemm_workgroup_bytes(tile)
         if gemm_bytes > room or tile["TX"] * tile["TY"] > device.limits.max_compute_invocations_per_workgroup:
             raise TernaryShapeError(
                 f"{op}: GEMM tile {tile} needs {gemm_bytes} bytes of workgroup memory and "
@@ -277,9 +268,8 @@ class TernaryLinear:
         threads = tile["TX"] * tile["TY"]
         self.gemm = kernels.pipeline(
             "ternary_gemm",
-            defines=dot + (("PINGPONG",) if pingpong else ()),
+            defines=dot,
             STEP_PARAMS=STEP_PARAMS_WGSL,
-            BUFS=2 if pingpong else 1,
             K=k,
             N=n,
             EPILOGUE=EPILOGUES[epilogue],
