@@ -113,6 +113,14 @@ _TEXTS: dict[str, tuple[str, tuple[str, ...], bool]] = {
         True,
     ),
     "busy": ("Busy", ("Wait for the current step to finish, or press Stop.",), False),
+    "too_long": (
+        "The message is too long for this model's context",
+        (
+            "Shorten the message (it is still in the box), or lower Max tokens in Settings to leave it more room.",
+            "Older turns are dropped automatically; a single message must fit on its own.",
+        ),
+        False,
+    ),
     "internal": (
         "Something went wrong",
         ("Reload the page. The details below help when reporting the problem.",),
