@@ -155,7 +155,9 @@ def test_stop_and_new_chat_leave_no_stale_status_or_stats(bundled):
     set_settings(page, {**GREEDY_FORM, "max_tokens": "200"})
     page.fill("#prompt", "class Stack:\n")
     page.press("#prompt", "Enter")
-    page.wait_for_function("() => Number(document.querySelector('.msg.assistant .text').dataset.pieces) > 0")
+    page.wait_for_function(
+        "() => { const t = document.querySelector('.msg.assistant .text'); return t && Number(t.dataset.pieces) > 0; }"
+    )
     page.click("#stop")
     page.wait_for_function("() => document.getElementById('app').dataset.busy === '0'", timeout=120_000)
     assert last_reply(page)["state"] == "aborted"

@@ -258,7 +258,7 @@ class ChatApp:
             # a folder URL (Hugging Face checkpoint) or a GGUF file URL
             model = as_checkpoint(services.custom_descriptor(str(self.n["custom-url"].value)))
             if self.model_sources and not hosts.allowed(model["url"], self.model_sources, str(js.location.origin)):
-                raise ValueError(hosts.blocked_message(model["url"], self.model_sources))
+                raise hosts.BlockedHostError(hosts.blocked_message(model["url"], self.model_sources))
             if model.get("format") == "hf" and by_id("lossy-ternarize").checked:
                 model[LOSSY_FIELD] = True  # explicit opt-in, labelled EXPERIMENTAL, LOSSY in the page
             return model
@@ -287,13 +287,14 @@ class ChatApp:
         try:
             model = self._selected_model()
         except ValueError as e:  # refused before fetching (not a URL, a host the policy blocks)
+            kind = "blocked_host" if isinstance(e, hosts.BlockedHostError) else "download"
             self.load_count += 1
-            self._state(loads=str(self.load_count), load="download")
+            self._state(loads=str(self.load_count), load=kind)
             if self.current is not None:
-                self._keep_current({"kind": "download", "message": str(e)})
+                self._keep_current({"kind": kind, "message": str(e)})
             else:
                 self._state(model="error")
-                self._notice("download", str(e))
+                self._notice(kind, str(e))
             return
         cached = next((e for e in self.cached if e["key"] == model["key"]), None)
         if not (cached and cached.get("complete")):
@@ -338,7 +339,7 @@ class ChatApp:
             js.localStorage.setItem(LAST_MODEL_KEY, model["key"])
             if source == "cache":
                 where = "Loaded from browser storage."
-            elif result.get("offline_copy"):
+            elif result.get("offline_copy") and _controlled_by_service_worker():
                 where = "Loaded from the app's offline copy (no network needed)."
             else:
                 where = "Downloaded from the network and loaded."
@@ -535,6 +536,7 @@ class ChatApp:
             if f.kind == "too_long":  # refused, not sent: the message goes back, the error stays
                 if kind == "complete":
                     sent.querySelector(".msg.user").remove()
+                    set_text(sent.querySelector(".who"), "Not sent")
                 else:
                     sent.remove()
             reply.classList.add("error")
@@ -708,6 +710,13 @@ class ChatApp:
             self.n["custom-url"].value = key
         self._on_model_change()
         await self.load_selected()
+
+
+def _controlled_by_service_worker() -> bool:
+    """The page (and so its worker's fetches) goes through the offline copy's service worker; on a
+    first visit it does not yet, though the copy may already hold the file."""
+    container = getattr(js.navigator, "serviceWorker", None)
+    return container is not None and container.controller is not None
 
 
 _app: ChatApp | None = None

@@ -113,6 +113,14 @@ _TEXTS: dict[str, tuple[str, tuple[str, ...], bool]] = {
         True,
     ),
     "busy": ("Busy", ("Wait for the current step to finish, or press Stop.",), False),
+    "blocked_host": (
+        "This site cannot download from that host",
+        (
+            "Use a model on Hugging Face (a huggingface.co link) or one served by this site.",
+            "Self-hosting the app? Add the host to MODEL_HOSTS in build.py and rebuild.",
+        ),
+        False,
+    ),
     "too_long": (
         "The message is too long for this model's context",
         (

@@ -10,6 +10,12 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 
+class BlockedHostError(ValueError):
+    """A model URL on a host the page's policy does not allow (kind "blocked_host")."""
+
+    failure_kind = "blocked_host"
+
+
 def connect_sources(csp: str) -> list[str]:
     """The sources of the policy's connect-src directive (default-src when there is none)."""
     directives = {}
