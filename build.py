@@ -408,7 +408,7 @@ def install_models(out: Path) -> list[dict]:
                 "bundled": True,
                 "description": extra.get("description")
                 or (
-                    f"Bundled, works offline: {kind}."
+                    f"Bundled, works offline. {kind[:1].upper()}{kind[1:]}."
                     if kind
                     else (
                         "A tiny model with random weights (no trained model is bundled in this build): it "

@@ -130,7 +130,8 @@ def test_progress_text_and_formats():
     assert text == "Downloading 250.0 MB of 1.0 GB (25%), 10.0 MB/s, 1 min 15 s left"
     assert format_bytes(999) == "999 B" and format_bytes(1_500) == "1.5 KB"
     assert format_duration(3725) == "1 h 02 min" and format_duration(None) == "?"
-    assert progress_text("upload", 3, 10, None, None) == "Uploading to the GPU: 3 of 10"
+    assert progress_text("upload", 3, 10, None, None) == "Uploading to the GPU: part 3 of 10 (30%)"
+    assert progress_text("parse", 1, 3, None, None) == "Checking the model file: step 1 of 3"
 
 
 def test_stats_line():

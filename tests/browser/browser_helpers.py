@@ -238,11 +238,14 @@ def notice(page) -> dict[str, str]:
 
 
 def start_load(page, action) -> str:
-    """Run `action` (which starts a load), wait for that load to finish; returns data-model."""
+    """Run `action` (which starts a load), wait for that load to finish; returns data-model, or
+    "error" when the load failed although the model loaded before it stays loaded."""
     before = int(page.get_attribute("#app", "data-loads") or 0)
     action()
     page.wait_for_function(f"() => Number(document.getElementById('app').dataset.loads || 0) > {before}")
-    return wait_settled(page)
+    state = wait_settled(page)
+    outcome = page.get_attribute("#app", "data-load")
+    return "error" if state == "loaded" and outcome not in ("ok", None) else state
 
 
 def load_custom(page, url: str) -> str:

@@ -9,8 +9,12 @@ URL parameters: `?autoload=0` skips loading the last used (or default) model at 
 Test hooks: `#app` carries data-engine ("starting" | "ready" | "missing" | "failed"), data-model
 ("none" | "loading" | "loaded" | "header" | "error" | "lost": the GPU device was lost), data-source
 ("network" | "cache" | "" for the last load), data-key (the usable model's URL), data-loads (loads
-started so far) and data-busy ("1" while generating); each reply bubble carries data-pieces (streamed
-pieces received) and data-state ("streaming" | "done" | "aborted" | "error").
+started so far), data-load (the last load's outcome: "running" | "ok" | its error kind; a failed load
+leaves data-model "loaded" when the model loaded before it stays usable) and data-busy ("1" while
+generating); each reply bubble carries data-pieces (streamed pieces received), data-state
+("streaming" | "done" | "aborted" | "error") and data-cut ("max_tokens" | "context_full": a visible
+note says the reply was cut). In completion mode a prompt and its reply share one code block, as
+inner .msg.user and .msg.assistant spans.
 """
 
 from __future__ import annotations
@@ -21,12 +25,13 @@ from typing import Any
 
 import js
 
+from ..shared import hosts
 from ..shared.checkpoints import LOSSY_FIELD, as_checkpoint
 from ..shared.failures import describe
 from ..shared.modelinfo import info_rows
-from ..shared.progress import RateMeter, fraction, progress_text, stats_line
+from ..shared.progress import RateMeter, cut_note, fraction, progress_text, stats_line
 from ..shared.prompts import turn_request
-from ..shared.settings import DEFAULT_SYSTEM_PROMPT, FIELDS, SettingsError, parse_form
+from ..shared.settings import DEFAULT_SYSTEM_PROMPT, FIELDS, SettingsError, format_number, parse_form
 from . import services
 from .client import EngineClient, shared_client, site_root
 from .dom import Listeners, append_text, by_id, clear, el, render_failure, set_text, show
@@ -49,6 +54,10 @@ class ChatApp:
         self.loading = False
         self.load_count = 0
         self.generating = False
+        self.current: dict[str, Any] | None = None  # the usable model: key, name, info, source
+        self.ready_text = ""  # the status line while a model is ready (back after Stop, New chat)
+        self.chat_id = 0  # New chat increments it: a reply that ends later belongs to a discarded chat
+        self.model_sources: list[str] = []  # the page's connect-src: where a Custom URL may point
         self.meter = RateMeter()
         self.n = {
             name: by_id(name)
@@ -75,6 +84,8 @@ class ChatApp:
                 "progress-text",
                 "model-info",
                 "system-prompt",
+                "system-note",
+                "custom-hosts",
                 "settings-fields",
                 "settings-error",
                 "storage-summary",
@@ -98,6 +109,7 @@ class ChatApp:
             self._status(f.title)
             return
         self._build_settings()
+        self._show_allowed_hosts()
         self._bind()
         try:
             self.manifest = await services.fetch_json(self.root_url + "models/models.json")
@@ -154,17 +166,34 @@ class ChatApp:
                 "type": "number",
                 "inputmode": "decimal",
                 "spellcheck": "false",
-                "min": f"{f.low:g}",
-                "max": f"{f.high:g}",
+                "min": format_number(f.low),
+                "max": format_number(f.high),
                 "step": "1" if f.kind is int else "0.05",
-                "value": "" if f.default is None else f"{f.default:g}",
+                "value": "" if f.default is None else format_number(f.default),
+                # an emptied field uses the default: the placeholder shows which
+                "placeholder": "random" if f.default is None else format_number(f.default),
+                "aria-describedby": field_id + "-hint",
             }
-            if f.default is None:
-                attrs["placeholder"] = "random"
             box.append(
-                el("label", children=[el("span", f.label), el("input", attrs=attrs), el("small", f.hint, cls="muted")])
+                el(
+                    "label",
+                    children=[
+                        el("span", f.label),
+                        el("input", attrs=attrs),
+                        el("small", f.hint, cls="muted", attrs={"id": field_id + "-hint"}),
+                    ],
+                )
             )
         self.n["system-prompt"].value = DEFAULT_SYSTEM_PROMPT
+
+    def _show_allowed_hosts(self) -> None:
+        meta = js.document.querySelector('meta[http-equiv="Content-Security-Policy"]')
+        self.model_sources = hosts.connect_sources(str(meta.content)) if meta is not None else []
+        set_text(
+            self.n["custom-hosts"],
+            f"This site may download models only from {hosts.describe(self.model_sources)} "
+            "(its Content-Security-Policy); links elsewhere are refused.",
+        )
 
     def _bind(self) -> None:
         on = self.listeners.on
@@ -186,7 +215,7 @@ class ChatApp:
             known.add(d["key"])
             label = entry.get("name") or d["url"]
             if entry.get("bundled"):
-                label += " (bundled)"
+                label = "Bundled: " + label  # first: a narrow list cuts the end
             select.append(el("option", label, attrs={"value": d["key"]}))
         for entry in self.cached:
             if entry["key"] not in known:
@@ -228,6 +257,8 @@ class ChatApp:
         if value == services.CUSTOM:
             # a folder URL (Hugging Face checkpoint) or a GGUF file URL
             model = as_checkpoint(services.custom_descriptor(str(self.n["custom-url"].value)))
+            if self.model_sources and not hosts.allowed(model["url"], self.model_sources, str(js.location.origin)):
+                raise hosts.BlockedHostError(hosts.blocked_message(model["url"], self.model_sources))
             if model.get("format") == "hf" and by_id("lossy-ternarize").checked:
                 model[LOSSY_FIELD] = True  # explicit opt-in, labelled EXPERIMENTAL, LOSSY in the page
             return model
@@ -255,8 +286,15 @@ class ChatApp:
             return
         try:
             model = self._selected_model()
-        except ValueError as e:
-            self._notice("download", str(e))
+        except ValueError as e:  # refused before fetching (not a URL, a host the policy blocks)
+            kind = "blocked_host" if isinstance(e, hosts.BlockedHostError) else "download"
+            self.load_count += 1
+            self._state(loads=str(self.load_count), load=kind)
+            if self.current is not None:
+                self._keep_current({"kind": kind, "message": str(e)})
+            else:
+                self._state(model="error")
+                self._notice(kind, str(e))
             return
         cached = next((e for e in self.cached if e["key"] == model["key"]), None)
         if not (cached and cached.get("complete")):
@@ -264,14 +302,15 @@ class ChatApp:
             shortfall = await services.storage_shortfall(needed)
             if shortfall:
                 self._show_error({"kind": "quota", "message": shortfall})
-                self._state(model="error")
+                if self.current is None:  # a loaded model stays usable
+                    self._state(model="error")
                 return
             if not model.get("bundled"):
                 asyncio.ensure_future(self._persist(quiet=True))
         self.loading = True
         self.load_count += 1
         self._hide_notice()
-        self._state(model="loading", source="", loads=str(self.load_count))
+        self._state(model="loading", source="", loads=str(self.load_count), load="running")
         self._set_busy_controls()
         self.meter.reset()
         show(self.n["progress"])
@@ -285,28 +324,57 @@ class ChatApp:
             show(self.n["cancel-load"], False)
             self._set_busy_controls()
         usable = result["event"] == "loaded" or result.get("kind") == "engine_missing"
-        self._state(source=str(result.get("source") or ""), key=model["key"] if usable else "")
+        kept = not usable and self.current is not None and result.get("kind") != "device_lost"
+        self._state(load="ok" if result["event"] == "loaded" else str(result.get("kind") or "error"))
+        if not kept:
+            self._state(source=str(result.get("source") or ""), key=model["key"] if usable else "")
         if result["event"] == "loaded":
             self.info = result.get("info") or {}
             self.stats = None
+            source = str(result.get("source") or "")
+            self.current = {"key": model["key"], "name": model["name"], "info": self.info, "source": source}
             self._render_info()
             self._mode_hint()
             self._state(model="loaded")
             js.localStorage.setItem(LAST_MODEL_KEY, model["key"])
-            where = "browser storage" if result.get("source") == "cache" else "the network"
-            set_text(self.n["progress-text"], f"Loaded from {where}.")
-            self._status(f"{model['name']} is ready.")
+            if source == "cache":
+                where = "Loaded from browser storage."
+            elif result.get("offline_copy") and _controlled_by_service_worker():
+                where = "Loaded from the app's offline copy (no network needed)."
+            else:
+                where = "Downloaded from the network and loaded."
+            set_text(self.n["progress-text"], where)
+            self.ready_text = f"{model['name']} is ready."
+            self._status(self.ready_text)
             self.n["prompt"].focus()
+        elif kept:
+            self._keep_current(result)
         else:
             if result.get("info"):
                 self.info = result["info"]
                 self._render_info()
             self._state(model="header" if result.get("kind") == "engine_missing" else "error")
+            self.current = None
             if result.get("kind") == "engine_missing":
                 js.localStorage.setItem(LAST_MODEL_KEY, model["key"])
             set_text(self.n["progress-text"], "")
             self._show_error(result)
             self._status(describe(result.get("kind", "internal"), "").title)
+        self._set_busy_controls()
+
+    def _keep_current(self, result: dict[str, Any]) -> None:
+        """A load failed or was cancelled: the worker swaps models only once the new one is ready,
+        so the model in use is still loaded. Say so, and show that model again."""
+        current = self.current
+        self.info = current["info"]
+        self._render_info()
+        self._state(model="loaded", key=current["key"], source=current["source"])
+        set_text(self.n["progress-text"], f"{current['name']} is still loaded and ready.")
+        self._show_error(
+            {**result, "message": f"{result.get('message', '')} ({current['name']} is still loaded and ready.)"}
+        )
+        f = describe(result.get("kind", "internal"), "")
+        self._status(f"{f.title}. {current['name']} is still loaded.")
         self._set_busy_controls()
 
     def _on_load_event(self, msg: dict[str, Any]) -> None:
@@ -358,7 +426,9 @@ class ChatApp:
         )
         self._state(mode="completion" if completion else "chat")
         self.n["system-prompt"].disabled = completion  # a text-continuation model has no system role
-        self.n["system-prompt"].title = "Not used: this model has no chat format" if completion else ""
+        note = "Not used: this model has no chat format, it continues your text." if completion else ""
+        self.n["system-prompt"].title = note
+        set_text(self.n["system-note"], note)
 
     def _render_info(self) -> None:
         box = self.n["model-info"]
@@ -379,12 +449,17 @@ class ChatApp:
         asyncio.ensure_future(self.send())
 
     def _settings(self) -> dict[str, Any] | None:
-        values = {f.name: str(by_id("setting-" + f.name.replace("_", "-")).value) for f in FIELDS}
+        inputs = {f.name: by_id("setting-" + f.name.replace("_", "-")) for f in FIELDS}
+        for node in inputs.values():
+            node.removeAttribute("aria-invalid")
         try:
-            settings = parse_form(values)
+            settings = parse_form({name: str(node.value) for name, node in inputs.items()})
         except SettingsError as e:
             set_text(self.n["settings-error"], str(e))
             by_id("settings-panel").open = True
+            if e.field in inputs:
+                inputs[e.field].setAttribute("aria-invalid", "true")
+                inputs[e.field].focus()
             return None
         set_text(self.n["settings-error"], "")
         return settings
@@ -400,13 +475,20 @@ class ChatApp:
         system = str(self.n["system-prompt"].value).strip()
         kind, request = turn_request((self.info or {}).get("template_kind"), system, self.messages, text)
         self.messages.append({"role": "user", "content": text})
-        self._bubble("user", text)
-        reply = self._bubble("assistant", "")
+        if kind == "complete":  # the prompt and its continuation are one piece of text: one code block
+            sent, reply = self._exchange(text)
+        else:
+            sent, reply = self._bubble("user", text).parentNode, self._bubble("assistant", "")
         reply.setAttribute("data-state", "streaming")
         reply.setAttribute("data-pieces", "0")
         pieces: list[str] = []
+        chat_id = self.chat_id
 
         def on_piece(piece: str) -> None:
+            if chat_id != self.chat_id:
+                return  # New chat was pressed: the rest of this reply is discarded
+            if not pieces:
+                set_text(self.n["stats"], "Writing the reply…")
             pieces.append(piece)
             append_text(reply, piece)
             reply.setAttribute("data-pieces", str(len(pieces)))
@@ -415,30 +497,51 @@ class ChatApp:
         self.generating = True
         self._state(busy="1")
         self._set_busy_controls()
-        set_text(self.n["stats"], "Generating…")
+        set_text(self.n["stats"], "Reading the prompt…")
+        on_event = lambda m: on_piece(m["text"]) if m["event"] == "piece" else None  # noqa: E731
         try:
-            if kind == "complete":
-                result = await self.client.complete(request, settings, on_piece)
+            if kind == "complete":  # the worker keeps the most recent text that fits the context
+                result = await self.client.request(
+                    "complete", on_event, prompt=request, settings=settings, keep_recent=True, latest_chars=len(text)
+                )
             else:
                 result = await self.client.chat(request, settings, on_piece)
         finally:
             self.generating = False
             self._state(busy="0")
             self._set_busy_controls()
+        if chat_id != self.chat_id:
+            return  # New chat was pressed meanwhile: this reply, its bubble and its stats are gone
+        self._status(self.ready_text)  # e.g. after "Stopping after the current token…"
         if result["event"] == "done":
             self.messages.append({"role": "assistant", "content": "".join(pieces)})
-            reply.setAttribute("data-state", "aborted" if result.get("reason") == "aborted" else "done")
-            if result.get("reason") == "aborted":
+            reason = result.get("reason")
+            reply.setAttribute("data-state", "aborted" if reason == "aborted" else "done")
+            self.stats = {**(result.get("stats") or {}), "dropped_tokens": result.get("dropped_tokens") or 0}
+            if reason == "aborted":
                 reply.append(el("span", " [stopped]", cls="stopped"))
-            self.stats = result.get("stats") or {}
-            set_text(self.n["stats"], stats_line(self.stats, result.get("reason")))
+            else:
+                note = cut_note(self.stats, settings, (self.info or {}).get("context_length"))
+                if note:
+                    reply.setAttribute("data-cut", str(self.stats.get("stop_reason")))
+                    reply.append(el("span", f" [{note}]", cls="stopped cut"))
+            set_text(self.n["stats"], stats_line(self.stats, reason))
             self._render_info()
         else:
             self.messages.pop()  # the turn failed: the next one starts from the last good state
             reply.setAttribute("data-state", "error")
             f = describe(result.get("kind", "internal"), result.get("message", ""))
+            if not pieces and not str(self.n["prompt"].value):
+                self.n["prompt"].value = text  # nothing came of it: the message is back in the box
+            if f.kind == "too_long":  # refused, not sent: the message goes back, the error stays
+                if kind == "complete":
+                    sent.querySelector(".msg.user").remove()
+                    set_text(sent.querySelector(".who"), "Not sent")
+                else:
+                    sent.remove()
             reply.classList.add("error")
             append_text(reply, f"{f.title}: {f.message}")
+            reply.scrollIntoView(js.Object.fromEntries([["block", "nearest"]]))
             set_text(self.n["stats"], "")
             if result.get("fatal"):
                 self._show_error(result)
@@ -454,9 +557,12 @@ class ChatApp:
     def new_chat(self) -> None:
         if self.generating and self.client is not None:
             self.client.abort()
+        self.chat_id += 1
         self.messages = []
         clear(self.n["messages"])
         set_text(self.n["stats"], "")
+        if self.ready_text:
+            self._status(self.ready_text)
         if self.client is not None:
             self.client.reset()
         self.stats = None
@@ -471,6 +577,24 @@ class ChatApp:
         self.n["messages"].append(node)
         self._scroll()
         return body
+
+    def _exchange(self, text: str) -> tuple[Any, Any]:
+        """Completion mode: the typed text and the model's continuation in one monospace block (the
+        inner .msg.user / .msg.assistant spans keep the same hooks as chat bubbles)."""
+        node = el("div", cls="msg exchange", attrs={"data-role": "exchange"})
+        node.append(el("div", "Your text, continued by BitNet", cls="who"))
+        code = el("pre", cls="code")
+        user = el("span", cls="msg user", attrs={"data-role": "user"})
+        user.append(el("span", text, cls="text"))
+        assistant = el("span", cls="msg assistant", attrs={"data-role": "assistant"})
+        body = el("span", cls="text")
+        assistant.append(body)
+        code.append(user)
+        code.append(assistant)
+        node.append(code)
+        self.n["messages"].append(node)
+        self._scroll()
+        return node, body
 
     def _scroll(self) -> None:
         box = self.n["messages"]
@@ -586,6 +710,13 @@ class ChatApp:
             self.n["custom-url"].value = key
         self._on_model_change()
         await self.load_selected()
+
+
+def _controlled_by_service_worker() -> bool:
+    """The page (and so its worker's fetches) goes through the offline copy's service worker; on a
+    first visit it does not yet, though the copy may already hold the file."""
+    container = getattr(js.navigator, "serviceWorker", None)
+    return container is not None and container.controller is not None
 
 
 _app: ChatApp | None = None

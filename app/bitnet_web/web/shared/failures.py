@@ -113,6 +113,22 @@ _TEXTS: dict[str, tuple[str, tuple[str, ...], bool]] = {
         True,
     ),
     "busy": ("Busy", ("Wait for the current step to finish, or press Stop.",), False),
+    "blocked_host": (
+        "This site cannot download from that host",
+        (
+            "Use a model on Hugging Face (a huggingface.co link) or one served by this site.",
+            "Self-hosting the app? Add the host to MODEL_HOSTS in build.py and rebuild.",
+        ),
+        False,
+    ),
+    "too_long": (
+        "The message is too long for this model's context",
+        (
+            "Shorten the message (it is still in the box), or lower Max tokens in Settings to leave it more room.",
+            "Older turns are dropped automatically; a single message must fit on its own.",
+        ),
+        False,
+    ),
     "internal": (
         "Something went wrong",
         ("Reload the page. The details below help when reporting the problem.",),

@@ -69,7 +69,11 @@ class RateMeter:
 def progress_text(phase: str, done: int, total: int | None, rate: float | None, eta: float | None) -> str:
     """One line such as "Downloading 12.0 MB of 1.2 GB (1%), 8.0 MB/s, 2 min 28 s left"."""
     label = PHASE_LABELS.get(phase, phase.capitalize())
-    if phase in ("parse", "convert", "upload") and total and total < 100_000:  # counts of tensors, not bytes
+    if phase == "parse" and total and total < 100_000:
+        return f"Checking the model file: step {done} of {total}"
+    if phase == "upload" and total and total < 100_000:
+        return f"Uploading to the GPU: part {done} of {total} ({100 * done / total:.0f}%)"
+    if phase == "convert" and total and total < 100_000:  # counts of tensors, not bytes
         return f"{label}: {done} of {total}"
     parts = [f"{label} {format_bytes(done)}"]
     if total:
@@ -92,7 +96,7 @@ def stats_line(stats: dict[str, Any], reason: str | None = None) -> str:
     parts = []
     n = stats.get("n_generated")
     if n is not None:
-        parts.append(f"{int(n)} tokens")
+        parts.append(f"{int(n)} token{'' if int(n) == 1 else 's'}")
     speed = stats.get("decode_tok_per_s")
     if speed:
         parts.append(f"{float(speed):.1f} tok/s")
@@ -101,4 +105,20 @@ def stats_line(stats: dict[str, Any], reason: str | None = None) -> str:
         parts.append(f"first token after {float(ttft):.2f} s")
     if reason == "aborted":
         parts.append("stopped")
+    if stats.get("n_dropped_messages"):
+        k = int(stats["n_dropped_messages"])
+        parts.append(f"{k} oldest message{'' if k == 1 else 's'} left out to fit the context")
+    if stats.get("dropped_tokens"):
+        parts.append(f"the oldest {int(stats['dropped_tokens']):,} tokens of the text left out to fit the context")
     return ", ".join(parts)
+
+
+def cut_note(stats: dict[str, Any], settings: dict[str, Any], context: int | None) -> str:
+    """Why a reply ended before the model finished it, or "" when it finished."""
+    reason = stats.get("stop_reason")
+    if reason == "max_tokens":
+        return f"cut at Max tokens ({settings.get('max_tokens')}): raise it in Settings for longer replies"
+    if reason == "context_full":
+        size = f" ({int(context):,} tokens)" if context else ""
+        return f"cut: the model's context{size} is full; the oldest text is dropped on the next turn"
+    return ""

@@ -41,3 +41,23 @@ def turn_request(
         return "complete", "".join(m["content"] for m in history) + text
     system_part = [{"role": "system", "content": system}] if system.strip() else []
     return "chat", system_part + list(history) + [{"role": "user", "content": text}]
+
+
+def reply_room(context_length: int, max_tokens: int) -> int:
+    """Tokens of the context kept free for the reply (as the engine's chat policy: at most half)."""
+    return min(max(1, int(max_tokens)), context_length // 2)
+
+
+def keep_recent_tokens(ids: list[int], budget: int, keep_first: int = 0, min_keep: int = 0) -> list[int]:
+    """The completion-mode context policy: the first `keep_first` ids (BOS) and the most recent ones,
+    at most `budget` ids in all. The cut moves in steps of half the budget, counted from the start,
+    so the same cut is chosen turn after turn and the engine reuses its cached prefix until the text
+    has grown by another half budget; it never cuts into the last `min_keep` ids (the latest message)
+    when those fit."""
+    if len(ids) <= budget:
+        return list(ids)
+    step = max(1, budget // 2)
+    needed = len(ids) - budget
+    drop = -(-needed // step) * step
+    drop = max(needed, min(drop, len(ids) - keep_first - min_keep))
+    return list(ids[:keep_first]) + list(ids[keep_first + drop :])

@@ -10,9 +10,13 @@ Page -> worker: {"op": ..., "id": int, ...}
   delete_model  key                      -> models
   load          model {key,url,name,size,sha256}, id -> progress*, header?, loaded | error
                 (a checkpoint folder also has format "hf" and maybe allow_lossy_ternarization: shared/checkpoints.py)
-  cancel_load                            (the running load ends with error kind "cancelled")
+  cancel_load                            (the running load ends with error kind "cancelled", in any phase;
+                                          the model loaded before stays loaded)
   chat          messages, settings, id   -> piece*, done | error
   complete      prompt, settings, id     -> piece*, done | error
+                keep_recent, latest_chars (optional: keep the most recent text that fits the context,
+                the last latest_chars characters being the new message; error kind "too_long" if it
+                alone does not fit)
   abort                                  (the running generation ends after its current token)
   reset                                  (forget the KV cache)
 
@@ -21,9 +25,10 @@ Worker -> page: {"event": ..., "id": int | None, ...}
   models    entries [{key,name,url,total,stored,complete,updated}], estimate {usage, quota}
   progress  phase ("download"|"read"|"verify"|"convert"|"parse"|"upload"), done, total, note
   header    info (from the GGUF header: name, arch, n_params, file_size, context_length, ...)
-  loaded    info (engine.info when the engine is present), source ("network"|"cache")
+  loaded    info (engine.info when the engine is present), source ("network"|"cache"), offline_copy
+            (the "network" fetch was answered by the service worker's offline copy), key
   piece     text
-  done      stats (engine.last_stats), reason ("end"|"aborted")
+  done      stats (engine.last_stats), reason ("end"|"aborted"), dropped_tokens (keep_recent)
   error     kind, title, message, advice [str], detail
   fatal     kind, message (the worker could not start)
 """

@@ -34,7 +34,16 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly."
 
 
 class SettingsError(ValueError):
-    """A settings value that is not a number or out of range; names the field."""
+    """A settings value that is not a number or out of range; names the field (`field`: its name)."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def format_number(value: float) -> str:
+    """A bound or default as a person writes it: 4294967295, 0.7 (never 4.29497e+09)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def parse_value(name: str, text: str) -> Any:
@@ -48,9 +57,11 @@ def parse_value(name: str, text: str) -> Any:
         if f.kind is int and float(text) != int(float(text)):
             raise ValueError
     except ValueError:
-        raise SettingsError(f"{f.label}: {text!r} is not {'a whole number' if f.kind is int else 'a number'}") from None
+        raise SettingsError(
+            f"{f.label}: {text!r} is not {'a whole number' if f.kind is int else 'a number'}", f.name
+        ) from None
     if value != value or not f.low <= value <= f.high:
-        raise SettingsError(f"{f.label}: {text} is outside {f.low:g} to {f.high:g}")
+        raise SettingsError(f"{f.label}: {text} is outside {format_number(f.low)} to {format_number(f.high)}", f.name)
     return value
 
 

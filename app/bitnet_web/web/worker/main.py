@@ -12,6 +12,7 @@ array in wasm memory for `Engine.load_async`; after the upload the worker drops 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib
 import time
@@ -37,6 +38,18 @@ class NoModelError(Exception):
     failure_kind = "internal"
 
 
+class LoadCancelled(Exception):
+    """Cancel pressed after the download, while the file is parsed or uploaded to the GPU."""
+
+    failure_kind = "cancelled"
+
+
+class PromptTooLong(Exception):
+    """The latest message alone does not fit the context (with room for the reply)."""
+
+    failure_kind = "too_long"
+
+
 class EngineWorker:
     def __init__(self, root_url: str) -> None:
         self.root_url = root_url
@@ -49,6 +62,7 @@ class EngineWorker:
         self.generate_task: asyncio.Task | None = None
         self.loaded_key: str | None = None
         self.abort_requested = False
+        self.cancel_requested = False  # Cancel during parse or upload (the downloader has its own flag)
         self.lost_reason: str | None = None  # why the GPU device went away (the model must be loaded again)
         self._tasks: set[asyncio.Task] = set()
 
@@ -70,6 +84,8 @@ class EngineWorker:
                 self.engine.abort()
             return
         if op == "cancel_load":
+            if self.load_task is not None and not self.load_task.done():
+                self.cancel_requested = True
             if self.downloader is not None:
                 self.downloader.cancel()
             return
@@ -161,6 +177,7 @@ class EngineWorker:
             self.post(_error("busy", "stop the running generation before loading a model", req_id))
             return
         self.load_task = asyncio.current_task()
+        self.cancel_requested = False
         model = msg["model"]
         self.loading_key = model["key"]
         try:
@@ -190,6 +207,7 @@ class EngineWorker:
         for attempt in (1, 2):  # a damaged cache entry is deleted and fetched once more
             self.downloader = ModelDownloader(store, emit)
             meta, source = await self.downloader.ensure_cached(model)
+            self._check_cancel()
             try:
                 data = await self._read(meta, emit)
                 self._verify(meta, data, emit)
@@ -207,6 +225,7 @@ class EngineWorker:
                 raise
             await store.put_meta(meta)
         emit({"event": "header", "info": meta["header"]})
+        offline_copy = source == "network" and await _in_offline_copy(meta.get("url") or model.get("url") or "")
         skip = bool(testing_hooks().get("skipEngine"))  # browser tests of downloads and storage
         if self.engine_module is None or skip:
             del data
@@ -226,7 +245,11 @@ class EngineWorker:
                 }
             )
             return
-        await self._engine_load(meta, data, source, emit)
+        await self._engine_load(meta, data, source, emit, offline_copy=offline_copy)
+
+    def _check_cancel(self) -> None:
+        if self.cancel_requested:
+            raise LoadCancelled("loading cancelled; the model that was loaded before stays loaded")
 
     async def _read(self, meta: dict[str, Any], emit) -> np.ndarray:
         total = int(meta["total"])
@@ -256,20 +279,50 @@ class EngineWorker:
                 f"{meta['name']}: SHA-256 {actual[:16]}… does not match the expected {expected[:16]}…"
             )
 
-    async def _engine_load(self, meta: dict[str, Any], data: np.ndarray, source: str, emit) -> None:
-        if self.engine is None:
-            self.engine = self.engine_module.Engine()
-        self.loaded_key = None
+    async def _engine_load(
+        self, meta: dict[str, Any], data: Any, source: str, emit, offline_copy: bool = False
+    ) -> None:
+        """Load into a new Engine beside the one in use, on the same GPU device, and swap only when
+        it is ready: a file that fails to parse or upload, or a Cancel, leaves the old model usable."""
+        from ...formats.gguf_reader import GGUFFile
+
+        old = self.engine
+        new = self.engine_module.Engine()
+        if old is not None and old.device is not None:
+            new.device = old.device  # Engine._load reuses a device that is not lost
         last = [0.0]
+        hooks = testing_hooks()  # browser tests: hold the parse phase, or Cancel at an upload step
 
         def progress(phase: str, done: int, total: int) -> None:
+            if phase == "upload" and done == hooks.get("cancelAtUploadStep"):
+                self.cancel_requested = True  # as if Cancel came now (the message path is tested in parse)
+            self._check_cancel()  # raised inside the engine's upload loop: it releases what it uploaded
+            if phase == "parse":  # the engine's checks (config, tensors, tokenizer): steps 2-3 of 3
+                done, total = 1 + int(done), 3
             now = time.monotonic()
             if now - last[0] >= PROGRESS_EVERY_S or done >= total:
                 last[0] = now
                 emit({"event": "progress", "phase": phase, "done": int(done), "total": int(total)})
 
-        await self.engine.load_async(data, name=meta["name"], progress=progress)
+        emit({"event": "progress", "phase": "parse", "done": 0, "total": 3})
+        await asyncio.sleep(0)  # a Cancel sent during the download or read is handled here
+        self._check_cancel()
+        gguf = data if isinstance(data, GGUFFile) else GGUFFile.from_buffer(np.asarray(data, dtype=np.uint8))
         del data
+        emit({"event": "progress", "phase": "parse", "done": 1, "total": 3})
+        await asyncio.sleep(float(hooks.get("parseDelayMs") or 0) / 1000)
+        self._check_cancel()
+        try:
+            await new.load_async(gguf, name=meta["name"], progress=progress)
+            self._check_cancel()  # a Cancel that came during the last upload step
+        except BaseException:
+            with contextlib.suppress(Exception):
+                new.unload()
+            raise
+        if old is not None:
+            with contextlib.suppress(Exception):
+                old.unload()  # its buffers on the shared device; the device itself stays open
+        self.engine = new
         self.loaded_key = meta["key"]
         self.lost_reason = None
         if hasattr(self.engine.device, "add_lost_listener"):  # the browser backend
@@ -288,7 +341,7 @@ class EngineWorker:
         info = {**header, **engine_info}
         if header.get("name"):
             info["name"] = header["name"]  # the file's own name rather than the engine's label
-        emit({"event": "loaded", "info": info, "source": source})
+        emit({"event": "loaded", "info": info, "source": source, "offline_copy": offline_copy, "key": meta["key"]})
 
     async def op_chat(self, msg: dict[str, Any], req_id: int | None) -> None:
         await self._generate(
@@ -298,11 +351,37 @@ class EngineWorker:
         )
 
     async def op_complete(self, msg: dict[str, Any], req_id: int | None) -> None:
-        await self._generate(
-            req_id,
-            lambda engine, settings, max_tokens: engine.complete_async(msg["prompt"], settings, max_tokens=max_tokens),
-            msg.get("settings") or {},
-        )
+        if not msg.get("keep_recent"):
+            start = lambda engine, settings, max_tokens: engine.complete_async(  # noqa: E731
+                msg["prompt"], settings, max_tokens=max_tokens
+            )
+        else:  # the chat page's running document: keep the most recent text that fits
+
+            def start(engine, settings, max_tokens):
+                ids = self._recent_prompt(engine, msg["prompt"], int(msg.get("latest_chars") or 0), max_tokens)
+                return engine.generate_tokens_async(ids, settings, max_tokens)
+
+        await self._generate(req_id, start, msg.get("settings") or {})
+
+    def _recent_prompt(self, engine: Any, prompt: str, latest_chars: int, max_tokens: int) -> list[int]:
+        from ..shared.prompts import keep_recent_tokens, reply_room
+
+        context = int(engine.config.context_length)
+        budget = context - reply_room(context, max_tokens)
+        ids = engine.encode_prompt(prompt)
+        if len(ids) <= budget:
+            return ids
+        latest = prompt[-latest_chars:] if latest_chars else prompt
+        n_latest = len(engine.encode_prompt(latest))
+        if n_latest > budget:
+            raise PromptTooLong(
+                f"this message has {n_latest:,} tokens; the model's context holds {context:,}, "
+                f"{context - budget:,} of them kept for the reply (Max tokens): shorten the message"
+            )
+        bos = engine.tokenizer.add_bos and ids[:1] == [engine.tokenizer.bos_id]
+        kept = keep_recent_tokens(ids, budget, keep_first=1 if bos else 0, min_keep=n_latest)
+        self.dropped_tokens = len(ids) - len(kept)
+        return kept
 
     async def _generate(self, req_id: int | None, start, settings_dict: dict[str, Any]) -> None:
         if self.loaded_key is None and self.lost_reason is not None:
@@ -326,19 +405,37 @@ class EngineWorker:
             self.post(_error("busy", "a model is loading", req_id))
             return
         self.generate_task = asyncio.current_task()
+        self.dropped_tokens = 0
         sampler = importlib.import_module("bitnet_web.text.sampler")
         settings = to_engine_settings(settings_dict, sampler.SamplerSettings)
         max_tokens = int(settings_dict.get("max_tokens") or 256)
-        async for piece in start(self.engine, settings, max_tokens):
-            if piece:
-                self.post({"event": "piece", "id": req_id, "text": piece})
-            if self.abort_requested:
-                # The engine clears its abort flag when a generation starts, so a Stop that came
-                # before that (during the request's hand-over or prefill) is applied again here.
-                self.engine.abort()
+        sent = 0
+        try:
+            async for piece in start(self.engine, settings, max_tokens):
+                if piece:
+                    sent += 1
+                    self.post({"event": "piece", "id": req_id, "text": piece})
+                if self.abort_requested:
+                    # The engine clears its abort flag when a generation starts, so a Stop that came
+                    # before that (during the request's hand-over or prefill) is applied again here.
+                    self.engine.abort()
+        except Exception as e:
+            # The engine's context checks (EngineError "... shorten ..."): nothing was generated, the
+            # page keeps the message in its box
+            if sent == 0 and type(e).__name__ == "EngineError" and "shorten" in str(e):
+                raise PromptTooLong(str(e)) from e
+            raise
         stats = _stats_dict(self.engine.last_stats)
         aborted = self.abort_requested or stats.get("stop_reason") == "aborted"
-        self.post({"event": "done", "id": req_id, "stats": stats, "reason": "aborted" if aborted else "end"})
+        self.post(
+            {
+                "event": "done",
+                "id": req_id,
+                "stats": stats,
+                "reason": "aborted" if aborted else "end",
+                "dropped_tokens": self.dropped_tokens,
+            }
+        )
 
     async def op_reset(self, msg: dict[str, Any], req_id: int | None) -> None:
         if self.engine is not None:
@@ -375,6 +472,7 @@ class EngineWorker:
         )
 
     loading_key: str | None = None
+    dropped_tokens = 0  # completion mode: the oldest tokens left out of the last request (keep_recent)
 
 
 def _error(kind: str, message: str, req_id: int | None) -> dict[str, Any]:
@@ -389,6 +487,18 @@ def _error(kind: str, message: str, req_id: int | None) -> dict[str, Any]:
         "fatal": f.fatal,
         "detail": "",
     }
+
+
+async def _in_offline_copy(url: str) -> bool:
+    """True if the service worker's offline copy of the site holds `url` (the bundled model): the
+    fetch was answered from it, not from the network."""
+    caches = getattr(js.self, "caches", None)
+    if not url or caches is None:
+        return False
+    try:
+        return bool(await caches.match(str(js.URL.new(url, js.self.location.href).href)))
+    except Exception:
+        return False
 
 
 def _csp_violations() -> list[str]:

@@ -1,0 +1,193 @@
+"""The chat page as a product (issue 16), with the bundled model (512-token context, completion mode):
+a failed or cancelled load keeps the working model, completion mode keeps the most recent text
+that fits, a too-long message stays in the box, Stop and New chat leave no stale status or stats.
+
+One browser context for the module: each test starts from the state the previous one left.
+"""
+
+from __future__ import annotations
+
+import pytest
+from browser_helpers import (
+    GREEDY_FORM,
+    READY_MODEL,
+    app_page,
+    app_state,
+    gpu_counts,
+    install_gpu_counters,
+    last_reply,
+    load_custom,
+    load_option,
+    model_info,
+    needs_engine,
+    notice,
+    screenshot,
+    send_and_wait,
+    set_settings,
+    set_test_hooks,
+    start_load,
+)
+
+pytestmark = [pytest.mark.browser, needs_engine]
+
+# Python source the bundled model knows; about 3 characters a token in its 4096-entry vocabulary
+CODE = (
+    "def read_config(path):\n"
+    '    """Read a key = value file into a dict."""\n'
+    "    result = {}\n"
+    "    with open(path) as f:\n"
+    "        for line in f:\n"
+    "            key, _, value = line.partition('=')\n"
+    "            result[key.strip()] = value.strip()\n"
+    "    return result\n\n"
+)
+
+
+@pytest.fixture(scope="module")
+def app(browser, site):
+    with app_page(browser, site) as page:
+        yield page
+
+
+@pytest.fixture
+def bundled(app, site, bundled_model):
+    key = site.url + bundled_model["url"]
+    if app.get_attribute("#app", "data-key") != key or app_state(app)["model"] not in READY_MODEL:
+        assert load_option(app, key) == "loaded", notice(app)
+    app.click("#new-chat")
+    return app
+
+
+def usable(page, key: str) -> None:
+    """The bundled model is the loaded one and the chat can be used."""
+    assert app_state(page)["model"] == "loaded"
+    assert page.get_attribute("#app", "data-key") == key
+    assert page.is_enabled("#prompt") and page.is_enabled("#load")
+    assert model_info(page)["Name"] == "bitnet-pystdlib-27m-i2_s", model_info(page)
+
+
+def test_failed_loads_keep_the_working_model(bundled, site, bundled_model, test_files):
+    page, key = bundled, site.url + bundled_model["url"]
+    set_settings(page, {**GREEDY_FORM, "max_tokens": "2"})
+    data = bundled_model["path"].read_bytes()
+    (test_files / "cut.gguf").write_bytes(data[: len(data) // 2])
+    failures = {
+        site.url + "_test/missing.gguf": "HTTP 404",
+        site.url + "index.html": "HTML",
+        site.url + "_test/cut.gguf": "",
+        "https://example.com/model.gguf": "example.com is not a host",  # refused before any request
+    }
+    for url, cause in failures.items():
+        assert load_custom(page, url) == "error", url
+        n = notice(page)
+        assert n["visible"] and cause in n["text"] and "still loaded" in n["text"], (url, n)
+        usable(page, key)
+        assert "still loaded" in page.text_content("#progress-text")
+        assert "still loaded" in page.text_content("#status")
+    assert "huggingface.co" in page.text_content("#custom-hosts")
+    screenshot(page, "chat-failed-load-keeps-model")
+    page.fill("#prompt", "import os\n")
+    assert page.is_enabled("#send")
+    reply = send_and_wait(page, "import os\n")
+    assert reply["state"] == "done" and reply["pieces"] > 0, reply
+
+
+def test_cancel_in_parse_and_upload_keeps_the_working_model(bundled, site, bundled_model, tiny_model):
+    page, key = bundled, site.url + bundled_model["url"]
+    set_settings(page, {**GREEDY_FORM, "max_tokens": "2"})
+    install_gpu_counters(page)
+    alive = gpu_counts(page)["bytes"]
+    tiny = site.url + "_test/tiny.gguf"
+    # Cancel pressed while the file is parsed (the parse phase is held open by a test hook)
+    set_test_hooks(page, parseDelayMs=4000)
+    page.select_option("#model-select", "custom")
+    page.fill("#custom-url", tiny)
+    page.click("#load")
+    page.wait_for_selector("#progress[data-phase='parse']", state="attached", timeout=120_000)
+    assert "Checking the model file" in page.text_content("#progress-text")
+    page.click("#cancel-load")
+    page.wait_for_function("() => document.getElementById('app').dataset.load === 'cancelled'", timeout=60_000)
+    usable(page, key)
+    assert notice(page)["kind"] == "cancelled"
+    # Cancel at an upload step: what was uploaded is released, the old model stays
+    set_test_hooks(page, cancelAtUploadStep=1)
+    assert start_load(page, lambda: page.click("#load")) == "error"
+    assert page.get_attribute("#app", "data-load") == "cancelled"
+    usable(page, key)
+    assert gpu_counts(page)["bytes"] == alive, "a cancelled upload left GPU buffers behind"
+    set_test_hooks(page)
+    reply = send_and_wait(page, "import sys\n")
+    assert reply["state"] == "done" and reply["pieces"] > 0, reply
+
+
+def test_completion_keeps_the_recent_text_and_notes_cuts(bundled):
+    page = bundled
+    set_settings(page, {**GREEDY_FORM, "max_tokens": "4"})
+    # each turn ~300 tokens: the second no longer fits the 512-token context with the first
+    for turn in range(3):
+        reply = send_and_wait(page, CODE * 3)
+        assert reply["state"] == "done", (turn, reply)
+        cut = page.locator(".msg.assistant .text").last.get_attribute("data-cut")
+        assert cut in ("max_tokens", "context_full"), cut
+        assert "cut" in page.locator(".msg.assistant .text .cut").last.text_content()
+    assert "left out to fit the context" in reply["stats"], reply["stats"]
+    assert page.locator(".msg.exchange pre.code").count() == 3
+    screenshot(page, "chat-completion-trimmed")
+
+
+def test_too_long_message_stays_in_the_box(bundled):
+    page = bundled
+    set_settings(page, {**GREEDY_FORM, "max_tokens": "4"})
+    long_text = CODE * 12  # well over 512 tokens on its own
+    reply = send_and_wait(page, long_text)
+    assert reply["state"] == "error" and "too long" in reply["text"], reply
+    assert page.input_value("#prompt") == long_text
+    assert page.locator(".msg.user").count() == 0, "a refused message is not shown as sent"
+    in_view = page.evaluate("""() => { const r = [...document.querySelectorAll('.msg.assistant .text')].pop();
+        const box = document.getElementById('messages').getBoundingClientRect(), b = r.getBoundingClientRect();
+        return b.bottom > box.top && b.top < box.bottom; }""")
+    assert in_view, "the error bubble is not scrolled into view"
+    screenshot(page, "chat-too-long")
+
+
+def test_stop_and_new_chat_leave_no_stale_status_or_stats(bundled):
+    page = bundled
+    set_settings(page, {**GREEDY_FORM, "max_tokens": "200"})
+    page.fill("#prompt", "class Stack:\n")
+    page.press("#prompt", "Enter")
+    page.wait_for_function(
+        "() => { const t = document.querySelector('.msg.assistant .text'); return t && Number(t.dataset.pieces) > 0; }"
+    )
+    page.click("#stop")
+    page.wait_for_function("() => document.getElementById('app').dataset.busy === '0'", timeout=120_000)
+    assert last_reply(page)["state"] == "aborted"
+    assert "Stopping" not in page.text_content("#status"), page.text_content("#status")
+    # New chat in the middle of a reply: its bubble and its stats go
+    page.fill("#prompt", "def main():\n")
+    page.press("#prompt", "Enter")
+    page.wait_for_function("() => document.getElementById('app').dataset.busy === '1'")
+    page.click("#new-chat")
+    page.wait_for_function("() => document.getElementById('app').dataset.busy === '0'", timeout=120_000)
+    page.wait_for_timeout(300)  # the discarded reply's last events have arrived
+    assert page.locator(".msg").count() == 0
+    assert page.text_content("#stats") == ""
+    assert "Stopping" not in page.text_content("#status")
+    set_settings(page, {**GREEDY_FORM, "max_tokens": "1"})
+    reply = send_and_wait(page, "import re\n")
+    assert reply["state"] == "done" and reply["stats"].startswith("1 token,"), reply
+
+
+def test_settings_show_defaults_ranges_and_the_field_in_error(bundled):
+    page = bundled
+    set_settings(page, {**GREEDY_FORM, "seed": "-1"})
+    page.fill("#setting-max-tokens", "")
+    assert page.get_attribute("#setting-max-tokens", "placeholder") == "256"
+    assert page.get_attribute("#setting-seed", "max") == "4294967295"
+    page.fill("#prompt", "x = 1\n")
+    page.press("#prompt", "Enter")
+    assert "0 to 4294967295" in page.text_content("#settings-error")
+    assert page.get_attribute("#setting-seed", "aria-invalid") == "true"
+    assert page.input_value("#prompt") == "x = 1\n", "a message not sent stays in the box"
+    assert page.is_disabled("#system-prompt") and "no chat format" in page.text_content("#system-note")
+    screenshot(page, "chat-settings-error")
+    set_settings(page, GREEDY_FORM)

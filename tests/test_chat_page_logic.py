@@ -1,0 +1,82 @@
+"""The chat page's pure-Python policies (issue 16): completion-mode context trimming, allowed model
+hosts from the CSP, settings wording, reply notes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bitnet_web.web.shared import hosts
+from bitnet_web.web.shared.progress import cut_note, stats_line
+from bitnet_web.web.shared.prompts import keep_recent_tokens, reply_room
+from bitnet_web.web.shared.settings import FIELDS, SettingsError, format_number, parse_value
+
+
+def _page_csp() -> str:
+    import build
+
+    return build.CSP_PAGE
+
+
+@pytest.mark.parametrize("n", [1, 5, 99, 100, 101, 150, 199, 200, 201, 350, 1000])
+def test_keep_recent_tokens_keeps_bos_and_the_newest_within_budget(n):
+    ids = list(range(n))  # id i is the i-th token: what is kept must be BOS + a contiguous newest run
+    budget = 100
+    kept = keep_recent_tokens(ids, budget, keep_first=1, min_keep=30)
+    assert len(kept) <= budget
+    assert kept[0] == 0
+    tail = kept[1:]
+    assert tail == list(range(n - len(tail), n)), "the newest tokens, in order, without gaps"
+    if n <= budget:
+        assert kept == ids
+    else:
+        assert len(tail) >= 30, "the latest message (min_keep) is never cut when it fits"
+
+
+def test_keep_recent_tokens_cut_is_stable_as_the_text_grows():
+    """The same cut turn after turn (so the engine reuses its cached prefix) until the text grew by
+    another half budget."""
+    budget = 100
+    cuts = []
+    for n in range(101, 180):
+        kept = keep_recent_tokens(list(range(n)), budget, keep_first=1)
+        cuts.append(kept[1])
+    assert len(set(cuts)) < len(cuts) / 10, f"the cut moved {len(set(cuts))} times in {len(cuts)} turns"
+
+
+def test_reply_room_is_at_most_half_the_context():
+    assert reply_room(512, 8) == 8 and reply_room(512, 5000) == 256 and reply_room(512, 0) == 1
+
+
+def test_allowed_hosts_follow_the_build_csp():
+    sources = hosts.connect_sources(_page_csp())
+    assert "'self'" in sources
+    page = "http://127.0.0.1:8000"
+    assert hosts.allowed("http://127.0.0.1:8000/models/x.gguf", sources, page)
+    assert hosts.allowed("https://huggingface.co/a/b/resolve/main/m.gguf", sources, page)
+    assert hosts.allowed("https://cdn-lfs.hf.co/x", sources, page)
+    assert not hosts.allowed("https://example.com/m.gguf", sources, page)
+    assert not hosts.allowed("http://huggingface.co/m.gguf", sources, page), "scheme must match"
+    assert not hosts.allowed("https://evilhuggingface.co/m.gguf", sources, page)
+    assert not hosts.allowed("http://127.0.0.1:9999/m.gguf", sources, page), "another port is another origin"
+    message = hosts.blocked_message("https://example.com/m.gguf", sources)
+    assert message.startswith("example.com is not a host") and "https://example.com/m.gguf" in message, message
+    assert "huggingface.co" in message and "this site" in message
+
+
+def test_settings_numbers_read_as_written():
+    seed = next(f for f in FIELDS if f.name == "seed")
+    assert format_number(seed.high) == "4294967295" and format_number(0.7) == "0.7"
+    with pytest.raises(SettingsError, match=re.escape("outside 0 to 4294967295")) as e:
+        parse_value("seed", "-1")
+    assert e.value.field == "seed"
+
+
+def test_stats_line_counts_and_notes():
+    assert stats_line({"n_generated": 1}).startswith("1 token") and "1 tokens" not in stats_line({"n_generated": 1})
+    assert "2 tokens" in stats_line({"n_generated": 2})
+    assert "oldest 40 tokens" in stats_line({"n_generated": 2, "dropped_tokens": 40})
+    assert cut_note({"stop_reason": "max_tokens"}, {"max_tokens": 8}, 512).startswith("cut at Max tokens (8)")
+    assert "512" in cut_note({"stop_reason": "context_full"}, {"max_tokens": 8}, 512)
+    assert cut_note({"stop_reason": "eos"}, {}, 512) == ""
