@@ -350,6 +350,7 @@ def hf_site(folder):
     thread.join()
 
 
+@pytest.mark.slow
 def test_model_accepts_a_checkpoint_folder_url(hf_site, tmp_path, monkeypatch):
     from test_transformers_reference import RELATIVE_TOLERANCE, _hf_logits, _reference
 

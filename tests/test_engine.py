@@ -185,6 +185,7 @@ def test_decode_batching_does_not_change_tokens_or_bookkeeping(loaded, batching)
         del loaded.model.DECODE_BATCHING
 
 
+@pytest.mark.slow
 def test_long_prefill_chunks_with_a_short_logits_buffer(tiny_path, ref):
     """Prefill chunks longer than the logits buffer (LOGITS_ROWS): queued chunks skip the head, and
     all-logits calls run in pieces of logits_rows; both must still match the reference."""
@@ -362,6 +363,7 @@ def test_bad_request_is_a_clear_error_and_the_engine_still_works(loaded, ref, re
     assert_greedy(ref, PROMPT, tokens)
 
 
+@pytest.mark.slow
 def test_lost_device_is_reported_and_a_reload_opens_a_fresh_one(tiny_path, ref):
     engine = Engine(prefill_chunk=16)
     try:

@@ -653,6 +653,7 @@ def test_seeds_are_valid_and_the_walker_agrees(name):
 
 
 @pytest.mark.parametrize("name", sorted(SEED_BUILDERS))
+@pytest.mark.slow
 def test_truncation_at_every_region_boundary(name):
     """Cut at each field's start/end (and one byte either side): inside the header it is a truncated
     file naming a byte offset; after it, a file whose tensors run past the end, or a valid file when
@@ -691,21 +692,23 @@ def _fuzz(category: str):
 
 
 test_fuzz_random_truncation = _fuzz("truncation")
-test_fuzz_header_byte_flips = _fuzz("header_byte_flips")
-test_fuzz_field_overwrites = _fuzz("field_overwrite")
-test_fuzz_tensor_offsets = _fuzz("tensor_offsets")
+test_fuzz_header_byte_flips = pytest.mark.slow(_fuzz("header_byte_flips"))
+test_fuzz_field_overwrites = pytest.mark.slow(_fuzz("field_overwrite"))
+test_fuzz_tensor_offsets = pytest.mark.slow(_fuzz("tensor_offsets"))
 test_fuzz_splices = _fuzz("splice")
-test_fuzz_wrong_metadata_values = _fuzz("wrong_metadata_values")
+test_fuzz_wrong_metadata_values = pytest.mark.slow(_fuzz("wrong_metadata_values"))
 
 
 @FUZZ_SETTINGS
 @given(case=chained_mutations())
+@pytest.mark.slow
 def test_fuzz_chained_mutations(case):
     run_case("chained", case.data, case.label)
 
 
 @FUZZ_SETTINGS
 @given(case=lying_lengths())
+@pytest.mark.slow
 def test_lying_length_is_a_length_error_at_that_field(case):
     """A count or length larger than the whole file is rejected as such, before any allocation, and
     the message names the field's byte offset."""

@@ -189,6 +189,7 @@ def test_prefill_in_chunks_equals_one_pass(engine, models, main_sequence, one_pa
     assert_logits_close(got, want, f"chunk {chunk} vs reference")
 
 
+@pytest.mark.slow
 def test_prefill_then_decode_matches_full_sequence(engine, models, main_sequence):
     """Each decode step reads every earlier K/V row from the cache: logits at each position must equal
     the full-sequence reference."""
@@ -229,6 +230,7 @@ def test_kv_cache_grows_past_initial_capacity(engine, models, long_sequence, gro
     assert model.n_cached == 270
 
 
+@pytest.mark.slow
 def test_queued_prefill_chunks_fill_the_cache(engine, models, long_sequence):
     """prefill without all_logits submits every chunk but the last without waiting for it: the last
     token's logits and every K/V row the queued chunks wrote (read back by decode steps) must match
@@ -271,6 +273,7 @@ SHARD_LIMIT = 256 * 1024  # bytes per binding: a 3000 x 256 F16 matrix (1.5 MB) 
 SHARDED = dict(SMALL, vocab_size=3000, context_length=256)
 
 
+@pytest.mark.slow
 def test_sharded_embedding_and_head_match_reference(models):
     """token_embd and output.weight split into shards of 512 rows: lookups of ids in later shards and
     logits of rows past the first shard must be right."""
@@ -309,6 +312,7 @@ SMALL_CONTEXT = 40
 
 
 @pytest.mark.parametrize("settings", [GREEDY, TOP1], ids=["gpu_argmax", "cpu_top1"])
+@pytest.mark.slow
 def test_context_full_is_a_clear_error_and_a_stop_reason(engine, models, settings):
     models.path("ctx40", context_length=SMALL_CONTEXT)  # written on first use with this context
     model = loaded(engine, models, "ctx40")

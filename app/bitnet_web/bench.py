@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .formats.ggml import OUTPUT, TOKEN_EMBD
+
 SHAPES = {
     # name: (dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, context_length)
     "2b4t": (2560, 30, 20, 5, 6912, 128256, 4096),
@@ -147,7 +149,7 @@ def bytes_read_per_token(model) -> int:
     with int8_head, the int8 copy and its scales instead of the F16 head)."""
     total = sum(info.n_bytes for info in model.gguf.tensors.values())
     if model.int8_head:
-        head = model.gguf.tensors["token_embd.weight" if model.config.tied_embeddings else "output.weight"]
+        head = model.gguf.tensors[TOKEN_EMBD if model.config.tied_embeddings else OUTPUT]
         total += model.output.n_rows * (model.output.n_cols + 4) - head.n_bytes
     return total
 

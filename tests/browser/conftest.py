@@ -35,6 +35,13 @@ def pytest_configure(config) -> None:
 
 
 @pytest.fixture(scope="session")
+def device(pytestconfig: pytest.Config) -> str | None:
+    """pytest-playwright's device emulation (its --device option), as the plugin defines it: here it
+    overrides tests/conftest.py's GPU `device` fixture, which is for the CPython tests."""
+    return pytestconfig.getoption("--device")
+
+
+@pytest.fixture(scope="session")
 def egress():
     server = EgressRecorder()
     yield server

@@ -42,7 +42,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..formats.ggml import I2S_BLOCK, GGMLType, GGUFError, GGUFValueType, Keys, TokenType
+from ..formats.ggml import (
+    I2S_BLOCK,
+    OUTPUT,
+    OUTPUT_NORM,
+    TOKEN_EMBD,
+    GGMLType,
+    GGUFError,
+    GGUFValueType,
+    Keys,
+    TokenType,
+    block_tensor,
+)
 from ..formats.gguf_reader import GGUFFile
 from ..formats.gguf_writer import GGUFWriter, Typed
 from ..formats.quants import i2s_pack_codes, ternarize
@@ -646,13 +657,13 @@ def build_gguf_writer(
     }
     heads_of = {"attn_q": n_heads, "attn_k": n_kv_heads}
 
-    writer.add_tensor("token_embd.weight", (vocab_size, dim), float_type, reported(embedding_tensor(embd_name)))
+    writer.add_tensor(TOKEN_EMBD, (vocab_size, dim), float_type, reported(embedding_tensor(embd_name)))
     known = {embd_name, "model.norm.weight", "lm_head.weight"}
     for i in range(n_layers):
         hf = f"model.layers.{i}."
         for short, hf_norm in _HF_NORMS.items():
             hf_name = hf + hf_norm + ".weight"
-            gguf_name = f"blk.{i}.{short}.weight"
+            gguf_name = block_tensor(i, short)
             if short in _SUB_NORMS and arch == "llama" and hf_name not in weights:
                 continue  # llama-layout BitNets may have no sub-norms
             shape = weights.file(hf_name).shape(hf_name)
@@ -663,15 +674,15 @@ def build_gguf_writer(
             weights.file(key + ".weight")  # fail early if missing
             out_f, in_f = shapes[short]
             writer.add_tensor(
-                f"blk.{i}.{short}.weight",
+                block_tensor(i, short),
                 shapes[short],
                 GGMLType.I2_S,
                 reported(ternary_tensor(key, out_f, in_f, heads_of.get(short))),
             )
             known.update({key + ".weight", key + ".weight_scale"})
-    writer.add_tensor("output_norm.weight", (dim,), GGMLType.F32, reported(norm_tensor("model.norm.weight")))
+    writer.add_tensor(OUTPUT_NORM, (dim,), GGMLType.F32, reported(norm_tensor("model.norm.weight")))
     if untied:
-        writer.add_tensor("output.weight", (vocab_size, dim), float_type, reported(embedding_tensor("lm_head.weight")))
+        writer.add_tensor(OUTPUT, (vocab_size, dim), float_type, reported(embedding_tensor("lm_head.weight")))
     unknown = sorted(n for n in weights if n not in known and "rotary_emb" not in n)
     if unknown:
         raise ConvertError(

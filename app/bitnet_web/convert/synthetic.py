@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from ..formats.ggml import GGMLType, GGUFValueType, Keys, TokenType
+from ..formats.ggml import OUTPUT, OUTPUT_NORM, TOKEN_EMBD, GGMLType, GGUFValueType, Keys, TokenType, block_prefix
 from ..formats.gguf_writer import GGUFWriter, Typed
 from ..formats.quants import random_i2s_bytes
 from ..text.bpe import BYTE_TO_UNICODE
@@ -184,9 +184,9 @@ def random_bitnet_writer(
     def norm(gen: np.random.Generator, n: int) -> Callable[[], np.ndarray]:
         return lambda: gen.uniform(0.8, 1.2, size=n).astype(np.float32)
 
-    w.add_tensor("token_embd.weight", (vocab_size, dim), GGMLType.F16, embedding(rng()))
+    w.add_tensor(TOKEN_EMBD, (vocab_size, dim), GGMLType.F16, embedding(rng()))
     for i in range(n_layers):
-        p = f"blk.{i}."
+        p = block_prefix(i)
         w.add_tensor(p + "attn_norm.weight", (dim,), GGMLType.F32, norm(rng(), dim))
         w.add_tensor(p + "attn_q.weight", (q_dim, dim), GGMLType.I2_S, ternary(rng(), q_dim, dim))
         w.add_tensor(p + "attn_k.weight", (kv_dim, dim), GGMLType.I2_S, ternary(rng(), kv_dim, dim))
@@ -200,7 +200,7 @@ def random_bitnet_writer(
         w.add_tensor(p + "ffn_down.weight", (dim, ffn_dim), GGMLType.I2_S, ternary(rng(), dim, ffn_dim))
         if sub_norms:
             w.add_tensor(p + "ffn_sub_norm.weight", (ffn_dim,), GGMLType.F32, norm(rng(), ffn_dim))
-    w.add_tensor("output_norm.weight", (dim,), GGMLType.F32, norm(rng(), dim))
+    w.add_tensor(OUTPUT_NORM, (dim,), GGMLType.F32, norm(rng(), dim))
     if untied:
-        w.add_tensor("output.weight", (vocab_size, dim), GGMLType.F16, embedding(rng()))
+        w.add_tensor(OUTPUT, (vocab_size, dim), GGMLType.F16, embedding(rng()))
     return w

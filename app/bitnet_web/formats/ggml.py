@@ -142,6 +142,39 @@ class TokenType(IntEnum):
 
 
 # ---------------------------------------------------------------------------------------------
+# Tensor names (llama.cpp's LLM_TENSOR_NAMES for the llama / bitnet archs)
+# ---------------------------------------------------------------------------------------------
+
+TOKEN_EMBD = "token_embd.weight"  # (n_vocab, n_embd)
+OUTPUT_NORM = "output_norm.weight"  # (n_embd,)
+OUTPUT = "output.weight"  # (n_vocab, n_embd): the LM head, absent when it is tied to token_embd
+# Per-layer tensors, named blk.{i}.{short}.weight; the sub-norms are BitNet's (absent in llama files).
+BLOCK_TENSORS = (
+    "attn_norm",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "attn_sub_norm",
+    "ffn_norm",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+    "ffn_sub_norm",
+)
+
+
+def block_prefix(i: int) -> str:
+    """The start of layer i's tensor names: block_prefix(i) + short + '.weight'."""
+    return f"blk.{i}."
+
+
+def block_tensor(i: int, short: str) -> str:
+    """Layer i's tensor `short` (one of BLOCK_TENSORS): 'blk.{i}.{short}.weight'."""
+    return f"{block_prefix(i)}{short}.weight"
+
+
+# ---------------------------------------------------------------------------------------------
 # Metadata keys (one namespace; "{arch}" is replaced by general.architecture)
 # ---------------------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from .ggml import (
     GGUF_MAX_ARRAY_NESTING,
     MIN_VALUE_BYTES,
     SUPPORTED_VERSIONS,
+    TOKEN_EMBD,
     VALUE_DTYPES,
     GGMLType,
     GGUFError,
@@ -666,8 +667,8 @@ def describe(gguf: GGUFFile) -> str:
         entry[2] += t.n_elements
     for name, (count, nbytes, n_el) in sorted(by_type.items(), key=lambda kv: -kv[1][1]):
         lines.append(f"  {name:6s} {count:5d} tensors  {n_el:>14,d} values  {_fmt_bytes(nbytes)}")
-    if "token_embd.weight" in gguf.tensors:
-        t = gguf.tensors["token_embd.weight"]
+    if TOKEN_EMBD in gguf.tensors:
+        t = gguf.tensors[TOKEN_EMBD]
         lines.append(f"  token_embd.weight {t.ggml_type.name} {list(t.shape)}")
     if gguf.tensors:
         lines.append(f"  LM head: {'output.weight' if 'output.weight' in gguf.tensors else 'tied to token_embd'}")

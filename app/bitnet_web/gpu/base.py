@@ -16,20 +16,28 @@ WebGPU rules enforced here rather than in every caller:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from enum import IntFlag
+from typing import Any, Protocol
 
 import numpy as np
 
-# GPUBufferUsage bits, identical in WebGPU and wgpu-py.
-MAP_READ = 0x0001
-COPY_SRC = 0x0004
-COPY_DST = 0x0008
-UNIFORM = 0x0040
-STORAGE = 0x0080
 
-STORAGE_USAGE = STORAGE | COPY_DST | COPY_SRC
-UNIFORM_USAGE = UNIFORM | COPY_DST
-READBACK_USAGE = MAP_READ | COPY_DST
+class BufferUsage(IntFlag):
+    """GPUBufferUsage bits, identical in WebGPU and wgpu-py (the backends pass them on as ints)."""
+
+    MAP_READ = 0x0001
+    COPY_SRC = 0x0004
+    COPY_DST = 0x0008
+    UNIFORM = 0x0040
+    STORAGE = 0x0080
+
+
+MAP_READ, COPY_SRC, COPY_DST = BufferUsage.MAP_READ, BufferUsage.COPY_SRC, BufferUsage.COPY_DST
+UNIFORM, STORAGE = BufferUsage.UNIFORM, BufferUsage.STORAGE
+
+STORAGE_USAGE = STORAGE | COPY_DST | COPY_SRC  # kernel inputs and outputs
+UNIFORM_USAGE = UNIFORM | COPY_DST  # per-step parameters
+READBACK_USAGE = MAP_READ | COPY_DST  # staging buffers the host maps
 
 
 class GPUError(RuntimeError):
@@ -108,10 +116,10 @@ def shard_rows(n_rows: int, row_bytes: int, max_bytes: int, row_multiple: int = 
     return [(start, min(start + rows_per_shard, n_rows)) for start in range(0, n_rows, rows_per_shard)]
 
 
-class Recorder:
+class Recorder(Protocol):
     """Records one step's work: dispatches go into a single compute pass, copies end it.
 
-    Backends subclass this; the model builds its dispatch list once and calls `dispatch` in a
+    Backends subclass this protocol; the model builds its dispatch list once and calls `dispatch` in a
     tight loop, so the per-dispatch path must stay a few attribute-free calls.
     """
 
@@ -131,8 +139,12 @@ class Recorder:
         raise NotImplementedError
 
 
-class Device:
-    """One logical GPU device. Created by `gpu.open_device()` / `await gpu.open_device_async()`."""
+class Device(Protocol):
+    """One logical GPU device. Created by `gpu.open_device()` / `await gpu.open_device_async()`.
+
+    A protocol: the backends subclass it (and share its validation helpers and defaults); code above
+    the GPU layer only relies on these members.
+    """
 
     backend: str  # 'wgpu-native' or 'browser'
     adapter_name: str

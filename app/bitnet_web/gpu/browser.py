@@ -13,6 +13,7 @@ import numpy as np
 from .base import (
     COPY_DST,
     MAP_READ,
+    STORAGE_USAGE,
     BindGroup,
     Buffer,
     Device,
@@ -348,12 +349,12 @@ class BrowserDevice(Device):
         if validation is not None:
             raise GPUError(f"{what}: {validation.message}")
 
-    def buffer(self, nbytes: int, usage: int = 0x0080 | 0x0008 | 0x0004, label: str = "") -> Buffer:
+    def buffer(self, nbytes: int, usage: int = STORAGE_USAGE, label: str = "") -> Buffer:
         if self.lost_reason is not None:
             raise GPUDeviceLostError(f"buffer {label!r}: the GPU device is lost; reload the model")
         size = self._check_buffer_size(nbytes, label)
         _, obj = _js()
-        handle = self._device.createBuffer(obj(size=size, usage=usage, label=label))
+        handle = self._device.createBuffer(obj(size=size, usage=int(usage), label=label))
         self.live_buffers += 1
         self.bytes_allocated += size
         return Buffer(handle, size, label, usage)

@@ -10,6 +10,7 @@ import numpy as np
 from .base import (
     COPY_DST,
     MAP_READ,
+    STORAGE_USAGE,
     BindGroup,
     Buffer,
     Device,
@@ -202,12 +203,12 @@ class NativeDevice(Device):
             return GPUOutOfMemoryError(f"{what}: out of GPU memory: {text}")
         return GPUError(f"{what}: {text}")
 
-    def buffer(self, nbytes: int, usage: int = 0x0080 | 0x0008 | 0x0004, label: str = "") -> Buffer:
+    def buffer(self, nbytes: int, usage: int = STORAGE_USAGE, label: str = "") -> Buffer:
         if self.lost_reason:
             raise GPUDeviceLostError(f"buffer {label!r}: the GPU device is gone; reload the model")
         size = self._check_buffer_size(nbytes, label)
         try:
-            handle = self._device.create_buffer(size=size, usage=usage, label=label)
+            handle = self._device.create_buffer(size=size, usage=int(usage), label=label)
         except Exception as exc:
             raise self._translate(exc, f"creating buffer {label!r} ({size} bytes)") from exc
         self.live_buffers += 1

@@ -18,7 +18,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..formats.ggml import GGMLType, GGUFError, Keys
+from ..formats.ggml import (
+    BLOCK_TENSORS,
+    OUTPUT,
+    OUTPUT_NORM,
+    TOKEN_EMBD,
+    GGMLType,
+    GGUFError,
+    Keys,
+    block_prefix,
+    block_tensor,
+)
 from ..formats.gguf_reader import GGUFFile
 from ..kernels.attention import SUPPORTED_HEAD_DIMS
 
@@ -69,23 +79,7 @@ class ModelConfig:
 
 
 def layer_tensor_names(i: int) -> dict[str, str]:
-    p = f"blk.{i}."
-    return {
-        k: p + k + ".weight"
-        for k in (
-            "attn_norm",
-            "attn_q",
-            "attn_k",
-            "attn_v",
-            "attn_output",
-            "attn_sub_norm",
-            "ffn_norm",
-            "ffn_gate",
-            "ffn_up",
-            "ffn_down",
-            "ffn_sub_norm",
-        )
-    }
+    return {short: block_tensor(i, short) for short in BLOCK_TENSORS}
 
 
 def _int_key(gguf: GGUFFile, key: str, problems: list[str], required: bool = True) -> int | None:
@@ -164,7 +158,7 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     tensors = gguf.tensors
     # Vocabulary: rows of token_embd; cross-checked against the vocab_size key and tokenizer tokens.
     vocab_size = None
-    embd = tensors.get("token_embd.weight")
+    embd = tensors.get(TOKEN_EMBD)
     if embd is None:
         problems.append("missing tensor token_embd.weight")
     else:
@@ -185,14 +179,14 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
             problems.append(f"tokenizer has {len(tokens)} tokens but the embedding only {vocab_size} rows")
 
     # Output head.
-    output = tensors.get("output.weight")
+    output = tensors.get(OUTPUT)
     tied = output is None
     if output is not None:
         if output.ggml_type not in FLOAT_TYPES:
             problems.append(f"output.weight has type {output.ggml_type.name}, expected F16/F32/BF16")
         if vocab_size and dim and tuple(output.shape) != (vocab_size, dim):
             problems.append(f"output.weight has shape {list(output.shape)}, expected [{vocab_size}, {dim}]")
-    _check_tensor(tensors, "output_norm.weight", (dim,), FLOAT_TYPES[:1], problems)
+    _check_tensor(tensors, OUTPUT_NORM, (dim,), FLOAT_TYPES[:1], problems)
 
     # Per-layer tensors. Expected shapes are (out, in) in numpy order.
     has_sub_norms = bool(traits["sub_norms"])
@@ -205,7 +199,7 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         )
         n_layers = None
     if n_layers and traits["sub_norms"] is None:
-        present = [f"blk.{i}.{n}.weight" in tensors for i in range(n_layers) for n in ("attn_sub_norm", "ffn_sub_norm")]
+        present = [block_tensor(i, n) in tensors for i in range(n_layers) for n in ("attn_sub_norm", "ffn_sub_norm")]
         has_sub_norms = all(present)
         if any(present) and not all(present):
             problems.append("sub-norm tensors (attn_sub_norm/ffn_sub_norm) exist in some layers but not all")
@@ -235,7 +229,7 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         separate_scales = [n for n in tensors if n.startswith("blk.") and n.endswith(".scale")]
         if separate_scales:
             problems.append(f"separate weight scale tensors ({separate_scales[0]}, ...) are not supported")
-        extra_layers = [n for n in tensors if n.startswith(f"blk.{n_layers}.")]
+        extra_layers = [n for n in tensors if n.startswith(block_prefix(n_layers))]
         if extra_layers:
             problems.append(f"tensor {extra_layers[0]} belongs to a layer beyond block_count {n_layers}")
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.ggml import GGMLType
+from ..formats.ggml import OUTPUT, OUTPUT_NORM, TOKEN_EMBD, GGMLType, block_prefix
 from ..formats.gguf_reader import GGUFFile
 from ..formats.quants import ternarize
 from .config import ModelConfig, config_from_gguf
@@ -104,15 +104,15 @@ class ReferenceModel:
     def __init__(self, gguf: GGUFFile, config: ModelConfig | None = None):
         self.config = config or config_from_gguf(gguf)
         cfg = self.config
-        self.token_embd = np.asarray(gguf.tensor("token_embd.weight"), dtype=np.float32)  # (vocab, dim)
-        self.output_norm = np.asarray(gguf.tensor("output_norm.weight"), dtype=np.float32)  # (dim,)
+        self.token_embd = np.asarray(gguf.tensor(TOKEN_EMBD), dtype=np.float32)  # (vocab, dim)
+        self.output_norm = np.asarray(gguf.tensor(OUTPUT_NORM), dtype=np.float32)  # (dim,)
         if cfg.tied_embeddings:
             self.output = self.token_embd
         else:
-            self.output = np.asarray(gguf.tensor("output.weight"), dtype=np.float32)  # (vocab, dim)
+            self.output = np.asarray(gguf.tensor(OUTPUT), dtype=np.float32)  # (vocab, dim)
         self.layers = []
         for i in range(cfg.n_layers):
-            p = f"blk.{i}."
+            p = block_prefix(i)
 
             def norm(name: str, prefix: str = p) -> np.ndarray | None:
                 key = prefix + name + ".weight"

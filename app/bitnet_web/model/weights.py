@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import gpu
-from ..formats.ggml import GGMLType
+from ..formats.ggml import OUTPUT, OUTPUT_NORM, TOKEN_EMBD, GGMLType, block_prefix
 from ..formats.gguf_reader import GGUFFile
 from ..formats.quants import i2s_encode, ternarize
 from ..kernels.embedding import F16Matrix, Int8Matrix
@@ -155,7 +155,7 @@ async def upload_weights(
     total = cfg.n_layers + 2
     layers = []
     for i in range(cfg.n_layers):
-        p = f"blk.{i}."
+        p = block_prefix(i)
         layers.append(
             LayerWeights(
                 attn_norm=f32(p + "attn_norm.weight", f"{p}attn_norm"),
@@ -185,14 +185,14 @@ async def upload_weights(
             progress("upload", i + 1, total)
         await device.checkpoint(f"uploading layer {i}")
         await asyncio.sleep(0)  # let the page repaint its progress bar
-    output_norm = f32("output_norm.weight", "output_norm")
+    output_norm = f32(OUTPUT_NORM, "output_norm")
 
     def embedding(name: str) -> np.ndarray:  # columns padded to the GPU's hidden width
         cols = index("dim")
         return gguf.tensor(name) if cols is None else gather(np.asarray(gguf.tensor(name)), None, cols)
 
-    token_embd = F16Matrix.upload(device, embedding("token_embd.weight"), "token_embd")
-    head_name = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
+    token_embd = F16Matrix.upload(device, embedding(TOKEN_EMBD), "token_embd")
+    head_name = TOKEN_EMBD if cfg.tied_embeddings else OUTPUT
     if int8_head:
         output = Int8Matrix.upload(device, embedding(head_name), "output")
         buffers.append(output.scales)
