@@ -583,3 +583,18 @@ def test_bench_prints_progress_and_writes_its_report(model_path, tmp_path):
     measured = [line for line in after if "prefill" in line or "decode" in line or "generate" in line]
     assert len(measured) == 5 and all(re.search(r"\(about \d+ (s|min) left\)$", line) for line in measured)
     assert report["decode_short_tok_per_s"] > 0
+
+
+def test_inspect_says_before_any_work_when_the_engine_cannot_run_a_model(tmp_path):
+    # head_dim 320 (640 wide, 2 heads) is past the attention kernels' 256: the summary is still printed,
+    # then one line names the file and the limit, and the exit status says the model cannot run.
+    path = str(tmp_path / "head-dim-320.gguf")
+    random_bitnet_writer(
+        path, dim=640, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=256, vocab_size=300, context_length=64, seed=0
+    ).write()
+    result = cli("inspect", path)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == describe(open_gguf(path)) + "\n"
+    err = result.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {path}: the engine cannot run this model:")
+    assert "256" in err[0] and "320" in err[0]

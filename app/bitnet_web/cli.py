@@ -67,6 +67,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     else:
         gguf = open_gguf(source)
     print(describe(gguf))
+    if gguf.tensors:  # a model, not a vocab-only file: say now whether the engine can run it
+        from .model.config import ModelConfigError, config_from_gguf
+
+        try:
+            config_from_gguf(gguf)
+        except ModelConfigError as exc:
+            print(f"error: {source}: the engine cannot run this model: {_describe(exc)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     return 0
 
 
