@@ -249,7 +249,7 @@ class EngineWorker:
 
     def _check_cancel(self) -> None:
         if self.cancel_requested:
-            raise LoadCancelled("loading cancelled; the model that was loaded before stays loaded")
+            raise LoadCancelled("loading cancelled before the new model was ready")
 
     async def _read(self, meta: dict[str, Any], emit) -> np.ndarray:
         total = int(meta["total"])
