@@ -56,6 +56,7 @@ class EngineWorker:
         self.store: ModelStore | None = None
         self.engine: Any = None
         self.engine_module: Any = None
+        self.engine_options: dict[str, Any] = {}  # keyword arguments of every Engine the worker makes
         self.engine_error: str | None = None
         self.downloader: ModelDownloader | None = None
         self.load_task: asyncio.Task | None = None
@@ -183,7 +184,10 @@ class EngineWorker:
         try:
             await self._load(model, req_id)
         finally:
+            # The load is over once "loaded" (or an error) is posted: a request sent on that event
+            # must not find the worker busy while the model list is refreshed below.
             self.downloader = None
+            self.load_task = None
             await self._post_models(None)
 
     async def _load(self, model: dict[str, Any], req_id: int | None) -> None:
@@ -287,7 +291,7 @@ class EngineWorker:
         from ...formats.gguf_reader import GGUFFile
 
         old = self.engine
-        new = self.engine_module.Engine()
+        new = self.engine_module.Engine(**self.engine_options)
         if old is not None and old.device is not None:
             new.device = old.device  # Engine._load reuses a device that is not lost
         last = [0.0]
