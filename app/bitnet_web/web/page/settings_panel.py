@@ -1,0 +1,79 @@
+"""The chat page's Settings panel: the form built from `shared.settings.FIELDS`, read back before each
+turn (a bad value is named, its field highlighted and focused), and the system prompt box.
+
+Adding a setting is one new `Field` in shared/settings.py: the form, its parsing and the dict sent
+to the worker follow from it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..shared.settings import DEFAULT_SYSTEM_PROMPT, FIELDS, Field, SettingsError, format_number, parse_form
+from .chat_shell import Shell
+from .dom import by_id, clear, el, set_text
+
+
+def field_id(f: Field) -> str:
+    return "setting-" + f.name.replace("_", "-")
+
+
+class SettingsPanel:
+    def __init__(self, shell: Shell) -> None:
+        self.shell = shell
+
+    def build(self) -> None:
+        box = self.shell.n["settings-fields"]
+        clear(box)
+        for f in FIELDS:
+            attrs = {
+                "id": field_id(f),
+                "name": f.name,
+                "type": "number",
+                "inputmode": "decimal",
+                "spellcheck": "false",
+                "min": format_number(f.low),
+                "max": format_number(f.high),
+                "step": "1" if f.kind is int else "0.05",
+                "value": "" if f.default is None else format_number(f.default),
+                # an emptied field uses the default: the placeholder shows which
+                "placeholder": "random" if f.default is None else format_number(f.default),
+                "aria-describedby": field_id(f) + "-hint",
+            }
+            box.append(
+                el(
+                    "label",
+                    children=[
+                        el("span", f.label),
+                        el("input", attrs=attrs),
+                        el("small", f.hint, cls="muted", attrs={"id": field_id(f) + "-hint"}),
+                    ],
+                )
+            )
+        self.shell.n["system-prompt"].value = DEFAULT_SYSTEM_PROMPT
+
+    def read(self) -> dict[str, Any] | None:
+        """The settings as the worker takes them, or None after showing what is wrong."""
+        inputs = {f.name: by_id(field_id(f)) for f in FIELDS}
+        for node in inputs.values():
+            node.removeAttribute("aria-invalid")
+        try:
+            settings = parse_form({name: str(node.value) for name, node in inputs.items()})
+        except SettingsError as e:
+            set_text(self.shell.n["settings-error"], str(e))
+            by_id("settings-panel").open = True
+            if e.field in inputs:
+                inputs[e.field].setAttribute("aria-invalid", "true")
+                inputs[e.field].focus()
+            return None
+        set_text(self.shell.n["settings-error"], "")
+        return settings
+
+    def system_prompt(self) -> str:
+        return str(self.shell.n["system-prompt"].value).strip()
+
+    def set_completion_mode(self, completion: bool) -> None:
+        box = self.shell.n["system-prompt"]
+        box.disabled = completion  # a text-continuation model has no system role
+        note = "Not used: this model has no chat format, it continues your text." if completion else ""
+        box.title = note
+        set_text(self.shell.n["system-note"], note)
