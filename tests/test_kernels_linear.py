@@ -640,8 +640,8 @@ def k1_shader_variants() -> dict[str, str]:
                     matrix = paired if epilogue.startswith("gate") else plain
                     TernaryLinear(kernels, matrix, big, big, big, step, epilogue, use_dot4=dot4)
                     NormTernaryLinear(kernels, big, big, EPS, matrix, big, big, big, step, epilogue, use_dot4=dot4)
-            NormTernaryLinear(kernels, big, None, EPS, plain, big, big, big, step, "residual")
-            NormTernaryLinear(kernels, big, big, EPS, paired, big, big, big, step, "gate_relu2", row_groups=2)
+            NormTernaryLinear(kernels, big, None, EPS, plain, big, big, big, step, "residual").small_t(2)
+            NormTernaryLinear(kernels, big, big, EPS, paired, big, big, big, step, "gate_relu2", row_groups=2).small_t(9)
         for weight in (big, None):
             RMSNormQuant(kernels, big, weight, big, big, step, 2560, EPS)
         RMSNorm(kernels, big, big, big, step, 2560, EPS)
@@ -915,10 +915,13 @@ REPLAY_JS = """async (plan) => {
 
 
 def norm_linear_case(device, kernels, rng, parts, k, t, epilogue, with_weight=True, **kwargs):
+    """`mean_width=` in kwargs: inputs zero-padded past that width, as model/layout.py pads them."""
     values = [random_ternary(rng, n, k) for n in parts]
     scales = list(rng.uniform(0.2, 2.0, len(parts)))
     weights = upload_ternary(device, values, scales, pair_rows=epilogue.startswith("gate"))
     x = random_activations(rng, t, k)
+    true_width = kwargs.get("mean_width", k)
+    x[:, true_width:] = 0.0
     w = rng.uniform(0.5, 1.5, k).astype(np.float32) if with_weight else None
     x_buf = upload(device, x, "x")
     w_buf = upload(device, w, "norm w") if with_weight else None
@@ -930,7 +933,8 @@ def norm_linear_case(device, kernels, rng, parts, k, t, epilogue, with_weight=Tr
     op = NormTernaryLinear(
         kernels, x_buf, w_buf, EPS, weights, xq_buf, xs_buf, out_buf, step_params(device, t), epilogue, **kwargs
     )
-    h = ref_rmsnorm(x, w, EPS) if with_weight else x.astype(np.float64)
+    h = np.zeros((t, k))
+    h[:, :true_width] = ref_rmsnorm(x[:, :true_width], w[:true_width], EPS) if with_weight else x[:, :true_width]
     q, inv_s, scaled = ref_quantize_rows(h)
     y = ref_ternary_linear(np.concatenate(values), np.repeat(np.float32(scales), parts), q, inv_s)
     expected = prior.astype(np.float64)
@@ -1011,5 +1015,54 @@ def test_norm_linear_fallbacks(device, variant):
     recorder = device.begin()
     op.record_fused(recorder, 2)
     recorder.submit()
+    got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
+    check_norm_linear(got, expected, tie)
+
+
+# Several rows at once (speculative verify steps): ternary_gemv_rows.wgsl ------------------------------
+
+
+@pytest.mark.parametrize(
+    "parts,k,epilogue,with_weight,t,small_rows,row_groups,mean_width",
+    [
+        ([96], 128, "store", True, 2, 8, 1, None),
+        ([200], 640, "residual", True, 9, 8, 2, 600),
+        ([100, 100], 384, "gate_relu2", True, 5, 8, 4, None),
+        ([64, 64], 6912, "gate_silu", True, 3, 16, 2, 6900),
+        ([72], 384, "residual", False, 7, 4, 2, None),
+        ([640, 160, 160], 2560, "store", True, 4, 8, 2, None),
+    ],
+)
+def test_norm_linear_small_t_matches_numpy(
+    device, kernels, parts, k, epilogue, with_weight, t, small_rows, row_groups, mean_width
+):
+    rng = np.random.default_rng(90 + k + t)
+    kwargs = {"small_rows": small_rows, "row_groups": row_groups}
+    if mean_width:
+        kwargs["mean_width"] = mean_width
+    op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, parts, k, t, epilogue, with_weight, **kwargs)
+    recorder = device.begin()
+    op.record_small(recorder, t)
+    recorder.submit()
+    got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
+    check_norm_linear(got, expected, tie)
+
+
+@pytest.mark.parametrize("variant", ["no-subgroups", "no-dot4"])
+def test_norm_linear_small_t_fallbacks(device, variant):
+    kernels = KernelCache(device)
+    features = device.features
+    try:
+        if variant == "no-subgroups":
+            device.features = features - {"subgroups"}
+        rng = np.random.default_rng(95)
+        op, out_buf, expected, tie = norm_linear_case(
+            device, kernels, rng, [40, 40], 2560, 6, "gate_relu2", use_dot4=variant != "no-dot4", row_groups=2
+        )
+        recorder = device.begin()
+        op.record_small(recorder, 6)  # built on first use: with the features of this variant
+        recorder.submit()
+    finally:
+        device.features = features
     got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
     check_norm_linear(got, expected, tie)

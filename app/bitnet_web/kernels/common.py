@@ -196,6 +196,12 @@ def wgsl_enables(device: gpu.Device, subgroups: bool = False, f16: bool = False)
     return tuple(enables)
 
 
+# Most token rows of a "small-T" step (a speculative verify over k+1 rows): the ternary linear layers
+# and the LM head then read every weight once for all rows (kernels/linear.py, embedding.py); more
+# rows take the tiled prefill kernels.
+SMALL_T_MAX = 9
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
