@@ -641,7 +641,8 @@ def k1_shader_variants() -> dict[str, str]:
                     TernaryLinear(kernels, matrix, big, big, big, step, epilogue, use_dot4=dot4)
                     NormTernaryLinear(kernels, big, big, EPS, matrix, big, big, big, step, epilogue, use_dot4=dot4)
             NormTernaryLinear(kernels, big, None, EPS, plain, big, big, big, step, "residual").small_t(2)
-            NormTernaryLinear(kernels, big, big, EPS, paired, big, big, big, step, "gate_relu2", row_groups=2).small_t(9)
+            gated = NormTernaryLinear(kernels, big, big, EPS, paired, big, big, big, step, "gate_relu2", row_groups=2)
+            gated.small_t(9)
         for weight in (big, None):
             RMSNormQuant(kernels, big, weight, big, big, step, 2560, EPS)
         RMSNorm(kernels, big, big, big, step, 2560, EPS)
