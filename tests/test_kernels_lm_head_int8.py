@@ -41,7 +41,7 @@ def test_quantizer_is_within_half_a_step_per_row():
     assert scales[3] == 0 and not values[3].any()
 
 
-@pytest.mark.parametrize("v,d,n_tokens", [(333, 2560, 1), (1000, 128, 1), (300, 256, 3)])
+@pytest.mark.parametrize("v,d,n_tokens", [(333, 2560, 1), (1000, 128, 1), (300, 256, 3), (300, 256, 9), (200, 128, 11)])
 def test_int8_head_matches_numpy(device, v, d, n_tokens):
     rng = np.random.default_rng(v + d)
     table = (rng.standard_normal((v, d)) * 0.5).astype(np.float16)

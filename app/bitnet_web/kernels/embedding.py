@@ -13,7 +13,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import gpu
-from .common import STEP_PARAMS_WGSL, KernelCache, StepParams, ceil_div, subgroups_available, wgsl_enables
+from .common import (
+    SMALL_T_MAX,
+    STEP_PARAMS_WGSL,
+    KernelCache,
+    StepParams,
+    ceil_div,
+    subgroups_available,
+    wgsl_enables,
+)
 
 EMBED_WORKGROUP = 64
 LM_HEAD_ROWS = 8  # rows per workgroup: 128256 rows -> 16032 workgroups (limit 65535 per dimension)
@@ -153,7 +161,9 @@ class LMHead:
     """x (T, n_cols) f32 -> logits (T, n_rows) f32 = x @ matrix.T, one dispatch per shard.
 
     `record(recorder, n)`: logits for rows 0..n-1 of x. For n > 1 the kernel bounds token rows by
-    StepParams.n_tokens, which must then equal n (all-logits prefill).
+    StepParams.n_tokens, which must then equal n (all-logits prefill). For 2..SMALL_T_MAX rows (a
+    speculative verify step) one workgroup covers all n rows, so the matrix is read once, not once
+    per LM_HEAD_TOKENS rows; `small_t_rows` overrides its matrix rows per workgroup (benchmarks).
     """
 
     def __init__(
@@ -166,6 +176,7 @@ class LMHead:
         label: str = "lm_head",
         rows_per_workgroup: int = LM_HEAD_ROWS,
         workgroup_size: int = LM_HEAD_WORKGROUP,
+        small_t_rows: int | None = None,
     ):
         d, v = matrix.n_cols, matrix.n_rows
         int8 = isinstance(matrix, Int8Matrix)
@@ -198,6 +209,10 @@ class LMHead:
                 f"{device.limits.max_compute_invocations_per_workgroup}"
             )
         self.single, self.multi = [], []
+        self._small_t_args = (kernels, matrix, x, logits, step, label, enables, sg, slots, room)
+        self._small_t_rows = small_t_rows
+        self._shard_constants: list[dict[str, int]] = []
+        self._small: dict[int, list[tuple[gpu.Pipeline, gpu.BindGroup, int]]] = {}
         for i, (start, stop, buffer) in enumerate(matrix.shards):
             groups = ceil_div(stop - start, rows_per_workgroup)
             if groups > limit:
@@ -216,6 +231,7 @@ class LMHead:
                 SLOTS=slots,
                 ITERS=ceil_div(chunks, workgroup_size),
             )
+            self._shard_constants.append(common)
             variant = sg + (("INT8",) if int8 else ())
             extra = [matrix.scales] if int8 else []
             one = kernels.pipeline("lm_head", enables=enables, defines=variant, TOK=1, **common)
@@ -238,9 +254,51 @@ class LMHead:
                 )
             )
 
+    def small_t(self, n_tokens: int) -> list[tuple[gpu.Pipeline, gpu.BindGroup, int]]:
+        """(pipeline, bindings, workgroups) per shard for exactly `n_tokens` (2..SMALL_T_MAX) rows, built
+        on first use: matrix rows per workgroup halved past LM_HEAD_TOKENS rows (accumulators are
+        registers) and lowered until the partial sums fit the workgroup memory."""
+        found = self._small.get(n_tokens)
+        if found is not None:
+            return found
+        kernels, matrix, x, logits, step, label, enables, sg, slots, room = self._small_t_args
+        if not 2 <= n_tokens <= min(SMALL_T_MAX, self.max_tokens):
+            raise EmbeddingShapeError(
+                f"{label}: the small-T head takes 2..{min(SMALL_T_MAX, self.max_tokens)} rows, got {n_tokens}"
+            )
+        int8 = isinstance(matrix, Int8Matrix)
+        device = kernels.device
+        limit = device.limits.max_compute_workgroups_per_dimension
+        rows = self._small_t_rows or (LM_HEAD_ROWS if n_tokens <= LM_HEAD_TOKENS else LM_HEAD_ROWS // 2)
+        while rows > 1 and 4 * rows * n_tokens * slots + 4 > room:
+            rows //= 2
+        largest = max(stop - start for start, stop, _ in matrix.shards)
+        if 4 * rows * n_tokens * slots + 4 > room or ceil_div(largest, rows) > limit:
+            raise EmbeddingShapeError(
+                f"{label}: no workgroup shape for {n_tokens} rows fits this device's limits "
+                f"({room} bytes of workgroup memory, {limit} workgroups per dimension)"
+            )
+        variant = sg + (("INT8",) if int8 else ()) + ("MULTI",)
+        extra = [matrix.scales] if int8 else []
+        found = []
+        for i, (start, stop, buffer) in enumerate(matrix.shards):
+            constants = {**self._shard_constants[i], "ROWS": rows}
+            pipeline = kernels.pipeline(
+                "lm_head", enables=enables, defines=variant, TOK=n_tokens, STEP_PARAMS=STEP_PARAMS_WGSL, **constants
+            )
+            bind = device.bind_group(
+                pipeline, [buffer, x, logits, *extra, step.buffer], f"{label} shard {i} rows={n_tokens}"
+            )
+            found.append((pipeline, bind, ceil_div(stop - start, rows)))
+        self._small[n_tokens] = found
+        return found
+
     def record(self, recorder: gpu.Recorder, n_tokens: int = 1) -> None:
         if n_tokens == 1:
             for pipeline, bind, groups in self.single:
+                recorder.dispatch(pipeline, bind, groups)
+        elif n_tokens <= min(SMALL_T_MAX, self.max_tokens):
+            for pipeline, bind, groups in self.small_t(n_tokens):
                 recorder.dispatch(pipeline, bind, groups)
         else:
             token_groups = ceil_div(n_tokens, self.multi_tokens)
