@@ -9,6 +9,8 @@ GB/s counts the bytes each dispatch must read (weights + activations).
     python tools/bench_kernels.py               # the default configuration of every op
     python tools/bench_kernels.py --sweep       # also GEMV rows x workgroup and LM-head variants
     python tools/bench_kernels.py --only gemv   # ops whose name contains 'gemv'
+    python tools/bench_kernels.py --only rows   # the fused linear layers and LM head over T = 1..9 rows
+    python tools/bench_kernels.py --verify-steps  # a whole 2B-4T forward step over T = 1..9 rows vs T = 1
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "app"))
 
 from bitnet_web import gpu  # noqa: E402
-from bitnet_web.kernels.common import KernelCache, StepParams  # noqa: E402
+from bitnet_web.kernels.common import SMALL_T_MAX, KernelCache, StepParams  # noqa: E402
 from bitnet_web.kernels.embedding import Argmax, EmbeddingLookup, F16Matrix, LMHead  # noqa: E402
 from bitnet_web.kernels.linear import NormTernaryLinear, TernaryLinear, TernaryMatrix  # noqa: E402
 from bitnet_web.kernels.norm import RMSNorm, RMSNormQuant  # noqa: E402
@@ -141,6 +143,63 @@ def bench_attention_ops(bench: Bench, want, t_max: int, positions=(64, 1024, 400
     cache.release()
 
 
+def bench_verify_steps(args: argparse.Namespace) -> None:
+    """A whole forward step over T = 1..SMALL_T_MAX rows (all logits, then an argmax per row: what a
+    speculative verify step computes) on the synthetic 2B-4T model, against T = 1. Wall time per step
+    of steps recorded beforehand and queued back to back (GPU time, no encoding), median of rounds;
+    then one profiled step per T for the time per kernel."""
+    from bitnet_web.bench import profile_summary, synthetic_model  # noqa: PLC0415
+    from bitnet_web.engine import Engine  # noqa: PLC0415
+
+    engine = Engine()
+    engine.device = gpu.open_device(profile=True)
+    engine.load(synthetic_model(args.shape))
+    model, device = engine.model, engine.device
+    print(f"device: {device.adapter_name}; synthetic {args.shape}, context {args.context}")
+    vocab = model.config.vocab_size
+    ids = device.buffer(4 * SMALL_T_MAX, label="verify ids")
+    argmaxes = [Argmax(model.kernels, model.logits, ids, vocab, slot=t, row=t) for t in range(SMALL_T_MAX)]
+    sync = device.buffer(16, label="sync")
+
+    def record(t: int, rec=None):
+        rec = model._record_step(t, all_logits=True, rec=rec, pos=args.context)
+        for op in argmaxes[:t]:
+            op.record(rec)
+        return rec
+
+    results = {}
+    for t in range(1, SMALL_T_MAX + 1):
+        record(t).submit()  # build the small-T pipelines before timing
+        device.read_sync(sync, 0, 4)
+        samples = []
+        for _ in range(args.rounds):
+            recorders = [record(t) for _ in range(args.steps * 4)]
+            device.read_sync(sync, 0, 4)
+            t0 = time.perf_counter()
+            for rec in recorders:
+                rec.submit()
+            device.read_sync(sync, 0, 4)
+            samples.append((time.perf_counter() - t0) / len(recorders))
+        results[t] = statistics.median(samples)
+        profile = None
+        if device.profiling:
+            rec = record(t, device.begin_profiled())
+            rec.submit()
+            profile = profile_summary(device.read_profile(rec))
+        ratio = results[t] / results[1]
+        print(f"verify step T={t}: {results[t] * 1e3:7.3f} ms  {ratio:5.2f}x T=1", flush=True)
+        if profile:
+            kernels = ", ".join(
+                f"{name} {v['count']}x{v['median_us']:.1f}us={v['total_us']:.0f}"
+                for name, v in list(profile["kernels"].items())[:8]
+            )
+            print(f"    GPU {profile['total_us']:.0f} us: {kernels}", flush=True)
+    print("\n| T | ms / step | x T=1 |\n| ---: | ---: | ---: |")
+    for t, seconds in results.items():
+        print(f"| {t} | {seconds * 1e3:.3f} | {seconds / results[1]:.2f} |")
+    engine.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4, help="submits queued back to back per round")
@@ -150,7 +209,13 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also try GEMV and LM-head tilings")
     parser.add_argument("--only", default="", help="run only ops whose name contains this")
     parser.add_argument("--no-lm-head", action="store_true", help="skip the 657 MB LM head (slow on CPU adapters)")
+    parser.add_argument("--verify-steps", action="store_true", help="time whole 2B-4T forward steps over T = 1..9")
+    parser.add_argument("--context", type=int, default=64, help="cached tokens before a --verify-steps step")
+    parser.add_argument("--shape", default="2b4t", help="synthetic model shape of --verify-steps (2b4t, tiny)")
     args = parser.parse_args()
+    if args.verify_steps:
+        bench_verify_steps(args)
+        return
 
     device = gpu.open_device()
     print(
@@ -195,7 +260,7 @@ def main() -> None:
         ("down", [DIM], FFN, "residual"),
     ]
     for name, parts, cols, epilogue in shapes:
-        if not (want(f"gemv {name}") or want(f"gemm {name}")):
+        if not (want(f"gemv {name}") or want(f"gemm {name}") or want(f"rows {name}")):
             continue
         matrix = TernaryMatrix.upload(
             device,
@@ -248,10 +313,33 @@ def main() -> None:
                 weight_bytes + cols * t_max,
             )
             step.write(1, 0, 0)
+        for t in range(1, SMALL_T_MAX + 1):
+            # What NormTernaryLinear.record runs for t rows: the fused GEMV (t = 1), the small-T kernel.
+            if not want(f"rows {name} T={t}"):
+                continue
+            for small_rows in [None] + ([4, 8, 16] if args.sweep and t > 1 else []):
+                kwargs = {} if small_rows is None else {"small_rows": small_rows}
+                op = NormTernaryLinear(k, x, norm_w, 1e-5, matrix, x_q, x_scale, out, step, epilogue, **kwargs)
+                step.write(t, 0, 0)
+                bench.time_op(
+                    f"rows {name} T={t}",
+                    (lambda r, op=op: op.record(r, 1)) if t == 1 else (lambda r, op=op, t=t: op.record_small(r, t)),
+                    weight_bytes + 4 * cols * t,
+                    "fused gemv" if t == 1 else f"small-T rows={small_rows or 'default'}",
+                )
+            if t > 1 and args.sweep:
+                op = NormTernaryLinear(k, x, norm_w, 1e-5, matrix, x_q, x_scale, out, step, epilogue)
+                bench.time_op(
+                    f"rows {name} T={t}",
+                    lambda r, op=op, t=t: (op.norm.record(r, t), op.linear.record(r, t)),
+                    weight_bytes + 4 * cols * t,
+                    "norm + tiled GEMM (before)",
+                )
+            step.write(1, 0, 0)
         matrix.release(device)
 
     # Embedding, LM head, argmax ---------------------------------------------------------------------
-    if not args.no_lm_head and (want("lm_head") or want("embedding")):
+    if not args.no_lm_head and (want("lm_head") or want("embedding") or want("lm_head rows T=2")):
         table = (rng.standard_normal((VOCAB, DIM)) * 0.02).astype(np.float16)
         matrix = F16Matrix.upload(device, table, "token_embd")
         del table
@@ -281,6 +369,19 @@ def main() -> None:
                     2 * VOCAB * DIM + 4 * DIM,
                     f"{note} {label}",
                 )
+        for t in range(2, SMALL_T_MAX + 1):
+            if not want(f"lm_head rows T={t}") or 4 * t * VOCAB > logits.nbytes:
+                continue
+            step.write(t, 0, 0)
+            for rows in [None] + ([2, 4, 8] if args.sweep else []):
+                op = LMHead(k, matrix, x, logits, step, small_t_rows=rows)
+                bench.time_op(
+                    f"lm_head rows T={t}",
+                    lambda r, op=op, t=t: op.record(r, t),
+                    2 * VOCAB * DIM + 4 * DIM * t,
+                    f"{note} small-T rows={rows or 'default'}",
+                )
+            step.write(1, 0, 0)
         matrix.release(device)
         if want("argmax"):
             op = Argmax(k, logits, ids, VOCAB)
