@@ -1,6 +1,10 @@
-// RMSNorm + int8 quantization + ternary GEMV for a few token rows at once (TOK = 2..SMALL_T_MAX,
-// e.g. the k+1 rows of a speculative verify step): each weight word is read ONCE for all TOK rows,
-// where the tiled prefill GEMM would cost as much as for a full token tile.
+// RMSNorm + int8 quantization + ternary GEMV for a few token rows (N_TOK = 2..SMALL_T_MAX, e.g. the
+// k+1 rows of a speculative verify step), where the tiled prefill GEMM would cost as much as for a
+// full token tile. A workgroup takes TOK of the rows and keeps its weight words in registers for
+// them; the TB = ceil(N_TOK / TOK) workgroups that share the same weight rows are adjacent in the
+// dispatch (workgroup g * TB + b), so they run together and the weights come from memory once (the
+// others' reads hit L2). TOK trades parallelism (rows in different workgroups run concurrently)
+// against the registers and the serial per-row work of one workgroup.
 //
 // Per token row t (the math of ternary_gemv_norm.wgsl, row by row):
 //   h = x[t] * norm_w;  r_t = 1 / sqrt(mean(x[t]^2) + EPS)  (NORMALIZE; else 1)
@@ -17,20 +21,22 @@
 //      subgroup, into the workgroup's integer accumulators of row t (exact: results do not depend
 //      on the order);
 //   3. one barrier, then the epilogue for TOK * OUTS outputs.
+// Rows past N_TOK (the last block) are computed on row N_TOK - 1 and not stored.
 // Per-thread values are unrolled `let`s (//#for, see common.unroll_loops), never indexed arrays.
 //
 // Weight layout (x86 I2_S, see ternary_gemv_norm.wgsl): chunk c holds the codes of input vec4
 // 32(c/2) + 4(c%2) + 8s + j (s, j < 4) in word j shifted by 6 - 2s.
 //
-// Bindings: as ternary_gemv_norm.wgsl (weights, wscale, x [TOK, K/4] vec4<f32>, norm_w with
-// HAS_WEIGHT, out [TOK, OUT_W] f32). Dispatch: (ceil(OUT_W / OUTS), 1, 1), OUTS = TOTAL (TOTAL/2 gated).
+// Bindings: as ternary_gemv_norm.wgsl (weights, wscale, x [N_TOK, K/4] vec4<f32>, norm_w with
+// HAS_WEIGHT, out [N_TOK, OUT_W] f32). Dispatch: (ceil(OUT_W / OUTS) * TB, 1, 1), OUTS = TOTAL (TOTAL/2 gated).
 
 const K: u32 = ${K};
 const N: u32 = ${N};
 const ROWS: u32 = ${ROWS};  // weight rows per row group
 const GROUPS: u32 = ${GROUPS};
 const GW: u32 = ${GW};  // threads per row group, >= K/64
-const TOK: u32 = ${TOK};  // token rows
+const N_TOK: u32 = ${N_TOK};  // token rows of the step
+const TOK: u32 = ${TOK};  // token rows per workgroup
 const SVEC: u32 = ${SVEC};  // runs of 4 input vec4 whose statistics a thread takes: 4 / GROUPS
 const EPILOGUE: u32 = ${EPILOGUE};
 const EPS: f32 = ${EPS};
@@ -38,6 +44,7 @@ const K_F: f32 = ${K_F};
 
 const CHUNKS: u32 = K / 64u;
 const X4: u32 = K / 4u;
+const TB: u32 = (N_TOK + TOK - 1u) / TOK;
 const WG: u32 = GROUPS * GW;
 const TOTAL: u32 = GROUPS * ROWS;
 const GATED: bool = EPILOGUE >= 2u;
@@ -55,7 +62,7 @@ const OUT_W: u32 = select(N, HALF, GATED);
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 //#endif
 
-var<workgroup> acc_rows: array<atomic<i32>, TOTAL * TOK>;  // accumulator r of token row t at t * TOTAL + r
+var<workgroup> acc_rows: array<atomic<i32>, TOTAL * TOK>;  // accumulator r of local row t at t * TOTAL + r
 var<workgroup> lanes_fit_wg: u32;  // 1 when subgroups never straddle two row groups
 
 //#include _ternary_codes
@@ -104,7 +111,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(subgroup_invocation_id) sg_lane: u32,
 //#endif
 ) {
-    let g = wid.x;
+    let g = wid.x / TB;
+    let t0 = (wid.x % TB) * TOK;
     let gi = lid / GW;
     let live = lid % GW < CHUNKS;
     let c = min(lid % GW, CHUNKS - 1u);  // idle threads read a valid chunk and contribute nothing
@@ -128,13 +136,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let lane = 0u;
 //#endif
 //#for t in TOK
+    let row{{t}} = min(t0 + {{t}}u, N_TOK - 1u);
     var ss{{t}} = 0.0;
     var mx{{t}} = 0.0;
 //#for q in SVEC
 //#for j in 4
     {
-        let v = x[{{t}}u * X4 + mine + {{q}}u * 8u + {{j}}u];
-        let h = scaled_input({{t}}u, mine + {{q}}u * 8u + {{j}}u);
+        let v = x[row{{t}} * X4 + mine + {{q}}u * 8u + {{j}}u];
+        let h = scaled_input(row{{t}}, mine + {{q}}u * 8u + {{j}}u);
         ss{{t}} += dot(v, v);
         let a = abs(h);
         mx{{t}} = max(mx{{t}}, max(max(a.x, a.y), max(a.z, a.w)));
@@ -162,10 +171,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#for t in TOK
     {
         let k = rn{{t}} * s{{t}};
-        let q0 = quantized_run({{t}}u, base, k);
-        let q1 = quantized_run({{t}}u, base + 8u, k);
-        let q2 = quantized_run({{t}}u, base + 16u, k);
-        let q3 = quantized_run({{t}}u, base + 24u, k);
+        let q0 = quantized_run(row{{t}}, base, k);
+        let q1 = quantized_run(row{{t}}, base + 8u, k);
+        let q2 = quantized_run(row{{t}}, base + 16u, k);
+        let q3 = quantized_run(row{{t}}, base + 24u, k);
         let qsum = word_sum(q0) + word_sum(q1) + word_sum(q2) + word_sum(q3);
 //#for r in ROWS
         accumulate({{t}}u * TOTAL + gi * ROWS + {{r}}u, select(0i, block_dot(w{{r}}, q0, q1, q2, q3) - qsum, live),
@@ -179,7 +188,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let o = g * OUTS + lid;
     if (lid < OUTS && o < OUT_W) {
 //#for t in TOK
-        {
+        if (t0 + {{t}}u < N_TOK) {
             let inv_s = 1.0 / s{{t}};
             let y = wscale[group_row(g, lid, TOTAL)] * inv_s * f32(atomicLoad(&acc_rows[{{t}}u * TOTAL + lid]));
             var u = 0.0;
@@ -187,7 +196,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
                 let up = lid + OUTS;
                 u = wscale[group_row(g, up, TOTAL)] * inv_s * f32(atomicLoad(&acc_rows[{{t}}u * TOTAL + up]));
             }
-            store_out({{t}}u * OUT_W + o, y, u);
+            store_out(row{{t}} * OUT_W + o, y, u);
         }
 //#endfor
     }

@@ -1024,21 +1024,21 @@ def test_norm_linear_fallbacks(device, variant):
 
 
 @pytest.mark.parametrize(
-    "parts,k,epilogue,with_weight,t,small_rows,row_groups,mean_width",
+    "parts,k,epilogue,with_weight,t,small_rows,row_groups,small_tokens,mean_width",
     [
-        ([96], 128, "store", True, 2, 8, 1, None),
-        ([200], 640, "residual", True, 9, 8, 2, 600),
-        ([100, 100], 384, "gate_relu2", True, 5, 8, 4, None),
-        ([64, 64], 6912, "gate_silu", True, 3, 16, 2, 6900),
-        ([72], 384, "residual", False, 7, 4, 2, None),
-        ([640, 160, 160], 2560, "store", True, 4, 8, 2, None),
+        ([96], 128, "store", True, 2, 8, 1, 2, None),
+        ([200], 640, "residual", True, 9, 8, 2, 1, 600),
+        ([100, 100], 384, "gate_relu2", True, 5, 8, 4, 2, None),  # a last block of one row
+        ([64, 64], 6912, "gate_silu", True, 3, 16, 2, 3, 6900),
+        ([72], 384, "residual", False, 7, 4, 2, 3, None),
+        ([640, 160, 160], 2560, "store", True, 4, 8, 2, 1, None),
     ],
 )
 def test_norm_linear_small_t_matches_numpy(
-    device, kernels, parts, k, epilogue, with_weight, t, small_rows, row_groups, mean_width
+    device, kernels, parts, k, epilogue, with_weight, t, small_rows, row_groups, small_tokens, mean_width
 ):
     rng = np.random.default_rng(90 + k + t)
-    kwargs = {"small_rows": small_rows, "row_groups": row_groups}
+    kwargs = {"small_rows": small_rows, "row_groups": row_groups, "small_tokens": small_tokens}
     if mean_width:
         kwargs["mean_width"] = mean_width
     op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, parts, k, t, epilogue, with_weight, **kwargs)
@@ -1058,7 +1058,16 @@ def test_norm_linear_small_t_fallbacks(device, variant):
             device.features = features - {"subgroups"}
         rng = np.random.default_rng(95)
         op, out_buf, expected, tie = norm_linear_case(
-            device, kernels, rng, [40, 40], 2560, 6, "gate_relu2", use_dot4=variant != "no-dot4", row_groups=2
+            device,
+            kernels,
+            rng,
+            [40, 40],
+            2560,
+            6,
+            "gate_relu2",
+            use_dot4=variant != "no-dot4",
+            row_groups=2,
+            small_tokens=4,
         )
         recorder = device.begin()
         op.record_small(recorder, 6)  # built on first use: with the features of this variant

@@ -56,7 +56,11 @@ class Bench:
 
     def time_op(self, name: str, record, bytes_read: int | None, note: str = "") -> None:
         """record(recorder) adds one dispatch group (one op call) to a recorder."""
-        # Calibrate: how many calls fit in target_s / steps per submit.
+        # Warm up (pipelines built on first use), then calibrate: how many calls fit in target_s / steps per submit.
+        recorder = self.device.begin()
+        record(recorder)
+        recorder.submit()
+        self.wait()
         recorder = self.device.begin()
         record(recorder)
         t0 = time.perf_counter()
@@ -317,18 +321,27 @@ def main() -> None:
             # What NormTernaryLinear.record runs for t rows: the fused GEMV (t = 1), the small-T kernel.
             if not want(f"rows {name} T={t}"):
                 continue
-            for small_rows in [None] + ([4, 8, 16] if args.sweep and t > 1 else []):
-                kwargs = {} if small_rows is None else {"small_rows": small_rows}
+            sweep = [(4, 2, 1), (8, 2, 1), (16, 2, 1), (8, 4, 1), (8, 2, 2), (16, 2, 2), (8, 2, 3)]
+            for small_rows, groups, tokens in [(None, None, None)] + (sweep if args.sweep and t > 1 else []):
+                kwargs = {}
+                if small_rows is not None:
+                    kwargs = {"small_rows": small_rows, "row_groups": groups, "small_tokens": tokens}
                 op = NormTernaryLinear(k, x, norm_w, 1e-5, matrix, x_q, x_scale, out, step, epilogue, **kwargs)
                 step.write(t, 0, 0)
                 bench.time_op(
                     f"rows {name} T={t}",
                     (lambda r, op=op: op.record(r, 1)) if t == 1 else (lambda r, op=op, t=t: op.record_small(r, t)),
                     weight_bytes + 4 * cols * t,
-                    "fused gemv" if t == 1 else f"small-T rows={small_rows or 'default'}",
+                    "fused gemv" if t == 1 else f"small-T rows={small_rows} groups={groups} tokens={tokens}",
                 )
             if t > 1 and args.sweep:
                 op = NormTernaryLinear(k, x, norm_w, 1e-5, matrix, x_q, x_scale, out, step, epilogue)
+                bench.time_op(
+                    f"rows {name} T={t}",
+                    lambda r, op=op, t=t: op.record_fused(r, t),
+                    weight_bytes + 4 * cols * t,
+                    "decode kernel per row (y = T)",
+                )
                 bench.time_op(
                     f"rows {name} T={t}",
                     lambda r, op=op, t=t: (op.norm.record(r, t), op.linear.record(r, t)),

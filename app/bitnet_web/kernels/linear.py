@@ -307,8 +307,10 @@ class TernaryLinear:
 NORM_GEMV_ROWS = 16
 
 
-# Fused small-T kernel: weight rows per row group (its row groups per workgroup as the decode kernel's).
+# Fused small-T kernel: weight rows per row group (its row groups per workgroup as the decode
+# kernel's) and token rows per workgroup.
 SMALL_T_ROWS = 8
+SMALL_T_TOKENS = 1
 
 
 def norm_gemv_row_groups(n_rows: int) -> int:
@@ -349,6 +351,7 @@ class NormTernaryLinear:
         row_groups: int | None = None,
         mean_width: int | None = None,
         small_rows: int = SMALL_T_ROWS,
+        small_tokens: int = SMALL_T_TOKENS,
     ):
         label = label or f"{weights.label} {epilogue} (normed input)"
         op = f"NormTernaryLinear {label!r}"
@@ -433,6 +436,7 @@ class NormTernaryLinear:
             K_F=float(mean_width),
         )
         self.small_groups = ceil_div(self.linear.out_width, small_rows * row_groups // (2 if gated else 1))
+        self.small_tokens = small_tokens
         self.small_max = min(SMALL_T_MAX, self.linear.max_tokens, x.nbytes // (4 * k))
         self._small: dict[int, tuple[gpu.Pipeline, gpu.BindGroup]] = {}
         # CPU adapters (lavapipe, SwiftShader) run the fused kernel's per-workgroup norm 2-3x slower
@@ -449,7 +453,14 @@ class NormTernaryLinear:
                     f"NormTernaryLinear {self._label!r}: the small-T kernel takes 2..{self.small_max} rows, "
                     f"got {n_tokens}"
                 )
-            pipeline = self._kernels.pipeline("ternary_gemv_rows", TOK=n_tokens, **self._small_constants)
+            tok = min(self.small_tokens, n_tokens)
+            limit = self._kernels.device.limits.max_compute_workgroups_per_dimension
+            if self.small_groups * ceil_div(n_tokens, tok) > limit:
+                raise TernaryShapeError(
+                    f"NormTernaryLinear {self._label!r}: {n_tokens} rows need "
+                    f"{self.small_groups * ceil_div(n_tokens, tok)} workgroups, over the device limit of {limit}"
+                )
+            pipeline = self._kernels.pipeline("ternary_gemv_rows", N_TOK=n_tokens, TOK=tok, **self._small_constants)
             bind = self._kernels.device.bind_group(pipeline, self._buffers, f"{self._label} rows={n_tokens}")
             found = self._small[n_tokens] = (pipeline, bind)
         return found
@@ -466,7 +477,7 @@ class NormTernaryLinear:
     def record_small(self, recorder: gpu.Recorder, n_tokens: int) -> None:
         """The small-T kernel over rows 0..n_tokens-1 (what record() runs for them on a GPU; tests)."""
         pipeline, bind = self.small_t(n_tokens)
-        recorder.dispatch(pipeline, bind, self.small_groups)
+        recorder.dispatch(pipeline, bind, self.small_groups * ceil_div(n_tokens, min(self.small_tokens, n_tokens)))
 
     def record_fused(self, recorder: gpu.Recorder, n_tokens: int) -> None:
         """The fused kernel for each of `n_tokens` rows independently (tests and benchmarks)."""
