@@ -434,8 +434,9 @@ def test_embedding_zeroes_out_of_range_ids(device, kernels):
     assert np.all(got[1] == 0.0)
 
 
-@pytest.mark.parametrize("n_rows", [1, 2, 6, 9])  # decode and small-T (verify steps)
-def test_lm_head_uses_every_shard(small_binding_device, n_rows):
+@pytest.mark.parametrize("n_rows,small_t_tokens", [(1, None), (2, None), (6, None), (9, None), (9, 4)])
+def test_lm_head_uses_every_shard(small_binding_device, n_rows, small_t_tokens):
+    """Decode and small-T (verify steps; `small_t_tokens` rows per workgroup, the last block partial)."""
     device = small_binding_device
     kernels = KernelCache(device)
     rng = np.random.default_rng(30 + n_rows)
@@ -446,7 +447,7 @@ def test_lm_head_uses_every_shard(small_binding_device, n_rows):
     x = random_activations(rng, n_rows, d)
     x_buf = upload(device, x, "x")
     logits_buf = upload(device, np.full((n_rows, v), np.nan, np.float32), "logits")
-    op = LMHead(kernels, matrix, x_buf, logits_buf, step_params(device, n_rows))
+    op = LMHead(kernels, matrix, x_buf, logits_buf, step_params(device, n_rows), small_t_tokens=small_t_tokens)
     run(device, (op, (n_rows,), {}))
     got = read(device, logits_buf, np.float32, n_rows * v).reshape(n_rows, v)
     expected = x.astype(np.float64) @ table.astype(np.float64).T

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "app"))
 
 from bitnet_web import gpu  # noqa: E402
 from bitnet_web.kernels.common import SMALL_T_MAX, KernelCache, StepParams  # noqa: E402
-from bitnet_web.kernels.embedding import Argmax, EmbeddingLookup, F16Matrix, LMHead  # noqa: E402
+from bitnet_web.kernels.embedding import LM_HEAD_WORKGROUP, Argmax, EmbeddingLookup, F16Matrix, LMHead  # noqa: E402
 from bitnet_web.kernels.linear import NormTernaryLinear, TernaryLinear, TernaryMatrix  # noqa: E402
 from bitnet_web.kernels.norm import RMSNorm, RMSNormQuant  # noqa: E402
 
@@ -386,13 +386,16 @@ def main() -> None:
             if not want(f"lm_head rows T={t}") or 4 * t * VOCAB > logits.nbytes:
                 continue
             step.write(t, 0, 0)
-            for rows in [None] + ([2, 4, 8] if args.sweep else []):
-                op = LMHead(k, matrix, x, logits, step, small_t_rows=rows)
+            sweep = [(2, 160, None), (8, 160, None), (4, 320, None), (8, 320, None), (4, 160, 3), (8, 160, 2)]
+            for rows, wg, tokens in [(None, LM_HEAD_WORKGROUP, None)] + (sweep if args.sweep else []):
+                if wg > device.limits.max_compute_invocations_per_workgroup:
+                    continue
+                op = LMHead(k, matrix, x, logits, step, workgroup_size=wg, small_t_rows=rows, small_t_tokens=tokens)
                 bench.time_op(
                     f"lm_head rows T={t}",
                     lambda r, op=op, t=t: op.record(r, t),
                     2 * VOCAB * DIM + 4 * DIM * t,
-                    f"{note} small-T rows={rows or 'default'}",
+                    f"{note} small-T rows={rows} wg={wg} tokens/workgroup={tokens}",
                 )
             step.write(1, 0, 0)
         matrix.release(device)
