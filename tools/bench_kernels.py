@@ -152,7 +152,9 @@ def bench_verify_steps(args: argparse.Namespace) -> None:
     speculative verify step computes) on the synthetic 2B-4T model, against T = 1. Wall time per step
     of steps recorded beforehand and queued back to back (GPU time, no encoding), median of rounds;
     then one profiled step per T for the time per kernel."""
-    from bitnet_web.bench import profile_summary, synthetic_model  # noqa: PLC0415
+    import bitnet_web.kernels.embedding as embedding_module  # noqa: PLC0415
+    import bitnet_web.kernels.linear as linear_module  # noqa: PLC0415
+    from bitnet_web.bench import synthetic_model  # noqa: PLC0415
     from bitnet_web.engine import Engine  # noqa: PLC0415
 
     engine = Engine()
@@ -163,7 +165,6 @@ def bench_verify_steps(args: argparse.Namespace) -> None:
     vocab = model.config.vocab_size
     ids = device.buffer(4 * SMALL_T_MAX, label="verify ids")
     argmaxes = [Argmax(model.kernels, model.logits, ids, vocab, slot=t, row=t) for t in range(SMALL_T_MAX)]
-    sync = device.buffer(16, label="sync")
 
     def record(t: int, rec=None):
         rec = model._record_step(t, all_logits=True, rec=rec, pos=args.context)
@@ -171,6 +172,24 @@ def bench_verify_steps(args: argparse.Namespace) -> None:
             op.record(rec)
         return rec
 
+    configs = [c.split(",") for c in args.configs.split(";")] if args.configs else [[]]
+    for config in configs:
+        # rows,groups,tokens of the ternary small-T kernel, then rows,tokens of the LM head's (0: default)
+        values = [int(v) or None for v in config] + [None] * (5 - len(config))
+        linear_module.SMALL_T_ROWS = values[0] or 8
+        linear_module.SMALL_T_GROUPS = values[1]
+        linear_module.SMALL_T_TOKENS = values[2] or 1
+        embedding_module.LM_HEAD_SMALL_T_ROWS, embedding_module.LM_HEAD_SMALL_T_TOKENS = values[3], values[4]
+        model._build_ops()  # the ops read those defaults when built
+        print(f"small-T configuration {values} (ternary rows, groups, tokens; head rows, tokens)", flush=True)
+        time_verify_steps(args, model, device, record)
+    engine.close()
+
+
+def time_verify_steps(args: argparse.Namespace, model, device, record) -> None:
+    from bitnet_web.bench import profile_summary  # noqa: PLC0415
+
+    sync = device.buffer(16, label="sync")
     results = {}
     for t in range(1, SMALL_T_MAX + 1):
         record(t).submit()  # build the small-T pipelines before timing
@@ -201,7 +220,6 @@ def bench_verify_steps(args: argparse.Namespace) -> None:
     print("\n| T | ms / step | x T=1 |\n| ---: | ---: | ---: |")
     for t, seconds in results.items():
         print(f"| {t} | {seconds * 1e3:.3f} | {seconds / results[1]:.2f} |")
-    engine.close()
 
 
 def main() -> None:
@@ -215,6 +233,12 @@ def main() -> None:
     parser.add_argument("--no-lm-head", action="store_true", help="skip the 657 MB LM head (slow on CPU adapters)")
     parser.add_argument("--verify-steps", action="store_true", help="time whole 2B-4T forward steps over T = 1..9")
     parser.add_argument("--context", type=int, default=64, help="cached tokens before a --verify-steps step")
+    parser.add_argument(
+        "--configs",
+        default="",
+        help="--verify-steps: ';'-separated small-T settings 'rows,groups,tokens[,head rows,head tokens]' "
+        "(0 = default)",
+    )
     parser.add_argument("--shape", default="2b4t", help="synthetic model shape of --verify-steps (2b4t, tiny)")
     args = parser.parse_args()
     if args.verify_steps:

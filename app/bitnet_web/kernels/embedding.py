@@ -28,6 +28,10 @@ LM_HEAD_ROWS = 8  # rows per workgroup: 128256 rows -> 16032 workgroups (limit 6
 LM_HEAD_WORKGROUP = 160  # threads: a 2560-wide row is 320 16-byte chunks, 2 per thread (16 loads in flight)
 MIN_SUBGROUP_SIZE = 4  # WebGPU's smallest subgroup size: bounds the reduction slots per workgroup
 LM_HEAD_TOKENS = 4  # token rows per workgroup when logits of several tokens are wanted
+# Small-T head (2..SMALL_T_MAX rows): matrix rows and token rows per workgroup; None = by row count
+# (see LMHead.small_t). Read when an op is built (tools/bench_kernels.py tunes them).
+LM_HEAD_SMALL_T_ROWS: int | None = None
+LM_HEAD_SMALL_T_TOKENS: int | None = None
 ARGMAX_WORKGROUP = 256
 ARGMAX_PER_THREAD = 4  # logits per thread in the first pass: 128256 -> 126 workgroups
 
@@ -212,7 +216,8 @@ class LMHead:
             )
         self.single, self.multi = [], []
         self._small_t_args = (kernels, matrix, x, logits, step, label, enables, sg, slots, room)
-        self._small_t_rows, self._small_t_tokens = small_t_rows, small_t_tokens
+        self._small_t_rows = small_t_rows or LM_HEAD_SMALL_T_ROWS
+        self._small_t_tokens = small_t_tokens or LM_HEAD_SMALL_T_TOKENS
         self._shard_constants: list[dict[str, int]] = []
         self._small: dict[int, list[tuple[gpu.Pipeline, gpu.BindGroup, int, int]]] = {}
         for i, (start, stop, buffer) in enumerate(matrix.shards):

@@ -307,9 +307,10 @@ class TernaryLinear:
 NORM_GEMV_ROWS = 16
 
 
-# Fused small-T kernel: weight rows per row group (its row groups per workgroup as the decode
-# kernel's) and token rows per workgroup.
+# Fused small-T kernel: weight rows per row group, row groups per workgroup (None: the decode
+# kernel's) and token rows per workgroup. Read when an op is built (tools/bench_kernels.py tunes them).
 SMALL_T_ROWS = 8
+SMALL_T_GROUPS: int | None = None
 SMALL_T_TOKENS = 1
 
 
@@ -350,14 +351,17 @@ class NormTernaryLinear:
         workgroup_size: int | None = None,
         row_groups: int | None = None,
         mean_width: int | None = None,
-        small_rows: int = SMALL_T_ROWS,
-        small_tokens: int = SMALL_T_TOKENS,
+        small_rows: int | None = None,
+        small_tokens: int | None = None,
+        small_row_groups: int | None = None,
     ):
         label = label or f"{weights.label} {epilogue} (normed input)"
         op = f"NormTernaryLinear {label!r}"
         k = weights.n_cols
         mean_width = k if mean_width is None else mean_width
         row_groups = row_groups or norm_gemv_row_groups(weights.n_rows)
+        small_rows = small_rows or SMALL_T_ROWS
+        small_row_groups = small_row_groups or SMALL_T_GROUPS or row_groups
         self.norm = RMSNormQuant(kernels, x, norm_weight, x_q, x_scale, step, k, eps, f"{label} norm", mean_width)
         self.linear = TernaryLinear(kernels, weights, x_q, x_scale, out, step, epilogue, label, use_dot4=use_dot4)
         if x.nbytes < 4 * k:
@@ -370,6 +374,7 @@ class NormTernaryLinear:
             or (rows | small_rows) % 2
             or min(rows, small_rows) <= 0
             or row_groups not in (1, 2, 4)
+            or small_row_groups not in (1, 2, 4)
         ):
             raise TernaryShapeError(
                 f"{op}: needs even rows ({rows}, small_rows {small_rows}) <= threads per row group ({gw}), at least "
@@ -383,7 +388,7 @@ class NormTernaryLinear:
         # two reduction slots per thread, accumulators, two flags, the shared quantized row
         workgroup_bytes = 8 * wg + 4 * rows * row_groups + 8 + (k if row_groups > 1 else 0)
         too_big = workgroup_bytes > limits.max_compute_workgroup_storage_size
-        if wg > limits.max_compute_invocations_per_workgroup or too_big:
+        if max(wg, gw * small_row_groups) > limits.max_compute_invocations_per_workgroup or too_big:
             raise TernaryShapeError(
                 f"{op}: K={k} needs {wg} threads and {workgroup_bytes} bytes of workgroup "
                 f"memory per workgroup, over this device's limits "
@@ -428,15 +433,15 @@ class NormTernaryLinear:
             K=k,
             N=weights.n_rows,
             ROWS=small_rows,
-            GROUPS=row_groups,
+            GROUPS=small_row_groups,
             GW=gw,
-            SVEC=4 // row_groups,
+            SVEC=4 // small_row_groups,
             EPILOGUE=EPILOGUES[epilogue],
             EPS=float(eps),
             K_F=float(mean_width),
         )
-        self.small_groups = ceil_div(self.linear.out_width, small_rows * row_groups // (2 if gated else 1))
-        self.small_tokens = small_tokens
+        self.small_groups = ceil_div(self.linear.out_width, small_rows * small_row_groups // (2 if gated else 1))
+        self.small_tokens = small_tokens or SMALL_T_TOKENS
         self.small_max = min(SMALL_T_MAX, self.linear.max_tokens, x.nbytes // (4 * k))
         self._small: dict[int, tuple[gpu.Pipeline, gpu.BindGroup]] = {}
         # CPU adapters (lavapipe, SwiftShader) run the fused kernel's per-workgroup norm 2-3x slower
