@@ -22,7 +22,7 @@ from kernel_reference import (  # noqa: E402
 )
 
 from bitnet_web import gpu  # noqa: E402
-from bitnet_web.kernels.common import KernelCache, StepParams, unroll_loops  # noqa: E402
+from bitnet_web.kernels.common import SMALL_T_MAX, KernelCache, StepParams, unroll_loops  # noqa: E402
 from bitnet_web.kernels.embedding import (  # noqa: E402
     Argmax,
     EmbeddingLookup,
@@ -434,9 +434,9 @@ def test_embedding_zeroes_out_of_range_ids(device, kernels):
     assert np.all(got[1] == 0.0)
 
 
-@pytest.mark.parametrize("n_rows,small_t_tokens", [(1, None), (2, None), (6, None), (9, None), (9, 4)])
-def test_lm_head_uses_every_shard(small_binding_device, n_rows, small_t_tokens):
-    """Decode and small-T (verify steps; `small_t_tokens` rows per workgroup, the last block partial)."""
+@pytest.mark.parametrize("n_rows,small_t_rows", [(1, 4), (2, 8), (6, 4), (9, 2)])
+def test_lm_head_uses_every_shard(small_binding_device, n_rows, small_t_rows):
+    """Decode and small-T (verify steps: all rows in one pass, `small_t_rows` matrix rows per workgroup)."""
     device = small_binding_device
     kernels = KernelCache(device)
     rng = np.random.default_rng(30 + n_rows)
@@ -447,7 +447,7 @@ def test_lm_head_uses_every_shard(small_binding_device, n_rows, small_t_tokens):
     x = random_activations(rng, n_rows, d)
     x_buf = upload(device, x, "x")
     logits_buf = upload(device, np.full((n_rows, v), np.nan, np.float32), "logits")
-    op = LMHead(kernels, matrix, x_buf, logits_buf, step_params(device, n_rows), small_t_tokens=small_t_tokens)
+    op = LMHead(kernels, matrix, x_buf, logits_buf, step_params(device, n_rows), small_t_rows=small_t_rows)
     run(device, (op, (n_rows,), {}))
     got = read(device, logits_buf, np.float32, n_rows * v).reshape(n_rows, v)
     expected = x.astype(np.float64) @ table.astype(np.float64).T
@@ -641,15 +641,14 @@ def k1_shader_variants() -> dict[str, str]:
                     matrix = paired if epilogue.startswith("gate") else plain
                     TernaryLinear(kernels, matrix, big, big, big, step, epilogue, use_dot4=dot4)
                     NormTernaryLinear(kernels, big, big, EPS, matrix, big, big, big, step, epilogue, use_dot4=dot4)
-            NormTernaryLinear(kernels, big, None, EPS, plain, big, big, big, step, "residual").small_t(2)
-            gated = NormTernaryLinear(kernels, big, big, EPS, paired, big, big, big, step, "gate_relu2", row_groups=2)
-            gated.small_t(9)
+            NormTernaryLinear(kernels, big, None, EPS, plain, big, big, big, step, "residual")
+            NormTernaryLinear(kernels, big, big, EPS, paired, big, big, big, step, "gate_relu2", row_groups=2)
         for weight in (big, None):
             RMSNormQuant(kernels, big, weight, big, big, step, 2560, EPS)
         RMSNorm(kernels, big, big, big, step, 2560, EPS)
         table = F16Matrix.upload(dev, random_table(rng, 64, 2560), "t")
         EmbeddingLookup(kernels, table, big, big)
-        LMHead(kernels, table, big, big, step)
+        LMHead(kernels, table, big, big, step).small_t(9)
         Argmax(kernels, big, big, 128256)
         for label, src in dev.sources.items():
             by_source.setdefault(src, f"{sorted(features)} {label}")
@@ -1021,59 +1020,25 @@ def test_norm_linear_fallbacks(device, variant):
     check_norm_linear(got, expected, tie)
 
 
-# Several rows at once (speculative verify steps): ternary_gemv_rows.wgsl ------------------------------
+# Several rows at once (speculative verify steps: record() runs the fused kernel per row) -------------
 
 
 @pytest.mark.parametrize(
-    "parts,k,epilogue,with_weight,t,small_rows,row_groups,small_tokens,mean_width",
+    "parts,k,epilogue,t,mean_width",
     [
-        ([96], 128, "store", True, 2, 8, 1, 2, None),
-        ([200], 640, "residual", True, 9, 8, 2, 1, 600),
-        ([100, 100], 384, "gate_relu2", True, 5, 8, 4, 2, None),  # a last block of one row
-        ([64, 64], 6912, "gate_silu", True, 3, 16, 2, 3, 6900),
-        ([72], 384, "residual", False, 7, 4, 2, 3, None),
-        ([640, 160, 160], 2560, "store", True, 4, 8, 2, 1, None),
+        ([200], 640, "residual", 9, 600),
+        ([64, 64], 6912, "gate_silu", 5, 6900),
+        ([96, 96], 384, "gate_relu2", 2, None),
     ],
 )
-def test_norm_linear_small_t_matches_numpy(
-    device, kernels, parts, k, epilogue, with_weight, t, small_rows, row_groups, small_tokens, mean_width
-):
+def test_norm_linear_verify_rows_match_numpy(device, kernels, parts, k, epilogue, t, mean_width):
+    """2..SMALL_T_MAX rows, inputs zero-padded past the true width as model/layout.py pads them."""
     rng = np.random.default_rng(90 + k + t)
-    kwargs = {"small_rows": small_rows, "row_groups": row_groups, "small_tokens": small_tokens}
-    if mean_width:
-        kwargs["mean_width"] = mean_width
-    op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, parts, k, t, epilogue, with_weight, **kwargs)
+    kwargs = {"mean_width": mean_width} if mean_width else {}
+    op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, parts, k, t, epilogue, **kwargs)
+    assert 2 <= t <= op.small_max <= SMALL_T_MAX  # what record() sends to the fused kernel on a GPU
     recorder = device.begin()
-    op.record_small(recorder, t)
+    op.record_fused(recorder, t)
     recorder.submit()
-    got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
-    check_norm_linear(got, expected, tie)
-
-
-@pytest.mark.parametrize("variant", ["no-subgroups", "no-dot4"])
-def test_norm_linear_small_t_fallbacks(device, variant):
-    kernels = KernelCache(device)
-    features = device.features
-    try:
-        if variant == "no-subgroups":
-            device.features = features - {"subgroups"}
-        rng = np.random.default_rng(95)
-        op, out_buf, expected, tie = norm_linear_case(
-            device,
-            kernels,
-            rng,
-            [40, 40],
-            2560,
-            6,
-            "gate_relu2",
-            use_dot4=variant != "no-dot4",
-            row_groups=2,
-            small_tokens=4,
-        )
-        recorder = device.begin()
-        op.record_small(recorder, 6)  # built on first use: with the features of this variant
-        recorder.submit()
-    finally:
-        device.features = features
     got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
     check_norm_linear(got, expected, tie)

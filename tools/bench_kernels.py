@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "app"))
 
 from bitnet_web import gpu  # noqa: E402
 from bitnet_web.kernels.common import SMALL_T_MAX, KernelCache, StepParams  # noqa: E402
-from bitnet_web.kernels.embedding import LM_HEAD_WORKGROUP, Argmax, EmbeddingLookup, F16Matrix, LMHead  # noqa: E402
+from bitnet_web.kernels.embedding import LM_HEAD_SMALL_T_ROWS, Argmax, EmbeddingLookup, F16Matrix, LMHead  # noqa: E402
 from bitnet_web.kernels.linear import NormTernaryLinear, TernaryLinear, TernaryMatrix  # noqa: E402
 from bitnet_web.kernels.norm import RMSNorm, RMSNormQuant  # noqa: E402
 
@@ -152,8 +152,6 @@ def bench_verify_steps(args: argparse.Namespace) -> None:
     speculative verify step computes) on the synthetic 2B-4T model, against T = 1. Wall time per step
     of steps recorded beforehand and queued back to back (GPU time, no encoding), median of rounds;
     then one profiled step per T for the time per kernel."""
-    import bitnet_web.kernels.embedding as embedding_module  # noqa: PLC0415
-    import bitnet_web.kernels.linear as linear_module  # noqa: PLC0415
     from bitnet_web.bench import synthetic_model  # noqa: PLC0415
     from bitnet_web.engine import Engine  # noqa: PLC0415
 
@@ -172,25 +170,19 @@ def bench_verify_steps(args: argparse.Namespace) -> None:
             op.record(rec)
         return rec
 
-    configs = [c.split(",") for c in args.configs.split(";")] if args.configs else [[]]
-    for config in configs:
-        # rows,groups,tokens of the ternary small-T kernel, then rows,tokens of the LM head's (0: default)
-        values = [int(v) or None for v in config] + [None] * (5 - len(config))
-        linear_module.SMALL_T_ROWS = values[0] or 8
-        linear_module.SMALL_T_GROUPS = values[1]
-        linear_module.SMALL_T_TOKENS = values[2] or 1
-        embedding_module.LM_HEAD_SMALL_T_ROWS, embedding_module.LM_HEAD_SMALL_T_TOKENS = values[3], values[4]
-        model._build_ops()  # the ops read those defaults when built
-        print(f"small-T configuration {values} (ternary rows, groups, tokens; head rows, tokens)", flush=True)
-        time_verify_steps(args, model, device, record)
+    time_verify_steps(args, device, record)
     engine.close()
 
 
-def time_verify_steps(args: argparse.Namespace, model, device, record) -> None:
+def time_verify_steps(args: argparse.Namespace, device, record) -> None:
     from bitnet_web.bench import profile_summary  # noqa: PLC0415
 
     sync = device.buffer(16, label="sync")
     results = {}
+    warm = [record(1) for _ in range(50)]  # GPU clocks up before the first timed round
+    for rec in warm:
+        rec.submit()
+    device.read_sync(sync, 0, 4)
     for t in range(1, SMALL_T_MAX + 1):
         record(t).submit()  # build the small-T pipelines before timing
         device.read_sync(sync, 0, 4)
@@ -233,12 +225,6 @@ def main() -> None:
     parser.add_argument("--no-lm-head", action="store_true", help="skip the 657 MB LM head (slow on CPU adapters)")
     parser.add_argument("--verify-steps", action="store_true", help="time whole 2B-4T forward steps over T = 1..9")
     parser.add_argument("--context", type=int, default=64, help="cached tokens before a --verify-steps step")
-    parser.add_argument(
-        "--configs",
-        default="",
-        help="--verify-steps: ';'-separated small-T settings 'rows,groups,tokens[,head rows,head tokens]' "
-        "(0 = default)",
-    )
     parser.add_argument("--shape", default="2b4t", help="synthetic model shape of --verify-steps (2b4t, tiny)")
     args = parser.parse_args()
     if args.verify_steps:
@@ -342,35 +328,21 @@ def main() -> None:
             )
             step.write(1, 0, 0)
         for t in range(1, SMALL_T_MAX + 1):
-            # What NormTernaryLinear.record runs for t rows: the fused GEMV (t = 1), the small-T kernel.
+            # What NormTernaryLinear.record runs for t rows (the fused kernel, one workgroup row per
+            # token), and with --sweep the tiled GEMM it ran before (issue 15).
             if not want(f"rows {name} T={t}"):
                 continue
-            sweep = [(4, 2, 1), (8, 2, 1), (16, 2, 1), (8, 4, 1), (8, 2, 2), (16, 2, 2), (8, 2, 3)]
-            for small_rows, groups, tokens in [(None, None, None)] + (sweep if args.sweep and t > 1 else []):
-                kwargs = {}
-                if small_rows is not None:
-                    kwargs = {"small_rows": small_rows, "row_groups": groups, "small_tokens": tokens}
-                op = NormTernaryLinear(k, x, norm_w, 1e-5, matrix, x_q, x_scale, out, step, epilogue, **kwargs)
-                step.write(t, 0, 0)
-                bench.time_op(
-                    f"rows {name} T={t}",
-                    (lambda r, op=op: op.record(r, 1)) if t == 1 else (lambda r, op=op, t=t: op.record_small(r, t)),
-                    weight_bytes + 4 * cols * t,
-                    "fused gemv" if t == 1 else f"small-T rows={small_rows} groups={groups} tokens={tokens}",
-                )
+            op = NormTernaryLinear(k, x, norm_w, 1e-5, matrix, x_q, x_scale, out, step, epilogue)
+            step.write(t, 0, 0)
+            bench.time_op(
+                f"rows {name} T={t}", lambda r, op=op, t=t: op.record_fused(r, t), weight_bytes + 4 * cols * t, "fused"
+            )
             if t > 1 and args.sweep:
-                op = NormTernaryLinear(k, x, norm_w, 1e-5, matrix, x_q, x_scale, out, step, epilogue)
-                bench.time_op(
-                    f"rows {name} T={t}",
-                    lambda r, op=op, t=t: op.record_fused(r, t),
-                    weight_bytes + 4 * cols * t,
-                    "decode kernel per row (y = T)",
-                )
                 bench.time_op(
                     f"rows {name} T={t}",
                     lambda r, op=op, t=t: (op.norm.record(r, t), op.linear.record(r, t)),
                     weight_bytes + 4 * cols * t,
-                    "norm + tiled GEMM (before)",
+                    "norm + tiled GEMM",
                 )
             step.write(1, 0, 0)
         matrix.release(device)
@@ -410,16 +382,13 @@ def main() -> None:
             if not want(f"lm_head rows T={t}") or 4 * t * VOCAB > logits.nbytes:
                 continue
             step.write(t, 0, 0)
-            sweep = [(2, 160, None), (8, 160, None), (4, 320, None), (8, 320, None), (4, 160, 3), (8, 160, 2)]
-            for rows, wg, tokens in [(None, LM_HEAD_WORKGROUP, None)] + (sweep if args.sweep else []):
-                if wg > device.limits.max_compute_invocations_per_workgroup:
-                    continue
-                op = LMHead(k, matrix, x, logits, step, workgroup_size=wg, small_t_rows=rows, small_t_tokens=tokens)
+            for rows in [LM_HEAD_SMALL_T_ROWS] + ([2, 8] if args.sweep else []):
+                op = LMHead(k, matrix, x, logits, step, small_t_rows=rows)
                 bench.time_op(
                     f"lm_head rows T={t}",
                     lambda r, op=op, t=t: op.record(r, t),
                     2 * VOCAB * DIM + 4 * DIM * t,
-                    f"{note} small-T rows={rows} wg={wg} tokens/workgroup={tokens}",
+                    f"{note} one pass, rows={rows}",
                 )
             step.write(1, 0, 0)
         matrix.release(device)

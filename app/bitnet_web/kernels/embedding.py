@@ -28,10 +28,10 @@ LM_HEAD_ROWS = 8  # rows per workgroup: 128256 rows -> 16032 workgroups (limit 6
 LM_HEAD_WORKGROUP = 160  # threads: a 2560-wide row is 320 16-byte chunks, 2 per thread (16 loads in flight)
 MIN_SUBGROUP_SIZE = 4  # WebGPU's smallest subgroup size: bounds the reduction slots per workgroup
 LM_HEAD_TOKENS = 4  # token rows per workgroup when logits of several tokens are wanted
-# Small-T head (2..SMALL_T_MAX rows): matrix rows and token rows per workgroup; None = by row count
-# (see LMHead.small_t). Read when an op is built (tools/bench_kernels.py tunes them).
-LM_HEAD_SMALL_T_ROWS: int | None = None
-LM_HEAD_SMALL_T_TOKENS: int | None = None
+# Matrix rows per workgroup of the small-T head (all 2..SMALL_T_MAX rows in one pass): fewer than
+# LM_HEAD_ROWS because each thread holds ROWS x T accumulators (H100, issue 15: 4 was best or within
+# noise of it from T = 2 to 9).
+LM_HEAD_SMALL_T_ROWS = 4
 ARGMAX_WORKGROUP = 256
 ARGMAX_PER_THREAD = 4  # logits per thread in the first pass: 128256 -> 126 workgroups
 
@@ -167,8 +167,7 @@ class LMHead:
     `record(recorder, n)`: logits for rows 0..n-1 of x. For n > 1 the kernel bounds token rows by
     StepParams.n_tokens, which must then equal n (all-logits prefill). For 2..SMALL_T_MAX rows (a
     speculative verify step) one workgroup covers all n rows, so the matrix is read once, not once
-    per LM_HEAD_TOKENS rows; `small_t_rows` / `small_t_tokens` override its matrix rows and token
-    rows per workgroup (benchmarks).
+    per LM_HEAD_TOKENS rows; `small_t_rows` sets its matrix rows per workgroup.
     """
 
     def __init__(
@@ -181,8 +180,7 @@ class LMHead:
         label: str = "lm_head",
         rows_per_workgroup: int = LM_HEAD_ROWS,
         workgroup_size: int = LM_HEAD_WORKGROUP,
-        small_t_rows: int | None = None,
-        small_t_tokens: int | None = None,
+        small_t_rows: int = LM_HEAD_SMALL_T_ROWS,
     ):
         d, v = matrix.n_cols, matrix.n_rows
         int8 = isinstance(matrix, Int8Matrix)
@@ -216,10 +214,9 @@ class LMHead:
             )
         self.single, self.multi = [], []
         self._small_t_args = (kernels, matrix, x, logits, step, label, enables, sg, slots, room)
-        self._small_t_rows = small_t_rows or LM_HEAD_SMALL_T_ROWS
-        self._small_t_tokens = small_t_tokens or LM_HEAD_SMALL_T_TOKENS
+        self._small_t_rows = small_t_rows
         self._shard_constants: list[dict[str, int]] = []
-        self._small: dict[int, list[tuple[gpu.Pipeline, gpu.BindGroup, int, int]]] = {}
+        self._small: dict[int, list[tuple[gpu.Pipeline, gpu.BindGroup, int]]] = {}
         for i, (start, stop, buffer) in enumerate(matrix.shards):
             groups = ceil_div(stop - start, rows_per_workgroup)
             if groups > limit:
@@ -261,10 +258,10 @@ class LMHead:
                 )
             )
 
-    def small_t(self, n_tokens: int) -> list[tuple[gpu.Pipeline, gpu.BindGroup, int, int]]:
-        """(pipeline, bindings, workgroups x, y) per shard for exactly `n_tokens` (2..SMALL_T_MAX) rows, built
-        on first use: matrix rows per workgroup halved past LM_HEAD_TOKENS rows (accumulators are
-        registers) and lowered until the partial sums fit the workgroup memory."""
+    def small_t(self, n_tokens: int) -> list[tuple[gpu.Pipeline, gpu.BindGroup, int]]:
+        """(pipeline, bindings, workgroups) per shard for exactly `n_tokens` (2..SMALL_T_MAX) rows, built
+        on first use, with `small_t_rows` matrix rows per workgroup, lowered until the partial sums
+        fit the workgroup memory."""
         found = self._small.get(n_tokens)
         if found is not None:
             return found
@@ -276,12 +273,11 @@ class LMHead:
         int8 = isinstance(matrix, Int8Matrix)
         device = kernels.device
         limit = device.limits.max_compute_workgroups_per_dimension
-        tok = min(n_tokens, self._small_t_tokens or n_tokens)
-        rows = self._small_t_rows or (LM_HEAD_ROWS if tok <= LM_HEAD_TOKENS else LM_HEAD_ROWS // 2)
-        while rows > 1 and 4 * rows * tok * slots + 4 > room:
+        rows = self._small_t_rows
+        while rows > 1 and 4 * rows * n_tokens * slots + 4 > room:
             rows //= 2
         largest = max(stop - start for start, stop, _ in matrix.shards)
-        if 4 * rows * tok * slots + 4 > room or ceil_div(largest, rows) > limit:
+        if 4 * rows * n_tokens * slots + 4 > room or ceil_div(largest, rows) > limit:
             raise EmbeddingShapeError(
                 f"{label}: no workgroup shape for {n_tokens} rows fits this device's limits "
                 f"({room} bytes of workgroup memory, {limit} workgroups per dimension)"
@@ -292,12 +288,12 @@ class LMHead:
         for i, (start, stop, buffer) in enumerate(matrix.shards):
             constants = {**self._shard_constants[i], "ROWS": rows}
             pipeline = kernels.pipeline(
-                "lm_head", enables=enables, defines=variant, TOK=tok, STEP_PARAMS=STEP_PARAMS_WGSL, **constants
+                "lm_head", enables=enables, defines=variant, TOK=n_tokens, STEP_PARAMS=STEP_PARAMS_WGSL, **constants
             )
             bind = device.bind_group(
                 pipeline, [buffer, x, logits, *extra, step.buffer], f"{label} shard {i} rows={n_tokens}"
             )
-            found.append((pipeline, bind, ceil_div(stop - start, rows), ceil_div(n_tokens, tok)))
+            found.append((pipeline, bind, ceil_div(stop - start, rows)))
         self._small[n_tokens] = found
         return found
 
@@ -306,8 +302,8 @@ class LMHead:
             for pipeline, bind, groups in self.single:
                 recorder.dispatch(pipeline, bind, groups)
         elif n_tokens <= min(SMALL_T_MAX, self.max_tokens):
-            for pipeline, bind, groups, token_groups in self.small_t(n_tokens):
-                recorder.dispatch(pipeline, bind, groups, token_groups)
+            for pipeline, bind, groups in self.small_t(n_tokens):
+                recorder.dispatch(pipeline, bind, groups)
         else:
             token_groups = ceil_div(n_tokens, self.multi_tokens)
             for pipeline, bind, groups in self.multi:

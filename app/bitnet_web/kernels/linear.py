@@ -9,9 +9,8 @@ read gate row i and up row N/2 + i, so `pair_rows` only checks that the halves m
 
 Decode (one token) runs `ternary_gemv.wgsl`: ROWS rows per workgroup, 16-byte weight loads,
 dot4I8Packed, subgroupAdd when present; `NormTernaryLinear` folds the input RMSNorm + quantization
-into it (`ternary_gemv_norm.wgsl`, what the model uses), and for 2..SMALL_T_MAX rows runs
-`ternary_gemv_rows.wgsl`, the same fused kernel reading each weight once for all rows (speculative
-verify steps). Longer prefill runs `ternary_gemm.wgsl`,
+into it (`ternary_gemv_norm.wgsl`, what the model uses) and also runs it for 2..SMALL_T_MAX rows
+(speculative verify steps), one workgroup row per token. Longer prefill runs `ternary_gemm.wgsl`,
 which stages a tile of weight rows (decoded once to signed int8) and token rows in workgroup memory
 and reuses each weight word TT times. Measurements: docs/performance-notes.md.
 """
@@ -307,13 +306,6 @@ class TernaryLinear:
 NORM_GEMV_ROWS = 16
 
 
-# Fused small-T kernel: weight rows per row group, row groups per workgroup (None: the decode
-# kernel's) and token rows per workgroup. Read when an op is built (tools/bench_kernels.py tunes them).
-SMALL_T_ROWS = 8
-SMALL_T_GROUPS: int | None = None
-SMALL_T_TOKENS = 1
-
-
 def norm_gemv_row_groups(n_rows: int) -> int:
     """Row groups per fused workgroup (H100, run 23: 2 for qkv / wo / down, 4 for the 13824-row gate_up;
     one group was 13-40% slower)."""
@@ -325,9 +317,11 @@ class NormTernaryLinear:
 
     Decode (n_tokens == 1): one dispatch of `ternary_gemv_norm.wgsl`, in which every workgroup
     normalizes and quantizes the input row itself (no rmsnorm_quant dispatch, no x_q round trip).
-    2..SMALL_T_MAX rows: one dispatch of `ternary_gemv_rows.wgsl` (the same, for all rows at once,
-    each weight read once; `small_rows` weight rows per row group). Longer prefill: `RMSNormQuant`
-    into x_q / x_scale, then the tiled GEMM, exactly as the two ops would.
+    2..SMALL_T_MAX rows (a speculative verify step): the same dispatch with one workgroup row per
+    token. The workgroups sharing weight rows run close together, so each weight comes from memory
+    once and the other rows' reads mostly hit L2; on the H100 this beat both the tiled GEMM and a
+    kernel holding each weight in registers for several rows (docs/performance.md, issue 15).
+    Longer prefill: `RMSNormQuant` into x_q / x_scale, then the tiled GEMM, as the two ops would.
     Constructor arguments are those of RMSNormQuant and TernaryLinear together; `rows` weight rows
     per row group, `row_groups` (1, 2 or 4; default by size) groups per workgroup, `workgroup_size`
     threads per group, `mean_width` the true width of zero-padded input rows (see RMSNormQuant).
@@ -351,33 +345,21 @@ class NormTernaryLinear:
         workgroup_size: int | None = None,
         row_groups: int | None = None,
         mean_width: int | None = None,
-        small_rows: int | None = None,
-        small_tokens: int | None = None,
-        small_row_groups: int | None = None,
     ):
         label = label or f"{weights.label} {epilogue} (normed input)"
         op = f"NormTernaryLinear {label!r}"
         k = weights.n_cols
         mean_width = k if mean_width is None else mean_width
         row_groups = row_groups or norm_gemv_row_groups(weights.n_rows)
-        small_rows = small_rows or SMALL_T_ROWS
-        small_row_groups = small_row_groups or SMALL_T_GROUPS or row_groups
         self.norm = RMSNormQuant(kernels, x, norm_weight, x_q, x_scale, step, k, eps, f"{label} norm", mean_width)
         self.linear = TernaryLinear(kernels, weights, x_q, x_scale, out, step, epilogue, label, use_dot4=use_dot4)
         if x.nbytes < 4 * k:
             raise TernaryShapeError(f"{op}: x ({x.nbytes} bytes) holds less than one row of {k} f32")
         chunks = k // 64
         gw = workgroup_size or max(64, ceil_div(chunks, 32) * 32)
-        if (
-            gw < chunks
-            or gw < max(rows, small_rows)
-            or (rows | small_rows) % 2
-            or min(rows, small_rows) <= 0
-            or row_groups not in (1, 2, 4)
-            or small_row_groups not in (1, 2, 4)
-        ):
+        if gw < chunks or gw < rows or rows % 2 or rows <= 0 or row_groups not in (1, 2, 4):
             raise TernaryShapeError(
-                f"{op}: needs even rows ({rows}, small_rows {small_rows}) <= threads per row group ({gw}), at least "
+                f"{op}: needs an even rows ({rows}) <= threads per row group ({gw}), at least "
                 f"K/64 = {chunks} threads per row group and row_groups in 1, 2, 4 (got "
                 f"{row_groups})"
             )
@@ -388,7 +370,7 @@ class NormTernaryLinear:
         # two reduction slots per thread, accumulators, two flags, the shared quantized row
         workgroup_bytes = 8 * wg + 4 * rows * row_groups + 8 + (k if row_groups > 1 else 0)
         too_big = workgroup_bytes > limits.max_compute_workgroup_storage_size
-        if max(wg, gw * small_row_groups) > limits.max_compute_invocations_per_workgroup or too_big:
+        if wg > limits.max_compute_invocations_per_workgroup or too_big:
             raise TernaryShapeError(
                 f"{op}: K={k} needs {wg} threads and {workgroup_bytes} bytes of workgroup "
                 f"memory per workgroup, over this device's limits "
@@ -425,65 +407,20 @@ class NormTernaryLinear:
         )
         buffers = [weights.codes, weights.scales, x] + ([norm_weight] if norm_weight is not None else []) + [out]
         self.fused_bind = device.bind_group(self.fused, buffers, f"{label} fused")
-        # The small-T kernels are built on first use, one per row count (most models never verify).
-        self._kernels, self._buffers, self._label = kernels, buffers, label
-        self._small_constants = dict(
-            enables=wgsl_enables(device, subgroups=subgroups),
-            defines=defines,
-            K=k,
-            N=weights.n_rows,
-            ROWS=small_rows,
-            GROUPS=small_row_groups,
-            GW=gw,
-            SVEC=4 // small_row_groups,
-            EPILOGUE=EPILOGUES[epilogue],
-            EPS=float(eps),
-            K_F=float(mean_width),
-        )
-        self.small_groups = ceil_div(self.linear.out_width, small_rows * small_row_groups // (2 if gated else 1))
-        self.small_tokens = small_tokens or SMALL_T_TOKENS
-        self.small_max = min(SMALL_T_MAX, self.linear.max_tokens, x.nbytes // (4 * k))
-        self._small: dict[int, tuple[gpu.Pipeline, gpu.BindGroup]] = {}
         # CPU adapters (lavapipe, SwiftShader) run the fused kernel's per-workgroup norm 2-3x slower
         # than the separate norm dispatch (measured on lavapipe: 1.2 vs 2.8-4.2 tok/s on the bundled
         # model); GPUs gain from fusing (docs/performance-notes.md).
         self.fuse_decode = not device.is_cpu
-
-    def small_t(self, n_tokens: int) -> tuple[gpu.Pipeline, gpu.BindGroup]:
-        """The fused kernel for exactly `n_tokens` (2..SMALL_T_MAX) rows and its bindings."""
-        found = self._small.get(n_tokens)
-        if found is None:
-            if not 2 <= n_tokens <= self.small_max:
-                raise TernaryShapeError(
-                    f"NormTernaryLinear {self._label!r}: the small-T kernel takes 2..{self.small_max} rows, "
-                    f"got {n_tokens}"
-                )
-            tok = min(self.small_tokens, n_tokens)
-            limit = self._kernels.device.limits.max_compute_workgroups_per_dimension
-            if self.small_groups * ceil_div(n_tokens, tok) > limit:
-                raise TernaryShapeError(
-                    f"NormTernaryLinear {self._label!r}: {n_tokens} rows need "
-                    f"{self.small_groups * ceil_div(n_tokens, tok)} workgroups, over the device limit of {limit}"
-                )
-            pipeline = self._kernels.pipeline("ternary_gemv_rows", N_TOK=n_tokens, TOK=tok, **self._small_constants)
-            bind = self._kernels.device.bind_group(pipeline, self._buffers, f"{self._label} rows={n_tokens}")
-            found = self._small[n_tokens] = (pipeline, bind)
-        return found
+        self.small_max = min(SMALL_T_MAX, self.linear.max_tokens, x.nbytes // (4 * k))
 
     def record(self, recorder: gpu.Recorder, n_tokens: int) -> None:
-        if n_tokens == 1 and self.fuse_decode:
-            recorder.dispatch(self.fused, self.fused_bind, self.groups)
-        elif 2 <= n_tokens <= self.small_max and self.fuse_decode:
-            self.record_small(recorder, n_tokens)
+        if n_tokens <= self.small_max and self.fuse_decode:
+            self.record_fused(recorder, n_tokens)
         else:
             self.norm.record(recorder, n_tokens)
             self.linear.record(recorder, n_tokens)
 
-    def record_small(self, recorder: gpu.Recorder, n_tokens: int) -> None:
-        """The small-T kernel over rows 0..n_tokens-1 (what record() runs for them on a GPU; tests)."""
-        pipeline, bind = self.small_t(n_tokens)
-        recorder.dispatch(pipeline, bind, self.small_groups * ceil_div(n_tokens, min(self.small_tokens, n_tokens)))
-
     def record_fused(self, recorder: gpu.Recorder, n_tokens: int) -> None:
-        """The fused kernel for each of `n_tokens` rows independently (tests and benchmarks)."""
+        """The fused kernel for each of `n_tokens` rows (what record() runs for up to SMALL_T_MAX rows
+        on a GPU; tests and benchmarks call it on any adapter)."""
         recorder.dispatch(self.fused, self.fused_bind, self.groups, n_tokens)
