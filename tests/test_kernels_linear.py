@@ -1037,8 +1037,11 @@ def test_norm_linear_verify_rows_match_numpy(device, kernels, parts, k, epilogue
     kwargs = {"mean_width": mean_width} if mean_width else {}
     op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, parts, k, t, epilogue, **kwargs)
     assert 2 <= t <= op.small_max <= SMALL_T_MAX  # what record() sends to the fused kernel on a GPU
-    recorder = device.begin()
-    op.record_fused(recorder, t)
-    recorder.submit()
-    got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
-    check_norm_linear(got, expected, tie)
+    prior = read(device, out_buf, np.float32, expected.size)
+    for record in (op.record_fused, op.record_split):
+        device.upload(out_buf, 0, prior)  # the residual epilogue adds to it
+        recorder = device.begin()
+        record(recorder, t)
+        recorder.submit()
+        got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
+        check_norm_linear(got, expected, tie, record.__name__)

@@ -329,7 +329,7 @@ def main() -> None:
             step.write(1, 0, 0)
         for t in range(1, SMALL_T_MAX + 1):
             # What NormTernaryLinear.record runs for t rows (the fused kernel, one workgroup row per
-            # token), and with --sweep the tiled GEMM it ran before (issue 15).
+            # token), the SMALL_T_SPLIT_NORM path, and with --sweep the tiled GEMM it ran before (issue 15).
             if not want(f"rows {name} T={t}"):
                 continue
             op = NormTernaryLinear(k, x, norm_w, 1e-5, matrix, x_q, x_scale, out, step, epilogue)
@@ -337,6 +337,13 @@ def main() -> None:
             bench.time_op(
                 f"rows {name} T={t}", lambda r, op=op, t=t: op.record_fused(r, t), weight_bytes + 4 * cols * t, "fused"
             )
+            if t > 1:
+                bench.time_op(
+                    f"rows {name} T={t}",
+                    lambda r, op=op, t=t: op.record_split(r, t),
+                    weight_bytes + 4 * cols * t,
+                    "norm once + gemv per row (2 dispatches)",
+                )
             if t > 1 and args.sweep:
                 bench.time_op(
                     f"rows {name} T={t}",

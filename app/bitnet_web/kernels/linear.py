@@ -306,6 +306,12 @@ class TernaryLinear:
 NORM_GEMV_ROWS = 16
 
 
+# 2..SMALL_T_MAX rows: False runs the fused kernel per row (measured, docs/performance.md); True runs
+# RMSNormQuant once for the rows, then the plain GEMV per row (two dispatches, no per-workgroup norm:
+# not yet measured on a GPU; tools/bench_kernels.py --only rows times both). Read when an op is built.
+SMALL_T_SPLIT_NORM = False
+
+
 def norm_gemv_row_groups(n_rows: int) -> int:
     """Row groups per fused workgroup (H100, run 23: 2 for qkv / wo / down, 4 for the 13824-row gate_up;
     one group was 13-40% slower)."""
@@ -412,13 +418,22 @@ class NormTernaryLinear:
         # model); GPUs gain from fusing (docs/performance-notes.md).
         self.fuse_decode = not device.is_cpu
         self.small_max = min(SMALL_T_MAX, self.linear.max_tokens, x.nbytes // (4 * k))
+        self.split_small_t = SMALL_T_SPLIT_NORM
 
     def record(self, recorder: gpu.Recorder, n_tokens: int) -> None:
-        if n_tokens <= self.small_max and self.fuse_decode:
+        if 1 < n_tokens <= self.small_max and self.fuse_decode and self.split_small_t:
+            self.record_split(recorder, n_tokens)
+        elif n_tokens <= self.small_max and self.fuse_decode:
             self.record_fused(recorder, n_tokens)
         else:
             self.norm.record(recorder, n_tokens)
             self.linear.record(recorder, n_tokens)
+
+    def record_split(self, recorder: gpu.Recorder, n_tokens: int) -> None:
+        """RMSNormQuant over the rows (StepParams.n_tokens must equal n_tokens), then the plain GEMV
+        per row: the SMALL_T_SPLIT_NORM path."""
+        self.norm.record(recorder, n_tokens)
+        self.linear.record_gemv(recorder, n_tokens)
 
     def record_fused(self, recorder: gpu.Recorder, n_tokens: int) -> None:
         """The fused kernel for each of `n_tokens` rows (what record() runs for up to SMALL_T_MAX rows
