@@ -257,6 +257,19 @@ class LMHead:
                     groups,
                 )
             )
+        # rows up to which one pass covers all tokens (longer steps: passes of multi_tokens rows)
+        fits = [n for n in range(2, min(SMALL_T_MAX, self.max_tokens) + 1) if self._small_t_shape(n)]
+        self.small_max = max(fits, default=1)
+
+    def _small_t_shape(self, n_tokens: int) -> int | None:
+        """Matrix rows per workgroup for `n_tokens` rows in one pass, or None where none fits."""
+        kernels, matrix, _, _, _, _, _, _, slots, room = self._small_t_args
+        rows = self._small_t_rows
+        while rows > 1 and 4 * rows * n_tokens * slots + 4 > room:
+            rows //= 2
+        largest = max(stop - start for start, stop, _ in matrix.shards)
+        limit = kernels.device.limits.max_compute_workgroups_per_dimension
+        return None if 4 * rows * n_tokens * slots + 4 > room or ceil_div(largest, rows) > limit else rows
 
     def small_t(self, n_tokens: int) -> list[tuple[gpu.Pipeline, gpu.BindGroup, int]]:
         """(pipeline, bindings, workgroups) per shard for exactly `n_tokens` (2..SMALL_T_MAX) rows, built
@@ -266,22 +279,13 @@ class LMHead:
         if found is not None:
             return found
         kernels, matrix, x, logits, step, label, enables, sg, slots, room = self._small_t_args
-        if not 2 <= n_tokens <= min(SMALL_T_MAX, self.max_tokens):
-            raise EmbeddingShapeError(
-                f"{label}: the small-T head takes 2..{min(SMALL_T_MAX, self.max_tokens)} rows, got {n_tokens}"
-            )
+        if not 2 <= n_tokens <= self.small_max:
+            raise EmbeddingShapeError(f"{label}: the small-T head takes 2..{self.small_max} rows, got {n_tokens}")
+        rows = self._small_t_shape(n_tokens)
+        if rows is None:
+            raise EmbeddingShapeError(f"{label}: no workgroup shape for {n_tokens} rows fits this device's limits")
         int8 = isinstance(matrix, Int8Matrix)
         device = kernels.device
-        limit = device.limits.max_compute_workgroups_per_dimension
-        rows = self._small_t_rows
-        while rows > 1 and 4 * rows * n_tokens * slots + 4 > room:
-            rows //= 2
-        largest = max(stop - start for start, stop, _ in matrix.shards)
-        if 4 * rows * n_tokens * slots + 4 > room or ceil_div(largest, rows) > limit:
-            raise EmbeddingShapeError(
-                f"{label}: no workgroup shape for {n_tokens} rows fits this device's limits "
-                f"({room} bytes of workgroup memory, {limit} workgroups per dimension)"
-            )
         variant = sg + (("INT8",) if int8 else ()) + ("MULTI",)
         extra = [matrix.scales] if int8 else []
         found = []
@@ -301,7 +305,7 @@ class LMHead:
         if n_tokens == 1:
             for pipeline, bind, groups in self.single:
                 recorder.dispatch(pipeline, bind, groups)
-        elif n_tokens <= min(SMALL_T_MAX, self.max_tokens):
+        elif n_tokens <= self.small_max:
             for pipeline, bind, groups in self.small_t(n_tokens):
                 recorder.dispatch(pipeline, bind, groups)
         else:
