@@ -247,14 +247,15 @@ def main() -> None:
         return args.only in name
 
     step = StepParams(device)
-    x = buf(4 * t_max * FFN, "x")
-    device.upload(x, 0, rng.standard_normal(t_max * FFN).astype(np.float32))
-    x_q, x_scale = buf(t_max * FFN, "x_q"), buf(4 * t_max, "x_scale")
-    device.upload(x_q, 0, rng.integers(0, 2**32, t_max * FFN // 4, dtype=np.uint32))
-    device.upload(x_scale, 0, np.full(t_max, 0.01, np.float32))
+    buf_rows = max(t_max, SMALL_T_MAX)  # token rows the buffers hold (the "rows" ops go up to SMALL_T_MAX)
+    x = buf(4 * buf_rows * FFN, "x")
+    device.upload(x, 0, rng.standard_normal(buf_rows * FFN).astype(np.float32))
+    x_q, x_scale = buf(buf_rows * FFN, "x_q"), buf(4 * buf_rows, "x_scale")
+    device.upload(x_q, 0, rng.integers(0, 2**32, buf_rows * FFN // 4, dtype=np.uint32))
+    device.upload(x_scale, 0, np.full(buf_rows, 0.01, np.float32))
     norm_w = buf(4 * FFN, "norm w")
     device.upload(norm_w, 0, np.ones(FFN, np.float32))
-    out = buf(4 * t_max * 2 * FFN, "out")
+    out = buf(4 * buf_rows * 2 * FFN, "out")
 
     # Norms --------------------------------------------------------------------------------------
     step.write(1, 0, 0)
@@ -360,8 +361,8 @@ def main() -> None:
         matrix = F16Matrix.upload(device, table, "token_embd")
         del table
         logits = (
-            buf(4 * t_max * VOCAB, "logits")
-            if 4 * t_max * VOCAB <= device.limits.max_binding
+            buf(4 * buf_rows * VOCAB, "logits")
+            if 4 * buf_rows * VOCAB <= device.limits.max_binding
             else buf(4 * VOCAB, "logits")
         )
         ids = buf(4 * t_max, "ids")
