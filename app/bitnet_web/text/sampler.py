@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["GPU_PENALTY_WINDOW_MAX", "GPU_TOP_K_MAX", "Sampler", "SamplerSettings", "choose", "uniform"]
+__all__ = ["GPU_PENALTY_WINDOW_MAX", "GPU_TOP_K_MAX", "Sampler", "SamplerSettings", "choose", "distribution", "uniform"]
 
 # Largest top_k the GPU sampler handles (its per-workgroup candidate lists), and the longest
 # repetition-penalty window (its ring of recent tokens); beyond them, or with top_k = 0, tokens
@@ -138,6 +138,16 @@ class Sampler:
 def choose(logits: np.ndarray, settings: SamplerSettings, u: float) -> int:
     """The token that the draw `u` in [0, 1) picks from `logits` (float [V], no NaN, penalty
     already applied) under top-k -> top-p -> min-p -> temperature, by inverse CDF."""
+    cand, probs = distribution(logits, settings)
+    # Inverse-CDF draw: robust to the rounding that makes probs.sum() differ from 1 by an ulp.
+    cum = np.cumsum(probs)
+    index = int(np.searchsorted(cum, u * cum[-1], side="right"))
+    return int(cand[min(index, len(cand) - 1)])
+
+
+def distribution(logits: np.ndarray, settings: SamplerSettings) -> tuple[np.ndarray, np.ndarray]:
+    """The distribution `choose` draws from: (token ids, probabilities), in its draw order (logit
+    descending, then id). `logits` as for `choose`; temperature > 0."""
     s = settings
     vocab = logits.shape[0]
     # top-k: O(V) selection; at the boundary, equal logits go to the smaller token ids
@@ -164,12 +174,7 @@ def choose(logits: np.ndarray, settings: SamplerSettings, u: float) -> int:
         keep = max(keep, 1)
         cand = cand[:keep]
         cand_logits = cand_logits[:keep]
-
-    probs = _softmax(cand_logits / s.temperature)
-    # Inverse-CDF draw: robust to the rounding that makes probs.sum() differ from 1 by an ulp.
-    cum = np.cumsum(probs)
-    index = int(np.searchsorted(cum, u * cum[-1], side="right"))
-    return int(cand[min(index, len(cand) - 1)])
+    return cand, _softmax(cand_logits / s.temperature)
 
 
 _MASK32 = 0xFFFFFFFF
