@@ -172,6 +172,18 @@ def test_fewer_rows_than_allocated(device, kernels):
     assert got in acceptable(logits, draft, k, settings, 99, 0, history)
 
 
+def test_a_row_without_a_valid_logit_emits_token_zero_and_flags_it(device, kernels):
+    """As the GPU sampler: an all-NaN row (a broken forward pass) is never a kept draft or a draw."""
+    vocab = 200
+    harness = Harness(device, kernels, vocab, max_rows=3)
+    harness.op.configure(SamplerSettings(temperature=1.0, top_k=40), 3, 0, [])
+    logits = np.zeros((3, vocab), np.float32)
+    logits[0, 17] = 50.0  # drafted token 0 is kept
+    logits[1] = np.nan
+    assert harness.step(logits, [17, 5], 2, 3) == [17, 0]
+    assert device.read_sync(harness.op.state, 0, 8).view(np.uint32).tolist() == [4, 1]
+
+
 def test_reproducible_and_seed_dependent(device, kernels):
     vocab, k = 300, 4
     harness = Harness(device, kernels, vocab, max_rows=k + 1)
