@@ -10,7 +10,16 @@ import pytest
 from bitnet_web.web.shared import hosts
 from bitnet_web.web.shared.progress import cut_note, stats_line
 from bitnet_web.web.shared.prompts import keep_recent_tokens, reply_room
-from bitnet_web.web.shared.settings import FIELDS, SettingsError, format_number, parse_value
+from bitnet_web.web.shared.settings import (
+    FIELDS,
+    SettingsError,
+    format_number,
+    greedy,
+    parse_form,
+    parse_value,
+    speculate_option,
+    to_engine_settings,
+)
 
 
 def _page_csp() -> str:
@@ -71,6 +80,37 @@ def test_settings_numbers_read_as_written():
     with pytest.raises(SettingsError, match=re.escape("outside 0 to 4294967295")) as e:
         parse_value("seed", "-1")
     assert e.value.field == "seed"
+
+
+def test_speculative_decoding_setting_bounds_and_wording():
+    field = next(f for f in FIELDS if f.name == "speculate")
+    assert field.label == "Speculative decoding (draft tokens)" and field.hint.startswith("0 = off")
+    assert parse_value("speculate", "") == field.default == 0 and parse_value("speculate", " 4 ") == 4
+    for bad, words in (("9", "outside 0 to 8"), ("-1", "outside 0 to 8"), ("2.5", "not a whole number")):
+        with pytest.raises(SettingsError, match=re.escape("Speculative decoding (draft tokens): ")) as e:
+            parse_value("speculate", bad)
+        assert words in str(e.value) and e.value.field == "speculate"
+    assert greedy(8)["speculate"] == 0  # the widget drafts only when it asks to
+
+
+def test_speculative_decoding_setting_bound_is_the_engines():
+    speculative = pytest.importorskip("bitnet_web.kernels.speculative")  # merged from issue 15's engine work
+    assert next(f for f in FIELDS if f.name == "speculate").high == speculative.SPECULATE_MAX
+
+
+def test_speculate_reaches_an_engine_that_takes_it_and_is_reported_otherwise():
+    async def drafting(prompt_ids, settings, max_tokens=256, stop_strings=(), speculate=0): ...
+
+    async def plain(prompt_ids, settings, max_tokens=256, stop_strings=()): ...
+
+    settings = parse_form({"speculate": "3"})
+    assert speculate_option(settings, drafting) == ({"speculate": 3}, "")
+    options, note = speculate_option(settings, plain)
+    assert options == {} and note.startswith("speculative decoding (3 draft tokens) is not available")
+    assert speculate_option(parse_form({}), plain) == ({}, "")  # off: nothing to pass, nothing to say
+    assert speculate_option(parse_form({"speculate": "0"}), drafting) == ({}, "")
+    sampler = pytest.importorskip("bitnet_web.text.sampler")
+    assert not hasattr(to_engine_settings(settings, sampler.SamplerSettings), "speculate")  # not a sampler field
 
 
 def test_stats_line_counts_and_notes():

@@ -13,6 +13,8 @@ Page -> worker: {"op": ..., "id": int, ...}
   cancel_load                            (the running load ends with error kind "cancelled", in any phase;
                                           the model loaded before stays loaded)
   chat          messages, settings, id   -> piece*, done | error
+                (settings: shared/settings.py FIELDS; "speculate" K > 0 drafts K tokens per step, or logs
+                that this engine cannot and generates without drafts)
   complete      prompt, settings, id     -> piece*, done | error
                 keep_recent, latest_chars (optional: keep the most recent text that fits the context,
                 the last latest_chars characters being the new message; error kind "too_long" if it

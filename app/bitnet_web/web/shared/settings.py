@@ -7,6 +7,8 @@ the engine's `SamplerSettings`, passing only the fields that dataclass has.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 
@@ -27,6 +29,16 @@ FIELDS = (
     Field("max_tokens", "Max tokens", int, 256, 1, 8192, "length of one reply"),
     Field("repetition_penalty", "Repetition penalty", float, 1.1, 0.5, 2.0, "1 = off"),
     Field("seed", "Seed", int, None, 0, 2**32 - 1, "empty = random"),
+    # the engine's largest draft is kernels/speculative.py SPECULATE_MAX (a test checks they agree)
+    Field(
+        "speculate",
+        "Speculative decoding (draft tokens)",
+        int,
+        0,
+        0,
+        8,
+        "0 = off; same replies, faster when a reply repeats earlier text",
+    ),
 )
 FIELDS_BY_NAME = {f.name: f for f in FIELDS}
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in FIELDS}
@@ -75,6 +87,22 @@ def to_engine_settings(settings: dict[str, Any], settings_cls: type) -> Any:
     names = {f.name for f in dataclasses.fields(settings_cls)}
     kwargs = {k: v for k, v in settings.items() if k in names and v is not None}
     return settings_cls(**kwargs)
+
+
+def speculate_option(settings: dict[str, Any], method: Callable) -> tuple[dict[str, int], str]:
+    """The keyword for an engine call (`Engine.generate_tokens_async`, `chat_async`, ...) that drafts
+    `settings["speculate"]` tokens per step: {"speculate": K} when K > 0 and `method` takes it; else
+    {}, with a note for the log when drafting was asked for and this engine cannot do it."""
+    k = int(settings.get("speculate") or 0)
+    if k <= 0:
+        return {}, ""
+    try:
+        parameters = inspect.signature(method).parameters
+    except (TypeError, ValueError):  # a callable without a signature: do not guess
+        parameters = {}
+    if "speculate" in parameters:
+        return {"speculate": k}, ""
+    return {}, f"speculative decoding ({k} draft tokens) is not available in this engine build: generating without it"
 
 
 def greedy(max_tokens: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import importlib
 import time
@@ -26,7 +27,7 @@ from pyodide.ffi import create_proxy
 from ..shared import protocol
 from ..shared.checkpoints import is_checkpoint_model, visible_entries
 from ..shared.failures import describe, failure_event
-from ..shared.settings import to_engine_settings
+from ..shared.settings import speculate_option, to_engine_settings
 from .checkpoint_downloader import CheckpointDownloader, EngineMissingError, delete_entry
 from .downloader import ModelDownloader, testing_hooks
 from .store import CorruptEntryError, ModelStore
@@ -348,24 +349,35 @@ class EngineWorker:
         emit({"event": "loaded", "info": info, "source": source, "offline_copy": offline_copy, "key": meta["key"]})
 
     async def op_chat(self, msg: dict[str, Any], req_id: int | None) -> None:
+        options = msg.get("settings") or {}
         await self._generate(
             req_id,
-            lambda engine, settings, max_tokens: engine.chat_async(msg["messages"], settings, max_tokens=max_tokens),
-            msg.get("settings") or {},
+            lambda engine, settings, max_tokens: self._drafting(engine.chat_async, options)(
+                msg["messages"], settings, max_tokens=max_tokens
+            ),
+            options,
         )
 
     async def op_complete(self, msg: dict[str, Any], req_id: int | None) -> None:
+        options = msg.get("settings") or {}
         if not msg.get("keep_recent"):
-            start = lambda engine, settings, max_tokens: engine.complete_async(  # noqa: E731
+            start = lambda engine, settings, max_tokens: self._drafting(engine.complete_async, options)(  # noqa: E731
                 msg["prompt"], settings, max_tokens=max_tokens
             )
         else:  # the chat page's running document: keep the most recent text that fits
 
             def start(engine, settings, max_tokens):
                 ids = self._recent_prompt(engine, msg["prompt"], int(msg.get("latest_chars") or 0), max_tokens)
-                return engine.generate_tokens_async(ids, settings, max_tokens)
+                return self._drafting(engine.generate_tokens_async, options)(ids, settings, max_tokens)
 
-        await self._generate(req_id, start, msg.get("settings") or {})
+        await self._generate(req_id, start, options)
+
+    def _drafting(self, method: Any, settings: dict[str, Any]) -> Any:
+        """`method` with the page's speculative-decoding setting (a log line when this engine lacks it)."""
+        options, note = speculate_option(settings, method)
+        if note:
+            self.post({"event": "log", "message": note})
+        return functools.partial(method, **options)
 
     def _recent_prompt(self, engine: Any, prompt: str, latest_chars: int, max_tokens: int) -> list[int]:
         from ..shared.prompts import keep_recent_tokens, reply_room
