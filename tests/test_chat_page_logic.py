@@ -84,13 +84,14 @@ def test_settings_numbers_read_as_written():
 
 def test_speculative_decoding_setting_bounds_and_wording():
     field = next(f for f in FIELDS if f.name == "speculate")
-    assert field.label == "Speculative decoding (draft tokens)" and field.hint.startswith("0 = off")
-    assert parse_value("speculate", "") == field.default == 0 and parse_value("speculate", " 4 ") == 4
+    assert field.label == "Speculative decoding (draft tokens)" and "0 = off" in field.hint
+    assert parse_value("speculate", "") is None and field.blank == "auto"  # empty: the engine decides
+    assert parse_value("speculate", " 4 ") == 4 and parse_value("speculate", "0") == 0
     for bad, words in (("9", "outside 0 to 8"), ("-1", "outside 0 to 8"), ("2.5", "not a whole number")):
         with pytest.raises(SettingsError, match=re.escape("Speculative decoding (draft tokens): ")) as e:
             parse_value("speculate", bad)
         assert words in str(e.value) and e.value.field == "speculate"
-    assert greedy(8)["speculate"] == 0  # the widget drafts only when it asks to
+    assert greedy(8)["speculate"] is None  # the widget leaves it to the engine
 
 
 def test_speculative_decoding_setting_bound_is_the_engines():
@@ -107,8 +108,9 @@ def test_speculate_reaches_an_engine_that_takes_it_and_is_reported_otherwise():
     assert speculate_option(settings, drafting) == ({"speculate": 3}, "")
     options, note = speculate_option(settings, plain)
     assert options == {} and note.startswith("speculative decoding (3 draft tokens) is not available")
-    assert speculate_option(parse_form({}), plain) == ({}, "")  # off: nothing to pass, nothing to say
-    assert speculate_option(parse_form({"speculate": "0"}), drafting) == ({}, "")
+    assert speculate_option(parse_form({}), drafting) == ({}, "")  # empty: the engine's default
+    assert speculate_option(parse_form({"speculate": "0"}), drafting) == ({"speculate": 0}, "")  # off, said so
+    assert speculate_option(parse_form({"speculate": "0"}), plain) == ({}, "")  # off, and it never drafts
     sampler = pytest.importorskip("bitnet_web.text.sampler")
     assert not hasattr(to_engine_settings(settings, sampler.SamplerSettings), "speculate")  # not a sampler field
 

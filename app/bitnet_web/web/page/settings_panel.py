@@ -36,7 +36,7 @@ class SettingsPanel:
                 "step": "1" if f.kind is int else "0.05",
                 "value": "" if f.default is None else format_number(f.default),
                 # an emptied field uses the default: the placeholder shows which
-                "placeholder": "random" if f.default is None else format_number(f.default),
+                "placeholder": f.blank if f.default is None else format_number(f.default),
                 "aria-describedby": field_id(f) + "-hint",
             }
             box.append(

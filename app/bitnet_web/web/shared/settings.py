@@ -20,6 +20,7 @@ class Field(NamedTuple):
     low: float
     high: float
     hint: str
+    blank: str = ""  # what an empty field means, where the default is None (shown as its placeholder)
 
 
 FIELDS = (
@@ -28,16 +29,17 @@ FIELDS = (
     Field("top_p", "Top-p", float, 0.9, 0.0, 1.0, "1 = no limit"),
     Field("max_tokens", "Max tokens", int, 256, 1, 8192, "length of one reply"),
     Field("repetition_penalty", "Repetition penalty", float, 1.1, 0.5, 2.0, "1 = off"),
-    Field("seed", "Seed", int, None, 0, 2**32 - 1, "empty = random"),
+    Field("seed", "Seed", int, None, 0, 2**32 - 1, "empty = random", "random"),
     # the engine's largest draft is kernels/speculative.py SPECULATE_MAX (a test checks they agree)
     Field(
         "speculate",
         "Speculative decoding (draft tokens)",
         int,
-        0,
+        None,
         0,
         8,
-        "0 = off; same replies, faster when a reply repeats earlier text",
+        "empty = automatic, 0 = off; same replies, faster on repeated text",
+        "auto",
     ),
 )
 FIELDS_BY_NAME = {f.name: f for f in FIELDS}
@@ -91,17 +93,20 @@ def to_engine_settings(settings: dict[str, Any], settings_cls: type) -> Any:
 
 def speculate_option(settings: dict[str, Any], method: Callable) -> tuple[dict[str, int], str]:
     """The keyword for an engine call (`Engine.generate_tokens_async`, `chat_async`, ...) that drafts
-    `settings["speculate"]` tokens per step: {"speculate": K} when K > 0 and `method` takes it; else
-    {}, with a note for the log when drafting was asked for and this engine cannot do it."""
-    k = int(settings.get("speculate") or 0)
-    if k <= 0:
+    up to `settings["speculate"]` tokens per step (0 = off): {"speculate": K} when `method` takes it;
+    {} for None (the engine's own choice), or with a note for the log when drafting was asked for
+    and this engine cannot do it."""
+    k = settings.get("speculate")
+    if k is None:
         return {}, ""
     try:
         parameters = inspect.signature(method).parameters
     except (TypeError, ValueError):  # a callable without a signature: do not guess
         parameters = {}
     if "speculate" in parameters:
-        return {"speculate": k}, ""
+        return {"speculate": int(k)}, ""
+    if not k:
+        return {}, ""  # off, and this engine never drafts
     return {}, f"speculative decoding ({k} draft tokens) is not available in this engine build: generating without it"
 
 
