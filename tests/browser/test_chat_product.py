@@ -185,7 +185,10 @@ def test_settings_show_defaults_ranges_and_the_field_in_error(bundled):
     assert page.get_attribute("#setting-seed", "max") == "4294967295"
     page.fill("#prompt", "x = 1\n")
     page.press("#prompt", "Enter")
-    assert "0 to 4294967295" in page.text_content("#settings-error")
+    # send() runs after the key event returns (asyncio.ensure_future): wait for its verdict
+    page.wait_for_function(
+        "() => (document.getElementById('settings-error').textContent || '').includes('0 to 4294967295')"
+    )
     assert page.get_attribute("#setting-seed", "aria-invalid") == "true"
     assert page.input_value("#prompt") == "x = 1\n", "a message not sent stays in the box"
     assert page.is_disabled("#system-prompt") and "no chat format" in page.text_content("#system-note")
