@@ -18,6 +18,8 @@
 //                     1 out_ids   [>= SLOT + 1] u32
 //
 // Dispatch: default (GROUPS, 1, 1) with GROUPS = ceil(V / SPAN), SPAN = WG * PER; then COMBINE (1, 1, 1).
+// Several rows at once (speculative verify steps): default (GROUPS, R, 1) scans rows ROW .. ROW + R - 1
+// into partials[r * GROUPS + g]; COMBINE (R, 1, 1) writes out_ids[SLOT + r].
 
 const V: u32 = ${V};
 const ROW: u32 = ${ROW};
@@ -99,8 +101,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let sg_lane = 0u;
 //#endif
     let base = wid.x * SPAN + lid;
+    let row = ROW + wid.y;
 //#for i in PER
-    let val{{i}} = logits[ROW * V + min(base + {{i}}u * WG, V - 1u)];  // all loads first (clamped)
+    let val{{i}} = logits[row * V + min(base + {{i}}u * WG, V - 1u)];  // all loads first (clamped)
 //#endfor
     var bv = 0.0;
     var bi = NO_INDEX;
@@ -113,12 +116,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#endfor
     let best = reduce_best(bv, bi, lid, sg_size, sg_lane);
     if (lid == 0u) {
-        partials[wid.x] = best;
+        partials[wid.y * GROUPS + wid.x] = best;
     }
 }
 //#else
 @compute @workgroup_size(WG)
-fn main(@builtin(local_invocation_index) lid: u32,
+fn main(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32,
 //#if SUBGROUPS
         @builtin(subgroup_size) sg_size: u32,
         @builtin(subgroup_invocation_id) sg_lane: u32,
@@ -133,7 +137,7 @@ fn main(@builtin(local_invocation_index) lid: u32,
     for (var it = 0u; it < COMBINE_ITERS; it++) {  // partials in index order: ties keep the first
         let g = lid + it * WG;
         if (g < GROUPS) {
-            let p = partials[g];
+            let p = partials[wid.x * GROUPS + g];
             if (better(bitcast<f32>(p.x), p.y, bv, bi)) {
                 bv = bitcast<f32>(p.x);
                 bi = p.y;
@@ -142,7 +146,7 @@ fn main(@builtin(local_invocation_index) lid: u32,
     }
     let best = reduce_best(bv, bi, lid, sg_size, sg_lane);
     if (lid == 0u) {
-        out_ids[SLOT] = select(best.y, 0u, best.y == NO_INDEX);
+        out_ids[SLOT + wid.x] = select(best.y, 0u, best.y == NO_INDEX);
     }
 }
 //#endif

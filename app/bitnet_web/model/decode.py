@@ -1,5 +1,5 @@
 """The GPU decode loop: tokens chosen on the GPU (greedy argmax or seeded sampling), steps queued ahead,
-several to a submit.
+several to a submit; and its speculative form, where each step verifies a prompt-lookup draft.
 
 Apart from the math (forward.py), as gpt-fast keeps generate.py apart from model.py. `GPUDecodeLoop`
 is a base class of `BitNetModel`; it uses the model's `_record_step`, `token_ids`, `argmax`,
@@ -19,7 +19,9 @@ from .. import gpu
 from ..kernels.common import StepParams
 from ..kernels.embedding import Argmax
 from ..kernels.sampling import GPUSampler
+from ..kernels.speculative import SPECULATE_MAX, GreedyAccept, SpecBuffers, SpecDraft
 from ..text.sampler import SamplerSettings
+from .speculation import NGRAM_MAX
 
 MAX_STEPS_PER_SUBMIT = 16  # decode steps one submit may hold (rows of the model's step_rows)
 
@@ -28,6 +30,8 @@ class GPUDecodeLoop:
     """Decoding with the next token id kept on the GPU: only 4 bytes per token come back."""
 
     _staging: list[gpu.Buffer] | None = None  # ring of host-readable buffers for the chosen ids
+    _speculation: dict[int, tuple[SpecBuffers, SpecDraft, GreedyAccept]] | None = None  # per draft size
+    draft_proposed = draft_accepted = 0  # of the last speculative decode: drafted tokens, and those yielded
     encode_seconds = 0.0  # time spent recording decode steps (Python's share of a token)
 
     # Decode steps recorded into one submit, and such submits queued on the GPU at once (see
@@ -149,3 +153,125 @@ class GPUDecodeLoop:
                 launch(max(1, room()))
             while len(queued) < in_flight and room() > 0:
                 launch(room())
+
+    # Speculative decoding ----------------------------------------------------------------------
+
+    def _speculation_ops(self, k: int) -> tuple[SpecBuffers, SpecDraft, GreedyAccept]:
+        """The buffers and ops of verify steps with drafts of `k` tokens (built on first use)."""
+        if not 1 <= k <= SPECULATE_MAX:
+            raise ValueError(f"speculate takes 0..{SPECULATE_MAX} drafted tokens, got {k}")
+        if k + 1 > min(self.logits_rows, self.attention_scratch.max_tokens_split):
+            raise ValueError(f"speculate={k} needs {k + 1} rows per step; this model was built for {self.logits_rows}")
+        if self._speculation is None:
+            self._speculation = {}
+        ops = self._speculation.get(k)
+        if ops is None:
+            # history: the context, plus the tokens a last verify step emits past it
+            buffers = SpecBuffers(self.device, k, self.config.context_length + k + 2)
+            draft = SpecDraft(self.kernels, buffers, self.token_ids, NGRAM_MAX)
+            accept = GreedyAccept(
+                self.kernels, self.logits, buffers.draft, buffers.state, buffers.out, self.config.vocab_size, k + 1
+            )
+            self._buffers.extend(buffers.buffers + accept.buffers)
+            ops = self._speculation[k] = (buffers, draft, accept)
+        return ops
+
+    def _record_verify_steps(self, k: int, n_steps: int, staging: gpu.Buffer) -> gpu.Recorder:
+        """`n_steps` verify steps of `k` drafted tokens in one recorder. Step j drafts on the GPU (which
+        also sets its StepParams), runs k + 1 rows with every row's logits, accepts, and copies its
+        out slice and draft_len to words (k + 3) j.. of `staging`."""
+        buffers, draft, accept = self._speculation_ops(k)
+        stride = 4 * (k + 3)
+        rec = self.device.begin()
+        for j in range(n_steps):
+            draft.record(rec)
+            rec.copy(buffers.step, 0, self.step.buffer, 0, StepParams.NBYTES)
+            self._record_step(k + 1, all_logits=True, rec=rec, params_on_gpu=True)
+            accept.record(rec, k + 1)
+            rec.copy(buffers.out, 0, staging, stride * j, 4 * (k + 2))
+            rec.copy(buffers.state, 0, staging, stride * j + 4 * (k + 2), 4)
+        return rec
+
+    async def decode_speculative(self, first_token: int, k: int, limit: int | None = None) -> AsyncIterator[int]:
+        """Greedy decoding, `first_token` first fed, with each step verifying a prompt-lookup draft of
+        up to `k` tokens (model/speculation.py's rules, run on the GPU): the same tokens as
+        decode_greedy, 1..k+1 of them per forward pass. Drafting, acceptance and the history stay on
+        the GPU, so verify steps queue like decode steps (decode_batching); the host reads each
+        submit's emitted tokens once. `limit` as in decode_greedy. Near the context end, where a
+        verify step's k + 1 rows would not fit, the remaining tokens come from plain decode steps.
+
+        `draft_proposed` / `draft_accepted` count the drafted tokens of the verify steps whose output
+        was yielded, and those of them yielded (each step's last token is the model's own choice).
+
+        Invariant as in _decode_on_gpu: `cached_tokens` holds the tokens whose KV rows are computed
+        by submitted steps and known to the host; a verify step computes the rows of its input token
+        and of every accepted draft token, its last emitted token is the next step's input. Rows of
+        rejected drafts lie past `n_cached` and are overwritten later.
+        """
+        buffers, _, _ = self._speculation_ops(k)
+        self.draft_proposed = self.draft_accepted = 0
+        steps, in_flight = self.decode_batching()
+        stride = k + 3
+        ring = self._staging_ring(in_flight + 1, 4 * stride * steps)
+        context = self.config.context_length
+        pos = self.n_cached  # the next verify step's position (exact: every submitted step is read)
+        emitted = 0  # tokens yielded (first_token not counted)
+        buffers.start(self.cached_tokens + [first_token], self.kv_cache.capacity)
+        queued: deque[tuple[gpu.Buffer, int]] = deque()  # submitted, not read: (staging, steps)
+        pending = 0  # verify steps submitted and not read
+        launched = 0
+        last = first_token  # the input of the next step, not in cached_tokens until a step computes it
+
+        def room() -> int:  # verify steps the next submit may hold: each takes <= k + 1 rows, emits >= 1
+            n = min(steps, (context - pos) // (k + 1) - pending)
+            return n if limit is None else min(n, limit - emitted - pending)
+
+        def launch(n: int) -> None:
+            nonlocal pending, launched
+            encode_start = time.perf_counter()
+            if self.kv_cache.ensure_capacity(pos + (pending + n) * (k + 1)):
+                buffers.set_kv_capacity(self.kv_cache.capacity)
+            staging = ring[launched % len(ring)]
+            rec = self._record_verify_steps(k, n, staging)
+            rec.finish()
+            self.encode_seconds += time.perf_counter() - encode_start
+            rec.submit()
+            self.last_dispatches, self.last_passes = rec.dispatches // n, rec.passes // n
+            queued.append((staging, n))
+            pending += n
+            launched += 1
+
+        while queued or pos + k + 1 <= context:
+            if not queued:
+                launch(max(1, room()))
+                if len(self.cached_tokens) == pos:
+                    self.cached_tokens.append(last)  # the step computes its row
+            while len(queued) < in_flight and room() > 0:
+                launch(room())
+            staging, n = queued.popleft()
+            raw = (await self.device.read_staging(staging, 4 * stride * n)).view(np.uint32)
+            for j in range(n):
+                pending -= 1
+                row = raw[stride * j : stride * (j + 1)].tolist()
+                n_emitted, tokens, draft_len = row[0], row[1 : 1 + row[0]], row[k + 2]
+                pos += n_emitted
+                last = tokens[-1]
+                self.draft_proposed += draft_len
+                for i, token in enumerate(tokens):
+                    emitted += 1
+                    if i < n_emitted - 1:
+                        self.draft_accepted += 1
+                        self.cached_tokens.append(token)  # an accepted draft: its row was computed
+                    elif pending:
+                        self.cached_tokens.append(token)  # the input of a submitted step
+                    yield token
+        # A verify step no longer fits: plain steps from here (every submitted step has been read).
+        if pos >= context:
+            return  # the context is full
+        remaining = None if limit is None else max(0, limit - emitted)
+        plain = self._decode_on_gpu(last, self.argmax, remaining)
+        try:
+            async for token in plain:
+                yield token
+        finally:
+            await plain.aclose()

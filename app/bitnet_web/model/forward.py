@@ -37,6 +37,7 @@ from ..kernels.linear import NormTernaryLinear
 from ..kernels.norm import RMSNorm
 from ..kernels.rope import RopeKV, RopeTable
 from ..kernels.sampling import GPUSampler
+from ..kernels.speculative import SPECULATE_MAX
 from .config import ModelConfig
 from .decode import MAX_STEPS_PER_SUBMIT, GPUDecodeLoop
 from .layout import GPULayout, gpu_layout
@@ -127,7 +128,11 @@ class BitNetModel(GPUDecodeLoop):
         self.next_token = buf(16, "next token")  # (4,) u32: GPU argmax result
         self.kv_cache = KVCache(device, self.config.n_layers, cfg.n_kv_heads, cfg.head_dim, context_length)
         self.rope_table = RopeTable(device, self.config.rope_dim, self.config.rope_theta, context_length)
-        self.attention_scratch = AttentionScratch(device, cfg.n_heads, cfg.head_dim, context_length)
+        # verify steps of speculative decoding (up to SPECULATE_MAX + 1 rows at a position only the GPU
+        # knows) take the split path like a decode step: every split dispatched, valid for any position
+        self.attention_scratch = AttentionScratch(
+            device, cfg.n_heads, cfg.head_dim, context_length, max_tokens_split=min(rows, SPECULATE_MAX + 1)
+        )
         self._buffers += [self.rope_table.buffer, self.attention_scratch.acc, self.attention_scratch.stats]
 
     def _build_ops(self) -> None:
@@ -227,17 +232,25 @@ class BitNetModel(GPUDecodeLoop):
         pos: int | None = None,
         head: bool = True,
         step_row: int | None = None,
+        params_on_gpu: bool = False,
     ) -> gpu.Recorder:
         """Record one forward step over `n_tokens` rows at positions pos.. (default: the next ones,
         n_cached; queued decode steps run ahead of the host's bookkeeping); `head=False` leaves out
         the final norm and LM head (a prefill chunk whose logits nobody reads). Allocates nothing.
 
         The step's StepParams are written before the submit, or, with `step_row`, copied by the step
-        itself from that row of `step_rows` (the caller packed it): several steps in one submit."""
-        pos = self.n_cached if pos is None else pos
-        self.kv_cache.ensure_capacity(pos + n_tokens)
+        itself from that row of `step_rows` (the caller packed it): several steps in one submit. With
+        `params_on_gpu` the caller has recorded their copy into the uniform and the position is known
+        only on the GPU (speculative verify steps: the caller made room in the KV cache)."""
+        if params_on_gpu:
+            pos = None
+        else:
+            pos = self.n_cached if pos is None else pos
+            self.kv_cache.ensure_capacity(pos + n_tokens)
         rec = rec or self.device.begin()
-        if step_row is None:
+        if params_on_gpu:
+            pass
+        elif step_row is None:
             self.step.write(n_tokens, pos, self.kv_cache.capacity)
         else:
             rec.copy(self.step_rows, StepParams.NBYTES * step_row, self.step.buffer, 0, StepParams.NBYTES)

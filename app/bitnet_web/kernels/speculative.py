@@ -1,0 +1,132 @@
+"""Speculative decoding on the GPU: prompt-lookup drafts and greedy acceptance, so verify steps queue
+without a readback like plain decode steps (shaders/spec_draft.wgsl, spec_accept.wgsl, argmax.wgsl).
+
+A verify step is: `SpecDraft` (fold the previous step's tokens into the history, draft, write the verify
+rows and StepParams), a forward pass over K + 1 rows with every row's logits, then an acceptance op
+that writes `out` = [n_emitted, tokens...]: `GreedyAccept` here, or the sampled op (spec_sampling.py),
+which takes the same buffers. The rules are model/speculation.py's; tests check these kernels against it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import gpu
+from .common import KernelCache, StepParams, ceil_div, subgroups_available, wgsl_enables
+from .embedding import ARGMAX_PER_THREAD, ARGMAX_WORKGROUP
+
+SPECULATE_MAX = 8  # largest draft (verify rows = draft + 1)
+DRAFT_WORKGROUP = 256  # > SPECULATE_MAX: one invocation per verify row writes it
+STATE_WORDS = 4  # SpecBuffers.state: draft_len, history length, kv_capacity, unused
+
+
+class SpecBuffers:
+    """The speculative loop's GPU state for drafts of up to `k` tokens.
+
+    history [history_len] u32   prompt + accepted tokens (spec_draft.wgsl appends each step's output)
+    state   [4] u32             draft_len, history length, kv_capacity (host-written), unused
+    out     [k + 2] u32         the last verify step's n_emitted, then its emitted tokens
+    draft   [max(k, 1)] u32     the drafted tokens of the current step
+    step    [4] u32             the verify pass's StepParams, copied into the StepParams uniform
+    """
+
+    def __init__(self, device: gpu.Device, k: int, history_len: int):
+        if not 1 <= k <= SPECULATE_MAX:
+            raise ValueError(f"speculative drafts take 1..{SPECULATE_MAX} tokens, got {k}")
+        self.device, self.k, self.history_len = device, k, history_len
+        self.history = device.buffer(4 * history_len, label="speculation history")
+        self.state = device.buffer(4 * STATE_WORDS, label="speculation state")
+        self.out = device.buffer(4 * (k + 2), label="speculation out")
+        self.draft = device.buffer(4 * max(k, 1), label="speculation draft")
+        self.step = device.buffer(StepParams.NBYTES, label="speculation step params")
+        self.buffers = [self.history, self.state, self.out, self.draft, self.step]
+
+    def start(self, history: list[int], kv_capacity: int) -> None:
+        """A new generation: the history (prompt + the first token, not yet verified) and no output to fold."""
+        if not 1 <= len(history) <= self.history_len:
+            raise ValueError(f"speculation history of {len(history)} tokens, room for 1..{self.history_len}")
+        self.device.upload(self.history, 0, np.asarray(history, dtype=np.uint32))
+        self.device.upload(self.state, 0, np.asarray([0, len(history), kv_capacity, 0], dtype=np.uint32))
+        self.device.upload(self.out, 0, np.zeros(self.k + 2, dtype=np.uint32))
+
+    def set_kv_capacity(self, kv_capacity: int) -> None:
+        """The KV cache grew: later verify steps' StepParams carry the new row count."""
+        self.device.upload(self.state, 8, np.asarray([kv_capacity], dtype=np.uint32))
+
+    def release(self) -> None:
+        for buffer in self.buffers:
+            self.device.release(buffer)
+        self.buffers.clear()
+
+
+class SpecDraft:
+    """spec_draft.wgsl bound to `buffers` and the model's token_ids (the verify pass's input rows)."""
+
+    def __init__(self, kernels: KernelCache, buffers: SpecBuffers, token_ids: gpu.Buffer, ngram_max: int):
+        k = buffers.k
+        if token_ids.nbytes < 4 * (k + 1):
+            raise ValueError(f"token_ids ({token_ids.nbytes} bytes) must hold the {k + 1} verify rows")
+        self.pipeline = kernels.pipeline(
+            "spec_draft", K=k, NGRAM=ngram_max, WG=DRAFT_WORKGROUP, HISTORY=buffers.history_len
+        )
+        self.bind = kernels.device.bind_group(
+            self.pipeline,
+            [buffers.history, buffers.state, buffers.out, buffers.draft, token_ids, buffers.step],
+            "speculation draft",
+        )
+
+    def record(self, recorder: gpu.Recorder) -> None:
+        recorder.dispatch(self.pipeline, self.bind, 1)
+
+
+class GreedyAccept:
+    """out = accept_greedy(draft, argmax of every verify row): argmax.wgsl over `max_rows` logits rows
+    (partials, then one combine workgroup per row into `chosen`) and spec_accept.wgsl.
+
+    Same constructor and `record` as the sampled acceptance op, so the decode loop takes either.
+    """
+
+    def __init__(
+        self,
+        kernels: KernelCache,
+        logits: gpu.Buffer,
+        draft: gpu.Buffer,
+        state: gpu.Buffer,
+        out: gpu.Buffer,
+        vocab_size: int,
+        max_rows: int,
+    ):
+        device = kernels.device
+        k = max_rows - 1
+        if logits.nbytes < 4 * vocab_size * max_rows or out.nbytes < 4 * (k + 2):
+            raise ValueError(
+                f"greedy acceptance: logits ({logits.nbytes} bytes) must hold {max_rows} rows of {vocab_size} f32 "
+                f"and out ({out.nbytes} bytes) {k + 2} words"
+            )
+        subgroups = subgroups_available(device)
+        enables = wgsl_enables(device, subgroups=subgroups)
+        defines = ("SUBGROUPS",) if subgroups else ()
+        self.groups = ceil_div(vocab_size, ARGMAX_WORKGROUP * ARGMAX_PER_THREAD)
+        constants = dict(V=vocab_size, ROW=0, SLOT=0, WG=ARGMAX_WORKGROUP, PER=ARGMAX_PER_THREAD)
+        self.partials = device.buffer(8 * self.groups * max_rows, label="verify argmax partials")
+        self.chosen = device.buffer(4 * max_rows, label="verify argmax")
+        self.buffers = [self.partials, self.chosen]
+        self.partial = kernels.pipeline("argmax", enables=enables, defines=defines, **constants)
+        self.combine = kernels.pipeline("argmax", enables=enables, defines=defines + ("COMBINE",), **constants)
+        self.accept = kernels.pipeline("spec_accept", K=k)
+        self.partial_bind = device.bind_group(self.partial, [logits, self.partials], "verify argmax partial")
+        self.combine_bind = device.bind_group(self.combine, [self.partials, self.chosen], "verify argmax combine")
+        self.accept_bind = device.bind_group(self.accept, [self.chosen, draft, state, out], "verify accept")
+        self.max_rows = max_rows
+
+    def record(self, recorder: gpu.Recorder, n_rows: int) -> None:
+        if not 0 < n_rows <= self.max_rows:
+            raise ValueError(f"greedy acceptance: {n_rows} rows, built for 1..{self.max_rows}")
+        recorder.dispatch(self.partial, self.partial_bind, self.groups, n_rows)
+        recorder.dispatch(self.combine, self.combine_bind, n_rows)
+        recorder.dispatch(self.accept, self.accept_bind, 1)
+
+    def release(self, device: gpu.Device) -> None:
+        for buffer in self.buffers:
+            device.release(buffer)
+        self.buffers.clear()

@@ -1,0 +1,101 @@
+// Speculative decoding, first kernel of a verify step: fold the previous step's emitted tokens into
+// the token history, draft the next K tokens by prompt lookup, and set up the verify pass.
+//
+// The rule is model/speculation.py's prompt_lookup_draft: for n = NGRAM .. 1, the largest i with
+// history[i : i+n] == the last n tokens and i + n < L (L = tokens in the history); the first n with a
+// match decides and the draft is history[i+n : min(i+n+K, L)]. Every candidate end e = i + n - 1 <= L - 2
+// gets c(e) = how many of its trailing tokens (up to NGRAM) equal the history's last ones; then for
+// every n the largest e with c(e) >= n is kept (workgroup atomics). The draft starts at e + 1 whatever n.
+//
+// One workgroup. Writes:
+//   token_ids[0..K]  the verify pass's rows: the last token, then the draft (padded with the last
+//                    token; padding rows' results are ignored and their KV rows overwritten later)
+//   draft[0..K-1]    the drafted tokens (0 past draft_len)
+//   state            [0] draft_len  [1] L (the history's length after the fold)
+//                    [2] kv_capacity (written by the host)  [3] unused
+//   step             StepParams (n_tokens = K + 1, pos = L - 1, kv_capacity), copied into the uniform
+//   out[0] = 0       the fold consumed the previous step's tokens
+//
+// Bindings: 0 history [HISTORY] u32, 1 state [4] u32, 2 out [K + 2] u32 (n_emitted, tokens...),
+//           3 draft [max(K, 1)] u32, 4 token_ids [>= K + 1] u32, 5 step [4] u32.
+// Dispatch: (1, 1, 1).
+
+const K: u32 = ${K};
+const NGRAM: u32 = ${NGRAM};
+const WG: u32 = ${WG};
+const HISTORY: u32 = ${HISTORY};
+
+@group(0) @binding(0) var<storage, read_write> history: array<u32>;
+@group(0) @binding(1) var<storage, read_write> state: array<u32>;
+@group(0) @binding(2) var<storage, read_write> out: array<u32>;
+@group(0) @binding(3) var<storage, read_write> draft: array<u32>;
+@group(0) @binding(4) var<storage, read_write> token_ids: array<u32>;
+@group(0) @binding(5) var<storage, read_write> step: array<u32>;
+
+var<workgroup> best: array<atomic<u32>, NGRAM>;  // per n: 1 + the largest matching end e, 0 = none
+var<workgroup> header: vec2<u32>;                 // (n_emitted, L before the fold), read once
+
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) lid: u32) {
+    if (lid == 0u) {
+        header = vec2<u32>(min(out[0], K + 1u), state[1]);
+    }
+    if (lid < NGRAM) {
+        atomicStore(&best[lid], 0u);
+    }
+    let head = workgroupUniformLoad(&header);
+    let n_new = head.x;
+    let length = min(head.y + n_new, HISTORY);
+    if (lid < n_new && head.y + lid < HISTORY) {
+        history[head.y + lid] = out[1u + lid];
+    }
+    storageBarrier();
+    workgroupBarrier();
+
+    for (var e = lid; e + 1u < length; e += WG) {
+        var c = 0u;
+        for (var t = 0u; t < NGRAM; t++) {
+            if (t > e || history[e - t] != history[length - 1u - t]) {
+                break;
+            }
+            c += 1u;
+        }
+        for (var n = 1u; n <= c; n++) {
+            atomicMax(&best[n - 1u], e + 1u);
+        }
+    }
+    workgroupBarrier();
+
+    var found = 0u;  // 1 + e of the deciding n-gram, 0 = no draft
+    for (var n = NGRAM; n > 0u; n--) {
+        let b = atomicLoad(&best[n - 1u]);
+        if (b != 0u) {
+            found = b;
+            break;
+        }
+    }
+    let last = history[length - 1u];
+    let draft_len = select(0u, min(K, length - found), found != 0u);  // start e + 1 = found
+    if (lid <= K) {
+        let j = lid;
+        var row = last;
+        if (j > 0u && j - 1u < draft_len) {
+            row = history[found + j - 1u];
+        }
+        token_ids[j] = row;
+        if (j < K) {
+            draft[j] = select(0u, history[found + j], j < draft_len);
+        }
+    }
+    storageBarrier();
+    workgroupBarrier();  // every thread has read out[] and state[] before thread 0 writes them
+    if (lid == 0u) {
+        state[0] = draft_len;
+        state[1] = length;
+        step[0] = K + 1u;
+        step[1] = length - 1u;
+        step[2] = state[2];
+        step[3] = 0u;
+        out[0] = 0u;
+    }
+}
