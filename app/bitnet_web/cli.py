@@ -37,6 +37,18 @@ def _max_tokens(text: str) -> int:
     return value
 
 
+def _speculate(text: str) -> int:
+    from .kernels.speculative import SPECULATE_MAX
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--speculate must be a whole number, got {text!r}") from None
+    if not 0 <= value <= SPECULATE_MAX:
+        raise argparse.ArgumentTypeError(f"--speculate takes 0 (off) to {SPECULATE_MAX} drafted tokens, got {value}")
+    return value
+
+
 def _progress(phase: str, done: int, total: int) -> None:
     # Only on a terminal: a redirected stderr keeps exactly the lines that matter (errors, stats).
     if not total or not sys.stderr.isatty():
@@ -147,14 +159,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 f"--chat: {args.model} is a completion-only model ({engine.template.note or 'no chat template'}); "
                 "leave out --chat to continue the prompt as plain text"
             )
+        options = dict(settings=settings, max_tokens=args.max_tokens)
+        if args.speculate is not None:
+            options["speculate"] = args.speculate
         if args.tokens is not None:
-            stream = engine.generate(tokens=args.tokens, settings=settings, max_tokens=args.max_tokens)
+            stream = engine.generate(tokens=args.tokens, **options)
         elif args.chat:
             messages = [{"role": "system", "content": args.system}] if args.system else []
             messages.append({"role": "user", "content": args.prompt})
-            stream = engine.generate(messages=messages, settings=settings, max_tokens=args.max_tokens)
+            stream = engine.generate(messages=messages, **options)
         else:
-            stream = engine.generate(args.prompt, settings=settings, max_tokens=args.max_tokens)
+            stream = engine.generate(args.prompt, **options)
         pieces = []
         for piece in stream:
             pieces.append(piece)
@@ -164,16 +179,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if args.json:
             print(
                 json.dumps(
-                    {"tokens": engine.generated_tokens, "text": "".join(pieces), "stats": stats.as_dict()},
+                    {
+                        "tokens": engine.generated_tokens,
+                        "text": "".join(pieces),
+                        "draft_accepted": stats.draft_accepted,
+                        "draft_proposed": stats.draft_proposed,
+                        "stats": stats.as_dict(),
+                    },
                     ensure_ascii=False,
                 )
             )
         else:
             print()
             if not args.quiet:
+                drafts = (
+                    f", drafts {stats.draft_accepted}/{stats.draft_proposed} accepted (k={stats.speculate})"
+                    if stats.speculate
+                    else ""
+                )
                 print(
                     f"[{stats.n_generated} tokens, prefill {stats.prefill_tok_per_s:.1f} tok/s, "
-                    f"decode {stats.decode_tok_per_s:.1f} tok/s, stop: {stats.stop_reason}]",
+                    f"decode {stats.decode_tok_per_s:.1f} tok/s{drafts}, stop: {stats.stop_reason}]",
                     file=sys.stderr,
                 )
     finally:
@@ -272,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
         int8_head_arg(p)
         p.add_argument("--quiet", "-q", action="store_true", help="no progress or statistics on stderr")
 
+    from .kernels.speculative import SPECULATE_GPU
+
     p = sub.add_parser("generate", help="generate text (streams to stdout)")
     model_args(p)
     src = p.add_mutually_exclusive_group(required=True)
@@ -286,6 +314,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--speculate",
+        type=_speculate,
+        default=None,
+        metavar="K",
+        help="speculative decoding for greedy replies: verify prompt-lookup drafts of up to K tokens per "
+        f"forward pass (same output; 0 = off; default: {SPECULATE_GPU} on a GPU, 0 on a software adapter)",
+    )
     p.add_argument(
         "--json",
         action="store_true",

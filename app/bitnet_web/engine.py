@@ -23,6 +23,7 @@ import numpy as np
 
 from . import gpu
 from .formats.gguf_reader import GGUFFile, open_gguf
+from .kernels.speculative import SPECULATE_GPU, SPECULATE_MAX
 from .model.config import ModelConfig, config_from_gguf
 from .model.forward import BitNetModel
 from .text.chat import ChatTemplate, render_tokens
@@ -31,6 +32,8 @@ from .text.stops import StopMatcher
 from .text.tokenizer import StreamDecoder, Tokenizer
 
 ProgressCallback = Callable[[str, int, int], None]
+
+SPECULATE_DEFAULT = -1  # `speculate` left to the engine: Engine.speculate_for
 
 
 class EngineError(RuntimeError):
@@ -54,6 +57,9 @@ class GenerationStats:
     stop_reason: str = ""  # 'eos', 'stop_string', 'max_tokens', 'context_full', 'aborted'
     n_dropped_messages: int = 0  # chat: oldest messages left out to fit the context (fit_chat_to_context)
     token_choice: str = ""  # after the first token: 'gpu_argmax', 'gpu_sample' or 'cpu_sample' (logits read back)
+    speculate: int = 0  # largest draft of the verify steps (0: no speculative decoding in this reply)
+    draft_proposed: int = 0  # tokens drafted by prompt lookup in the verify steps whose output was used
+    draft_accepted: int = 0  # of those, tokens the model agreed with (each saved a forward pass)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -261,6 +267,16 @@ class Engine:
 
     # Generation ------------------------------------------------------------------------------
 
+    def speculate_for(self, speculate: int = SPECULATE_DEFAULT) -> int:
+        """The draft size a request with `speculate` runs with: itself when 0..SPECULATE_MAX; for
+        SPECULATE_DEFAULT, SPECULATE_GPU on a hardware GPU and 0 on a software adapter (lavapipe,
+        SwiftShader), where a verify row costs as much as a decode step and drafting never pays."""
+        if speculate == SPECULATE_DEFAULT:
+            return 0 if self.device is not None and self.device.is_cpu else SPECULATE_GPU
+        if not isinstance(speculate, int) or not 0 <= speculate <= SPECULATE_MAX:
+            raise EngineError(f"speculate takes 0 (off) to {SPECULATE_MAX} drafted tokens, got {speculate!r}")
+        return speculate
+
     def abort(self) -> None:
         """Stop the running generation after the token being computed."""
         self._abort = True
@@ -315,10 +331,12 @@ class Engine:
         settings: SamplerSettings,
         max_tokens: int = 256,
         stop_strings: Sequence[str] = (),
+        speculate: int = SPECULATE_DEFAULT,
     ) -> AsyncIterator[str]:
         """Prefill `prompt_ids` (reusing the cached prefix), then sample up to `max_tokens` tokens,
-        yielding text as soon as it is complete UTF-8 and not part of a stop string."""
-        steps = self._generate(prompt_ids, settings, max_tokens, stop_strings)
+        yielding text as soon as it is complete UTF-8 and not part of a stop string.
+        `speculate`: see `generate`."""
+        steps = self._generate(prompt_ids, settings, max_tokens, stop_strings, self.speculate_for(speculate))
         async with contextlib.aclosing(steps) as pieces:
             try:
                 async for piece in pieces:
@@ -328,7 +346,12 @@ class Engine:
                 raise
 
     async def _generate(
-        self, prompt_ids: Sequence[int], settings: SamplerSettings, max_tokens: int, stop_strings: Sequence[str]
+        self,
+        prompt_ids: Sequence[int],
+        settings: SamplerSettings,
+        max_tokens: int,
+        stop_strings: Sequence[str],
+        speculate: int = 0,
     ) -> AsyncIterator[str]:
         model = self._require_model()
         tokenizer = self.tokenizer
@@ -358,7 +381,7 @@ class Engine:
         reused = model.reuse_prefix(prompt_ids)
         stats.n_reused_tokens = reused
         history = list(prompt_ids)
-        tokens = self._token_source(model, prompt_ids[reused:], sampler, settings, history, max_tokens)
+        tokens = self._token_source(model, prompt_ids[reused:], sampler, settings, history, max_tokens, speculate)
         decode_start = None
         stats.stop_reason = "max_tokens"
         try:
@@ -408,18 +431,25 @@ class Engine:
         settings: SamplerSettings,
         history: list[int],
         max_tokens: int,
+        speculate: int = 0,
     ) -> AsyncIterator[int]:
         """Tokens of the reply, one per step. After the prompt's logits (read back anyway), the GPU
         chooses each token (argmax, or a seeded draw: sampler.Sampler.gpu_supported) so only 4 bytes
         come back per token; other settings read logits back and sample on the CPU. `history` (the
         caller appends each yielded token) is what the repetition penalty looks at; the caller takes
-        at most `max_tokens`, so the GPU loop queues no step past them."""
+        at most `max_tokens`, so the GPU loop queues no step past them. `speculate` > 0: greedy steps
+        verify prompt-lookup drafts of up to that many tokens (model/decode.py, decode_speculative)."""
         logits = await model.prefill(new_ids)
         first = sampler.sample(logits, history)
         yield first
         on_gpu = None
+        stats = self.last_stats
         if settings.temperature == 0 and settings.repetition_penalty == 1.0:
-            on_gpu, self.last_stats.token_choice = model.decode_greedy(first, max_tokens - 1), "gpu_argmax"
+            if speculate > 0:
+                on_gpu, stats.speculate = model.decode_speculative(first, speculate, max_tokens - 1), speculate
+            else:
+                on_gpu = model.decode_greedy(first, max_tokens - 1)
+            stats.token_choice = "gpu_argmax"
         elif self.gpu_sampling and sampler.gpu_supported():
             on_gpu = model.decode_sampled(first, settings, sampler.seed, sampler.draws, history, max_tokens - 1)
             self.last_stats.token_choice = "gpu_sample"
@@ -431,6 +461,8 @@ class Engine:
                     yield token
             finally:
                 await on_gpu.aclose()
+                if stats.speculate:
+                    stats.draft_proposed, stats.draft_accepted = model.draft_proposed, model.draft_accepted
             return
         token = first
         while model.n_cached < model.config.context_length:  # else this token cannot be fed back
@@ -439,9 +471,15 @@ class Engine:
             yield token
 
     async def complete_async(
-        self, prompt: str, settings: SamplerSettings, max_tokens: int = 256, stop_strings: Sequence[str] = ()
+        self,
+        prompt: str,
+        settings: SamplerSettings,
+        max_tokens: int = 256,
+        stop_strings: Sequence[str] = (),
+        speculate: int = SPECULATE_DEFAULT,
     ) -> AsyncIterator[str]:
-        async for piece in self.generate_tokens_async(self.encode_prompt(prompt), settings, max_tokens, stop_strings):
+        ids = self.encode_prompt(prompt)
+        async for piece in self.generate_tokens_async(ids, settings, max_tokens, stop_strings, speculate):
             yield piece
 
     async def chat_async(
@@ -450,17 +488,24 @@ class Engine:
         settings: SamplerSettings,
         max_tokens: int = 256,
         stop_strings: Sequence[str] = (),
+        speculate: int = SPECULATE_DEFAULT,
     ) -> AsyncIterator[str]:
         ids = self.encode_chat(messages, max_tokens)
         dropped = self.chat_dropped_messages
-        async for piece in self._chat_stream(ids, dropped, settings, max_tokens, stop_strings):
+        async for piece in self._chat_stream(ids, dropped, settings, max_tokens, stop_strings, speculate):
             yield piece
 
     async def _chat_stream(
-        self, ids: list[int], n_dropped: int, settings: SamplerSettings, max_tokens: int, stop_strings: Sequence[str]
+        self,
+        ids: list[int],
+        n_dropped: int,
+        settings: SamplerSettings,
+        max_tokens: int,
+        stop_strings: Sequence[str],
+        speculate: int = SPECULATE_DEFAULT,
     ) -> AsyncIterator[str]:
         try:
-            async for piece in self.generate_tokens_async(ids, settings, max_tokens, stop_strings):
+            async for piece in self.generate_tokens_async(ids, settings, max_tokens, stop_strings, speculate):
                 yield piece
         finally:
             self.last_stats.n_dropped_messages = n_dropped
@@ -518,19 +563,29 @@ class Engine:
         messages: Sequence[dict] | None = None,
         max_tokens: int = 256,
         stop_strings: Sequence[str] = (),
+        speculate: int = SPECULATE_DEFAULT,
     ) -> Iterator[str]:
-        """Stream text for a plain prompt, exact token ids (no BOS added) or chat messages."""
+        """Stream text for a plain prompt, exact token ids (no BOS added) or chat messages.
+
+        `speculate`: speculative decoding with drafts of up to that many tokens, found by prompt lookup
+        (the n-gram ending the text so far, matched earlier in the prompt or reply: model/speculation.py)
+        and verified on the GPU in one forward pass of draft + 1 rows. Output is greedy decoding's
+        token for token; replies that copy from their input (code with repeated structure, summaries,
+        edits) come several tokens per pass. 0 turns it off; the default is `speculate_for`'s choice.
+        It applies to greedy decoding (temperature 0, no repetition penalty); sampled replies are
+        decoded one token per step for now. `last_stats` reports draft_proposed / draft_accepted."""
         settings = settings or SamplerSettings()
         if messages is not None:
             ids = self.encode_chat(messages, max_tokens)
-            return self._iterate(self._chat_stream(ids, self.chat_dropped_messages, settings, max_tokens, stop_strings))
+            stream = self._chat_stream(ids, self.chat_dropped_messages, settings, max_tokens, stop_strings, speculate)
+            return self._iterate(stream)
         if tokens is not None:
             ids = list(tokens)
         elif prompt is not None:
             ids = self.encode_prompt(prompt)
         else:
             raise EngineError("give a prompt, token ids or chat messages")
-        return self._iterate(self.generate_tokens_async(ids, settings, max_tokens, stop_strings))
+        return self._iterate(self.generate_tokens_async(ids, settings, max_tokens, stop_strings, speculate))
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         return self._run(self.logits_async(token_ids))

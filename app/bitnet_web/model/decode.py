@@ -176,17 +176,18 @@ class GPUDecodeLoop:
             ops = self._speculation[k] = (buffers, draft, accept)
         return ops
 
-    def _record_verify_steps(self, k: int, n_steps: int, staging: gpu.Buffer) -> gpu.Recorder:
+    def _record_verify_steps(self, k: int, n_steps: int, staging: gpu.Buffer, pos_bound: int) -> gpu.Recorder:
         """`n_steps` verify steps of `k` drafted tokens in one recorder. Step j drafts on the GPU (which
         also sets its StepParams), runs k + 1 rows with every row's logits, accepts, and copies its
-        out slice and draft_len to words (k + 3) j.. of `staging`."""
+        out slice and draft_len to words (k + 3) j.. of `staging`. `pos_bound`: the largest position
+        step 0 can have (each step advances 1..k+1): attention dispatches enough splits for it."""
         buffers, draft, accept = self._speculation_ops(k)
         stride = 4 * (k + 3)
         rec = self.device.begin()
         for j in range(n_steps):
             draft.record(rec)
             rec.copy(buffers.step, 0, self.step.buffer, 0, StepParams.NBYTES)
-            self._record_step(k + 1, all_logits=True, rec=rec, params_on_gpu=True)
+            self._record_step(k + 1, all_logits=True, rec=rec, pos=pos_bound + j * (k + 1), params_on_gpu=True)
             accept.record(rec, k + 1)
             rec.copy(buffers.out, 0, staging, stride * j, 4 * (k + 2))
             rec.copy(buffers.state, 0, staging, stride * j + 4 * (k + 2), 4)
@@ -232,7 +233,7 @@ class GPUDecodeLoop:
             if self.kv_cache.ensure_capacity(pos + (pending + n) * (k + 1)):
                 buffers.set_kv_capacity(self.kv_cache.capacity)
             staging = ring[launched % len(ring)]
-            rec = self._record_verify_steps(k, n, staging)
+            rec = self._record_verify_steps(k, n, staging, pos + pending * (k + 1))
             rec.finish()
             self.encode_seconds += time.perf_counter() - encode_start
             rec.submit()

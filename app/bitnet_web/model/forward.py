@@ -241,10 +241,9 @@ class BitNetModel(GPUDecodeLoop):
         The step's StepParams are written before the submit, or, with `step_row`, copied by the step
         itself from that row of `step_rows` (the caller packed it): several steps in one submit. With
         `params_on_gpu` the caller has recorded their copy into the uniform and the position is known
-        only on the GPU (speculative verify steps: the caller made room in the KV cache)."""
-        if params_on_gpu:
-            pos = None
-        else:
+        only on the GPU (speculative verify steps: the caller made room in the KV cache); `pos` is then
+        an upper bound of it or None (attention dispatches enough splits for any position)."""
+        if not params_on_gpu:
             pos = self.n_cached if pos is None else pos
             self.kv_cache.ensure_capacity(pos + n_tokens)
         rec = rec or self.device.begin()

@@ -1,0 +1,278 @@
+"""Speculative decoding on the GPU (lavapipe): the draft and acceptance kernels against model/speculation.py,
+and the engine's greedy output with drafts equal to plain greedy decoding, stops included.
+
+The acceptance counts are checked against an independent host simulation: model/speculation.py's
+rules run over the plain greedy reply give exactly how many tokens each verify step drafts and
+accepts, so a GPU loop that drafted from the wrong history, or counted wrongly, disagrees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bitnet_web.convert.synthetic import random_bitnet_writer
+from bitnet_web.engine import Engine, EngineError
+from bitnet_web.kernels.speculative import GreedyAccept, SpecBuffers, SpecDraft
+from bitnet_web.model.speculation import NGRAM_MAX, accept_greedy, prompt_lookup_draft
+from bitnet_web.text.sampler import SamplerSettings
+
+pytestmark = pytest.mark.gpu
+
+GREEDY = SamplerSettings(temperature=0)
+CONTEXT = 96
+# Untied head and a small vocabulary: the random model soon repeats a short cycle, which prompt
+# lookup drafts, so verify steps accept several tokens and also reject some.
+TINY = dict(
+    dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=256, vocab_size=300, context_length=CONTEXT, untied=True
+)
+PROMPT = [5, 30, 31, 77, 90, 12, 13, 14, 30, 31, 77]
+BUNDLED = os.path.join(os.path.dirname(__file__), "..", "static", "models", "bitnet-pystdlib-27m-i2_s.gguf")
+
+
+def simulate(prompt: list[int], reply: list[int], k: int, context: int = CONTEXT) -> tuple[int, int]:
+    """(draft_proposed, draft_accepted) of speculative greedy decoding whose reply is `reply`: the first
+    token comes from the prompt's logits, then every verify step drafts from the history and accepts the
+    drafted tokens equal to the reply's next ones (counted as far as the reply goes), until a step's
+    k + 1 rows at position len(history) - 1 would pass the context (plain steps from there)."""
+    history, i, proposed, accepted = list(prompt) + reply[:1], 1, 0, 0
+    while i < len(reply) and len(history) + k <= context:
+        draft = prompt_lookup_draft(history, k)
+        chosen = reply[i : i + len(draft) + 1]
+        n = 0
+        while n < min(len(draft), len(chosen)) and draft[n] == chosen[n]:
+            n += 1
+        take = min(n + 1, len(reply) - i)
+        proposed += len(draft)
+        accepted += min(n, take)
+        history += reply[i : i + take]
+        i += take
+    return proposed, accepted
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("spec") / "tiny.gguf")
+    random_bitnet_writer(path, seed=3, **TINY).write()
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_path):
+    engine = Engine(prefill_chunk=16)
+    engine.load(tiny_path)
+    yield engine
+    engine.close()
+
+
+def generate(engine: Engine, prompt: list[int], speculate: int, **kwargs) -> list[int]:
+    engine.reset()
+    list(engine.generate(tokens=prompt, settings=GREEDY, speculate=speculate, **kwargs))
+    return list(engine.generated_tokens)
+
+
+def read(device, buffer, n: int) -> list[int]:
+    return device.read_sync(buffer, 0, 4 * n).view(np.uint32).tolist()
+
+
+# Kernels -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_draft_kernel_is_prompt_lookup_draft(device, kernels, k):
+    """Random histories over small alphabets (matches of every n-gram length, none, at the ends),
+    each with a previous step's output to fold in first: the kernel's history, draft, verify rows and
+    StepParams must be the host rule's."""
+    rng = np.random.default_rng(k)
+    buffers = SpecBuffers(device, k, 300)
+    token_ids = device.buffer(4 * (k + 1), label="token ids")
+    draft_op = SpecDraft(kernels, buffers, token_ids, NGRAM_MAX)
+    cases = [(1, 0), (2, 0), (2, 1), (3, 2)] + [
+        (int(rng.integers(2, 280)), int(rng.integers(0, k + 2))) for _ in range(30)
+    ]
+    for case, (length, n_new) in enumerate(cases):
+        alphabet = [2, 3, 5, 50][case % 4]
+        history = rng.integers(0, alphabet, length).tolist()
+        new = rng.integers(0, alphabet, n_new).tolist()
+        buffers.start(history, kv_capacity=512)
+        device.upload(buffers.out, 0, np.asarray([n_new, *new] + [0] * (k + 1 - n_new), dtype=np.uint32))
+        rec = device.begin()
+        draft_op.record(rec)
+        rec.submit()
+        full = history + new
+        expected = prompt_lookup_draft(full, k)
+        state, draft, rows = (
+            read(device, buffers.state, 4),
+            read(device, buffers.draft, k),
+            read(device, token_ids, k + 1),
+        )
+        step = read(device, buffers.step, 4)
+        assert state[:3] == [len(expected), len(full), 512], (case, full)
+        assert draft[: len(expected)] == expected, (case, full)
+        assert rows == [full[-1]] + expected + [full[-1]] * (k - len(expected)), (case, full)
+        assert step[:3] == [k + 1, len(full) - 1, 512]
+        assert read(device, buffers.history, len(full)) == full
+        assert read(device, buffers.out, 1) == [0]  # folded: the next step does not append it again
+    buffers.release()
+    device.release(token_ids)
+
+
+def test_greedy_accept_kernel_is_accept_greedy(device, kernels):
+    k, vocab = 6, 700
+    rng = np.random.default_rng(0)
+    buffers = SpecBuffers(device, k, 16)
+    logits = device.buffer(4 * vocab * (k + 1), label="logits")
+    accept = GreedyAccept(kernels, logits, buffers.draft, buffers.state, buffers.out, vocab, k + 1)
+    for case in range(25):
+        draft_len = int(rng.integers(0, k + 1))
+        chosen = rng.integers(0, vocab, k + 1)
+        draft = chosen[:k].copy()
+        cut = int(rng.integers(0, k + 1))  # drafts agree with the argmax up to here
+        draft[cut:] = (draft[cut:] + rng.integers(1, vocab, k - cut)) % vocab
+        values = rng.normal(size=(k + 1, vocab)).astype(np.float32)
+        values[np.arange(k + 1), chosen] = 10.0 + case
+        device.upload(logits, 0, values)
+        device.upload(buffers.draft, 0, draft.astype(np.uint32))
+        device.upload(buffers.state, 0, np.asarray([draft_len, 1, 1, 0], dtype=np.uint32))
+        rec = device.begin()
+        accept.record(rec, k + 1)
+        rec.submit()
+        out = read(device, buffers.out, k + 2)
+        n_accepted, tokens = accept_greedy(draft[:draft_len].tolist(), chosen.tolist())
+        assert out[0] == n_accepted + 1 == len(tokens)
+        assert out[1 : 1 + out[0]] == tokens
+    accept.release(device)
+    buffers.release()
+    device.release(logits)
+
+
+# The engine ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batching", [(1, 2), (3, 2)])
+def test_speculative_greedy_equals_plain_greedy_with_host_counts(engine, batching):
+    """Up to the context end (the last steps run plain: a verify step no longer fits), for drafts of
+    1, 4 and 8 tokens and several verify steps per submit: the same tokens, stop reason and cache, and
+    the draft counts of the host simulation."""
+    plain = generate(engine, PROMPT, 0, max_tokens=CONTEXT)
+    assert engine.last_stats.stop_reason == "context_full"
+    engine.model.DECODE_BATCHING = batching
+    try:
+        for k in (1, 4, 8):
+            assert generate(engine, PROMPT, k, max_tokens=CONTEXT) == plain, k
+            stats = engine.last_stats
+            assert stats.stop_reason == "context_full" and engine.model.n_cached == CONTEXT
+            assert engine.model.cached_tokens == PROMPT + plain[:-1]
+            assert (stats.draft_proposed, stats.draft_accepted) == simulate(PROMPT, plain, k), k
+            assert stats.speculate == k
+        assert 0 < simulate(PROMPT, plain, 4)[1]  # the reply repeats itself: drafts were accepted
+    finally:
+        del engine.model.DECODE_BATCHING
+
+
+def test_stops_are_exact_and_the_next_reply_is_a_fresh_engines(engine, tiny_path):
+    """max_tokens ending inside a verify step's accepted run, a stop string, an end-of-text token: the
+    reply ends where plain decoding's does, the cache keeps prompt + reply (minus its last token), and a
+    follow-up reusing that cache equals a fresh engine's reply to the same tokens."""
+    plain = generate(engine, PROMPT, 0, max_tokens=40)
+    proposed, accepted = simulate(PROMPT, plain, 4)
+    assert accepted >= 4  # several accepted runs for max_tokens to cut
+    fresh = Engine(prefill_chunk=16)
+    fresh.load(tiny_path)
+    engine.model.DECODE_BATCHING = (2, 2)
+    try:
+        for max_tokens in (2, 5, 9, 14, 23):
+            got = generate(engine, PROMPT, 4, max_tokens=max_tokens)
+            assert got == plain[:max_tokens]
+            assert (engine.last_stats.draft_proposed, engine.last_stats.draft_accepted) == simulate(PROMPT, got, 4)
+            cached = engine.model.cached_tokens
+            assert cached[: len(PROMPT) + max_tokens - 1] == PROMPT + got[:-1]
+            follow_up = PROMPT + got + [7]
+            list(engine.generate(tokens=follow_up, settings=GREEDY, speculate=4, max_tokens=6))
+            assert engine.last_stats.n_reused_tokens >= len(PROMPT) + max_tokens - 1
+            assert engine.generated_tokens == generate(fresh, follow_up, 0, max_tokens=6)
+        # end of text: make a token the reply repeats a stop token
+        eos = plain[12]
+        tokenizer = engine.tokenizer
+        saved = tokenizer.stop_ids
+        tokenizer.stop_ids = saved | {eos}
+        try:
+            got = generate(engine, PROMPT, 4, max_tokens=40)
+            assert engine.last_stats.stop_reason == "eos"
+            assert got == plain[: plain.index(eos)]
+        finally:
+            tokenizer.stop_ids = saved
+        # a stop string: the text of a later stretch of the reply
+        text = tokenizer.decode(plain)
+        stop = tokenizer.decode(plain[20:22])
+        engine.reset()
+        pieces = "".join(
+            engine.generate(tokens=PROMPT, settings=GREEDY, speculate=4, stop_strings=[stop], max_tokens=40)
+        )
+        assert engine.last_stats.stop_reason == "stop_string"
+        assert pieces == text[: text.index(stop)]
+        follow_up = PROMPT + engine.generated_tokens + [9]
+        list(engine.generate(tokens=follow_up, settings=GREEDY, speculate=4, max_tokens=6))
+        assert engine.generated_tokens == generate(fresh, follow_up, 0, max_tokens=6)
+    finally:
+        del engine.model.DECODE_BATCHING
+        fresh.close()
+
+
+def test_bad_speculate_is_a_clear_error(engine):
+    with pytest.raises(EngineError, match="speculate takes 0"):
+        list(engine.generate(tokens=PROMPT, settings=GREEDY, speculate=9, max_tokens=3))
+    assert generate(engine, PROMPT, 2, max_tokens=3) == generate(engine, PROMPT, 0, max_tokens=3)
+
+
+def test_sampled_generation_is_not_speculative_yet(engine):
+    sampled = SamplerSettings(temperature=0.8, top_k=20, seed=4)
+    engine.reset()
+    list(engine.generate(tokens=PROMPT, settings=sampled, speculate=4, max_tokens=8))
+    assert engine.last_stats.speculate == 0 and engine.last_stats.draft_proposed == 0
+
+
+@pytest.mark.slow
+def test_bundled_model_completes_code_identically_with_drafts():
+    """The trained model continuing a list of similar dict literals (its reply copies their structure):
+    the same tokens with drafts of 4, most drafted tokens accepted, counts as the host simulation's."""
+    engine = Engine()
+    try:
+        engine.load(BUNDLED)
+        prompt = engine.encode_prompt(
+            "USERS = [\n"
+            '    {"name": "alice", "age": 31, "email": "alice@example.com"},\n'
+            '    {"name": "bob", "age": 27, "email": "bob@example.com"},\n'
+            '    {"name": "carol",'
+        )
+        plain = generate(engine, prompt, 0, max_tokens=24)
+        got = generate(engine, prompt, 4, max_tokens=24)
+        assert got == plain
+        stats = engine.last_stats
+        assert (stats.draft_proposed, stats.draft_accepted) == simulate(prompt, plain, 4, 512)
+        assert stats.draft_accepted > stats.draft_proposed // 3
+    finally:
+        engine.close()
+
+
+def test_cli_speculate_json(tiny_path):
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        args = ["generate", "--model", tiny_path, "--tokens", ",".join(map(str, PROMPT)), "--max-tokens", "20"]
+        return subprocess.run(
+            [sys.executable, "-m", "bitnet_web", *args, *extra], capture_output=True, text=True, timeout=300
+        )
+
+    on, off = run("--speculate", "4", "--json"), run("--speculate", "0", "--json")
+    assert on.returncode == 0 == off.returncode, on.stderr + off.stderr
+    on, off = json.loads(on.stdout), json.loads(off.stdout)
+    assert on["tokens"] == off["tokens"] and on["text"] == off["text"]
+    assert (on["draft_proposed"], on["draft_accepted"]) == simulate(PROMPT, on["tokens"], 4)
+    assert off["draft_proposed"] == off["draft_accepted"] == 0
+    bad = run("--speculate", "9")
+    assert bad.returncode == 2 and "--speculate takes 0 (off) to 8" in bad.stderr
+    assert "Traceback" not in bad.stderr
