@@ -260,6 +260,7 @@ def test_bundled_model_completes_code_identically_with_drafts():
         engine.close()
 
 
+@pytest.mark.slow
 def test_cli_speculate_json(tiny_path):
     def run(*extra: str) -> subprocess.CompletedProcess:
         args = ["generate", "--model", tiny_path, "--tokens", ",".join(map(str, PROMPT)), "--max-tokens", "20"]

@@ -53,6 +53,34 @@ def synthetic_model(shape: str) -> Path:
     return path
 
 
+BUNDLED_MODEL = Path(__file__).resolve().parents[2] / "static" / "models" / "bitnet-pystdlib-27m-i2_s.gguf"
+# Workloads where the reply repeats its input, for the bundled model (trained on the Python standard
+# library): completing code with repeated structure, and restating code above in a summary comment.
+SPECULATION_WORKLOADS = {
+    "code": (
+        "USERS = [\n"
+        '    {"name": "alice", "age": 31, "email": "alice@example.com", "admin": False},\n'
+        '    {"name": "bob", "age": 27, "email": "bob@example.com", "admin": False},\n'
+        '    {"name": "carol", "age": 45, "email": "carol@example.com", "admin": True},\n'
+        '    {"name": "dave",'
+    ),
+    "summary": (
+        "def read_config(path, defaults=None):\n"
+        "    config = dict(defaults or {})\n"
+        "    with open(path, encoding='utf-8') as f:\n"
+        "        for line in f:\n"
+        "            line = line.strip()\n"
+        "            if not line or line.startswith('#'):\n"
+        "                continue\n"
+        "            key, _, value = line.partition('=')\n"
+        "            config[key.strip()] = value.strip()\n"
+        "    return config\n\n\n"
+        "# Summary: read_config(path, defaults) opens path, skips"
+    ),
+}
+SPECULATE_KS = tuple(range(1, 9))  # draft sizes whose verify-step cost is measured
+
+
 def peak_host_mb() -> float:
     import resource  # not in Pyodide: only the CPython bench reports host memory
 
@@ -134,6 +162,82 @@ async def decode_greedy_benchmark(model, n_tokens: int) -> dict:
     }
 
 
+async def verify_step_costs(model, ks: tuple[int, ...], n_steps: int, prompt: list[int]) -> dict:
+    """Wall time of a speculative verify step (k + 1 rows, queued like decode steps) for each k, per
+    plain decode step at the same context: what a verify step must win back in accepted tokens."""
+
+    async def ms_per_step(k: int) -> float:  # k = 0: plain decode steps
+        model.truncate(0)
+        await model.prefill(prompt[:-1])
+        stream = model.decode_speculative(prompt[-1], k) if k else model.decode_greedy(prompt[-1])
+        try:
+            await stream.__anext__()  # warm: the first submit, read back at once
+            first, tokens, t0 = model.verify_steps, 0, time.perf_counter()
+            while True:
+                await stream.__anext__()
+                tokens += 1
+                steps = model.verify_steps - first if k else tokens  # verify steps count as they are read
+                if steps >= n_steps:
+                    return 1e3 * (time.perf_counter() - t0) / steps
+        finally:
+            await stream.aclose()
+
+    decode_ms = await ms_per_step(0)
+    costs = {k: await ms_per_step(k) for k in ks}
+    return {
+        "decode_step_ms": decode_ms,
+        "verify_step_ms": {str(k): ms for k, ms in costs.items()},
+        "verify_cost_relative": {str(k): ms / decode_ms for k, ms in costs.items()},
+    }
+
+
+async def speculation_workloads(engine, ks: tuple[int, ...], n_tokens: int, runs: int) -> dict:
+    """Acceptance and end-to-end greedy tokens/s with and without drafts on SPECULATION_WORKLOADS."""
+    from .text.sampler import SamplerSettings
+
+    greedy = SamplerSettings(temperature=0.0)
+    report = {}
+    for name, text in SPECULATION_WORKLOADS.items():
+        ids = engine.encode_prompt(text)
+        rows, plain = {}, None
+        for k in (0, *ks):
+            rates = []
+            for _ in range(runs + 1):  # the first run warms pipelines and the cache's size
+                engine.model.truncate(0)
+                async for _ in engine.generate_tokens_async(ids, greedy, max_tokens=n_tokens, speculate=k):
+                    pass
+                rates.append(engine.last_stats.decode_tok_per_s)
+            stats, tokens = engine.last_stats, list(engine.generated_tokens)
+            plain = tokens if k == 0 else plain
+            row = {"tok_per_s": float(np.median(rates[1:])), "tokens": stats.n_generated}
+            if k:
+                steps = max(stats.verify_steps, 1)
+                row.update(
+                    draft_proposed=stats.draft_proposed,
+                    draft_accepted=stats.draft_accepted,
+                    acceptance=stats.draft_accepted / max(stats.draft_proposed, 1),
+                    tokens_per_verify_step=(steps + stats.draft_accepted) / steps,
+                    speedup=row["tok_per_s"] / rows["0"]["tok_per_s"],
+                    identical_to_plain=tokens == plain,
+                )
+            rows[str(k)] = row
+        report[name] = {"prompt_tokens": len(ids), "by_speculate": rows}
+    return report
+
+
+def speculation_summary(costs: dict, workloads: dict) -> dict:
+    """Expected speed-up of drafting with k on the cost model's GPU and shape: tokens per verify step
+    (from the workload runs) over the verify step's cost relative to a decode step. An estimate."""
+    out = {}
+    for name, workload in workloads.items():
+        out[name] = {
+            k: row["tokens_per_verify_step"] / costs["verify_cost_relative"][k]
+            for k, row in workload["by_speculate"].items()
+            if k != "0" and k in costs["verify_cost_relative"]
+        }
+    return out
+
+
 def profile_decode_step(model, sampled: bool = False) -> list[tuple[str, float]]:
     """GPU microseconds per dispatch of one decode step, greedy or (after decode_sampled set the
     sampler up) sampled (NativeDevice(profile=True) only). The step is not kept: the cache is
@@ -203,6 +307,7 @@ async def measure_async(
         (f"generate {n_decode} tokens ({label})", 16 * n, n * n_decode)
         for label, n in (("greedy", runs), ("sampled", runs), ("sampled_cpu", 1))
     ]
+    steps += [("verify steps", 16 * 9, 16 * 9 if quick else 32 * 9 * 2)]
     progress = _Progress(log, steps)
     report: dict = {"device": device.adapter_name, "gpu_bytes_allocated": device.bytes_allocated, "runs": runs}
     report["decode_tokens_per_run"] = n_decode
@@ -289,6 +394,9 @@ async def measure_async(
     if getattr(device, "profiling", False):
         report["gpu_profile_sampler"] = profile_summary(profile_decode_step(model, sampled=True))
     report["bytes_read_per_token"] = bytes_read_per_token(model)
+    progress.step("verify steps")
+    ks = (1, 4) if quick else SPECULATE_KS
+    report["speculation_costs"] = await verify_step_costs(model, ks, 4 if quick else 32, prompt(16))
     return report
 
 
@@ -296,7 +404,15 @@ def _log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def run_bench(model_path: Path, quick: bool, int8_head: bool = False, log: Callable[[str], None] | None = None) -> dict:
+def run_bench(
+    model_path: Path,
+    quick: bool,
+    int8_head: bool = False,
+    log: Callable[[str], None] | None = None,
+    workload_model: Path | None = None,
+) -> dict:
+    """The engine benchmark of `model_path`; with `workload_model` (the bundled model) also the
+    speculative-decoding workloads and the expected speed-up they imply on `model_path`."""
     from . import gpu
     from .engine import Engine
 
@@ -332,7 +448,59 @@ def run_bench(model_path: Path, quick: bool, int8_head: bool = False, log: Calla
     report["bandwidth_floor_tok_per_s"] = floor_tok_s
     report["fraction_of_floor"] = report["decode_short_tok_per_s"] / floor_tok_s
     engine.close()
+    if workload_model is not None:
+        report["speculation_workloads"] = workload_bench(workload_model, quick, log)
+        report["speculation_expected_speedup"] = speculation_summary(
+            report["speculation_costs"], report["speculation_workloads"]["workloads"]
+        )
+    if log is not None:
+        log_speculation(report, log)
     return report
+
+
+def workload_bench(path: Path, quick: bool, log: Callable[[str], None] | None) -> dict:
+    """Speculative decoding's acceptance on a model whose replies repeat their input (the bundled one):
+    random-weight models do not, so acceptance comes from here and costs from the benchmarked model."""
+    from . import gpu
+    from .engine import Engine
+
+    if log is not None:
+        log(f"bench: speculation workloads on {path}")
+    engine = Engine()
+    engine.device = gpu.open_device()
+    try:
+        engine.load(path)
+        ks = (1, 4) if quick else SPECULATE_KS
+        workloads = engine._run(speculation_workloads(engine, ks, 32 if quick else 128, 1 if quick else 3))
+        costs = engine._run(verify_step_costs(engine.model, ks, 4 if quick else 32, engine.encode_prompt("x = 1\n")))
+        return {"model": str(path), "workloads": workloads, "costs": costs}
+    finally:
+        engine.close()
+
+
+def log_speculation(report: dict, log: Callable[[str], None]) -> None:
+    """The speculative-decoding figures as a few readable lines (the JSON has them all)."""
+    costs = report["speculation_costs"]["verify_cost_relative"]
+    log("bench: verify step cost / decode step: " + ", ".join(f"k={k} {v:.2f}x" for k, v in costs.items()))
+    bundled = report.get("speculation_workloads")
+    if bundled is None:
+        return
+    for name, workload in bundled["workloads"].items():
+        rows = workload["by_speculate"]
+        parts = [f"plain {rows['0']['tok_per_s']:.0f} tok/s"]
+        for k, row in rows.items():
+            if k != "0":
+                parts.append(
+                    f"k={k}: {row['tok_per_s']:.0f} tok/s ({row['speedup']:.2f}x), "
+                    f"{row['draft_accepted']}/{row['draft_proposed']} drafted accepted, "
+                    f"{row['tokens_per_verify_step']:.2f} tok/step{'' if row['identical_to_plain'] else ' DIFFERENT'}"
+                )
+        log(f"bench: bundled model, {name}: " + "; ".join(parts))
+    for name, by_k in report.get("speculation_expected_speedup", {}).items():
+        log(
+            f"bench: expected speed-up on this model ({name} acceptance x this model's verify cost): "
+            + ", ".join(f"k={k} {v:.2f}x" for k, v in by_k.items())
+        )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -341,7 +509,11 @@ def main(args: argparse.Namespace) -> int:
     if args.out:
         check_output(args.out, [args.model] if args.model else [], "--out")
     path = Path(args.model) if args.model else synthetic_model(args.synthetic)
-    report = run_bench(path, args.quick, getattr(args, "int8_head", False), log=_log)
+    workloads = getattr(args, "workload_model", None)
+    workloads = Path(workloads) if workloads else (BUNDLED_MODEL if BUNDLED_MODEL.is_file() else None)
+    if workloads is not None and getattr(args, "workload_model", None) == "":
+        workloads = None
+    report = run_bench(path, args.quick, getattr(args, "int8_head", False), log=_log, workload_model=workloads)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -347,6 +347,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--synthetic", default="2b4t", help="synthetic shape when no --model is given")
     p.add_argument("--out", default=None, help="also write the JSON report here")
     p.add_argument("--quick", action="store_true", help="fewer tokens (smoke test)")
+    p.add_argument(
+        "--workload-model",
+        default=None,
+        help="model for the speculative-decoding workloads (acceptance); default: the bundled model when "
+        "present; '' skips them",
+    )
     int8_head_arg(p)
     p.set_defaults(func=cmd_bench)
     return parser

@@ -60,6 +60,7 @@ class GenerationStats:
     speculate: int = 0  # largest draft of the verify steps (0: no speculative decoding in this reply)
     draft_proposed: int = 0  # tokens drafted by prompt lookup in the verify steps whose output was used
     draft_accepted: int = 0  # of those, tokens the model agreed with (each saved a forward pass)
+    verify_steps: int = 0  # forward passes that verified a draft (each emits 1 + its accepted tokens)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -463,6 +464,7 @@ class Engine:
                 await on_gpu.aclose()
                 if stats.speculate:
                     stats.draft_proposed, stats.draft_accepted = model.draft_proposed, model.draft_accepted
+                    stats.verify_steps = model.verify_steps
             return
         token = first
         while model.n_cached < model.config.context_length:  # else this token cannot be fed back

@@ -31,7 +31,8 @@ class GPUDecodeLoop:
 
     _staging: list[gpu.Buffer] | None = None  # ring of host-readable buffers for the chosen ids
     _speculation: dict[int, tuple[SpecBuffers, SpecDraft, GreedyAccept]] | None = None  # per draft size
-    draft_proposed = draft_accepted = 0  # of the last speculative decode: drafted tokens, and those yielded
+    # of the last speculative decode: drafted tokens, those yielded, and verify steps whose output was read
+    draft_proposed = draft_accepted = verify_steps = 0
     encode_seconds = 0.0  # time spent recording decode steps (Python's share of a token)
 
     # Decode steps recorded into one submit, and such submits queued on the GPU at once (see
@@ -210,7 +211,7 @@ class GPUDecodeLoop:
         rejected drafts lie past `n_cached` and are overwritten later.
         """
         buffers, _, _ = self._speculation_ops(k)
-        self.draft_proposed = self.draft_accepted = 0
+        self.draft_proposed = self.draft_accepted = self.verify_steps = 0
         steps, in_flight = self.decode_batching()
         stride = k + 3
         ring = self._staging_ring(in_flight + 1, 4 * stride * steps)
@@ -258,6 +259,7 @@ class GPUDecodeLoop:
                 pos += n_emitted
                 last = tokens[-1]
                 self.draft_proposed += draft_len
+                self.verify_steps += 1
                 for i, token in enumerate(tokens):
                     emitted += 1
                     if i < n_emitted - 1:
