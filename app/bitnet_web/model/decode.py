@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 import numpy as np
 
@@ -22,6 +23,13 @@ from ..kernels.sampling import GPUSampler
 from ..kernels.speculative import SPECULATE_MAX, GreedyAccept, SpecBuffers, SpecDraft
 from ..text.sampler import SamplerSettings
 from .speculation import NGRAM_MAX
+
+
+class Acceptance(Protocol):
+    """What decides a verify step's output on the GPU: writes out = [n_emitted, tokens...] (SpecBuffers)."""
+
+    def record(self, recorder: gpu.Recorder, n_rows: int) -> None: ...
+
 
 MAX_STEPS_PER_SUBMIT = 16  # decode steps one submit may hold (rows of the model's step_rows)
 
@@ -157,6 +165,11 @@ class GPUDecodeLoop:
 
     # Speculative decoding ----------------------------------------------------------------------
 
+    def speculation_buffers(self, k: int) -> SpecBuffers:
+        """The GPU state of verify steps with drafts of `k` tokens: what an acceptance op passed to
+        decode_speculative is built on (its `draft`, `state` and `out` buffers, with `self.logits`)."""
+        return self._speculation_ops(k)[0]
+
     def _speculation_ops(self, k: int) -> tuple[SpecBuffers, SpecDraft, GreedyAccept]:
         """The buffers and ops of verify steps with drafts of `k` tokens (built on first use)."""
         if not 1 <= k <= SPECULATE_MAX:
@@ -177,12 +190,15 @@ class GPUDecodeLoop:
             ops = self._speculation[k] = (buffers, draft, accept)
         return ops
 
-    def _record_verify_steps(self, k: int, n_steps: int, staging: gpu.Buffer, pos_bound: int) -> gpu.Recorder:
+    def _record_verify_steps(
+        self, k: int, n_steps: int, staging: gpu.Buffer, pos_bound: int, accept: Acceptance | None = None
+    ) -> gpu.Recorder:
         """`n_steps` verify steps of `k` drafted tokens in one recorder. Step j drafts on the GPU (which
         also sets its StepParams), runs k + 1 rows with every row's logits, accepts, and copies its
         out slice and draft_len to words (k + 3) j.. of `staging`. `pos_bound`: the largest position
         step 0 can have (each step advances 1..k+1): attention dispatches enough splits for it."""
-        buffers, draft, accept = self._speculation_ops(k)
+        buffers, draft, greedy = self._speculation_ops(k)
+        accept = accept or greedy
         stride = 4 * (k + 3)
         rec = self.device.begin()
         for j in range(n_steps):
@@ -194,13 +210,19 @@ class GPUDecodeLoop:
             rec.copy(buffers.state, 0, staging, stride * j + 4 * (k + 2), 4)
         return rec
 
-    async def decode_speculative(self, first_token: int, k: int, limit: int | None = None) -> AsyncIterator[int]:
+    async def decode_speculative(
+        self, first_token: int, k: int, limit: int | None = None, accept: Acceptance | None = None
+    ) -> AsyncIterator[int]:
         """Greedy decoding, `first_token` first fed, with each step verifying a prompt-lookup draft of
         up to `k` tokens (model/speculation.py's rules, run on the GPU): the same tokens as
         decode_greedy, 1..k+1 of them per forward pass. Drafting, acceptance and the history stay on
         the GPU, so verify steps queue like decode steps (decode_batching); the host reads each
         submit's emitted tokens once. `limit` as in decode_greedy. Near the context end, where a
-        verify step's k + 1 rows would not fit, the remaining tokens come from plain decode steps.
+        verify step's k + 1 rows would not fit, the remaining tokens come from plain greedy steps.
+
+        `accept`: another acceptance op on speculation_buffers(k) and `self.logits` (the sampled one,
+        configured; same `out` layout) in place of greedy acceptance. The plain steps near the context
+        end stay greedy: a sampled caller must take over there (self.n_cached, the last token yielded).
 
         `draft_proposed` / `draft_accepted` count the drafted tokens of the verify steps whose output
         was yielded, and those of them yielded (each step's last token is the model's own choice).
@@ -234,7 +256,7 @@ class GPUDecodeLoop:
             if self.kv_cache.ensure_capacity(pos + (pending + n) * (k + 1)):
                 buffers.set_kv_capacity(self.kv_cache.capacity)
             staging = ring[launched % len(ring)]
-            rec = self._record_verify_steps(k, n, staging, pos + pending * (k + 1))
+            rec = self._record_verify_steps(k, n, staging, pos + pending * (k + 1), accept)
             rec.finish()
             self.encode_seconds += time.perf_counter() - encode_start
             rec.submit()
