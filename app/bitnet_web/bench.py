@@ -382,7 +382,8 @@ async def measure_async(
             model.truncate(0)
             engine.gpu_sampling = on_gpu
             try:
-                async for _ in engine.generate_tokens_async(ids, settings, max_tokens=n_decode):
+                # no drafts: these figures stay comparable across versions (speculation is measured below)
+                async for _ in engine.generate_tokens_async(ids, settings, max_tokens=n_decode, speculate=0):
                     pass
             finally:
                 engine.gpu_sampling = True
