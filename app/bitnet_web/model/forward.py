@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import gpu
 from ..formats.gguf_reader import GGUFFile
-from ..kernels.attention import Attention, AttentionScratch
+from ..kernels.attention import MAX_SPLITS, Attention, AttentionScratch
 from ..kernels.common import KernelCache, StepParams
 from ..kernels.embedding import Argmax, EmbeddingLookup, LMHead
 from ..kernels.kv_cache import KVCache
@@ -128,10 +128,13 @@ class BitNetModel(GPUDecodeLoop):
         self.next_token = buf(16, "next token")  # (4,) u32: GPU argmax result
         self.kv_cache = KVCache(device, self.config.n_layers, cfg.n_kv_heads, cfg.head_dim, context_length)
         self.rope_table = RopeTable(device, self.config.rope_dim, self.config.rope_theta, context_length)
-        # verify steps of speculative decoding (up to SPECULATE_MAX + 1 rows at a position only the GPU
-        # knows) take the split path like a decode step: every split dispatched, valid for any position
+        # Verify steps of speculative decoding (up to SPECULATE_MAX + 1 rows) take the split path like a
+        # decode step, as many rows as the partials' binding holds (more take the prefill path: slower
+        # at long contexts, as correct)
+        split_row_bytes = cfg.n_heads * MAX_SPLITS * cfg.head_dim * 4
+        split_rows = max(1, min(rows, SPECULATE_MAX + 1, device.limits.max_binding // split_row_bytes))
         self.attention_scratch = AttentionScratch(
-            device, cfg.n_heads, cfg.head_dim, context_length, max_tokens_split=min(rows, SPECULATE_MAX + 1)
+            device, cfg.n_heads, cfg.head_dim, context_length, max_tokens_split=split_rows
         )
         self._buffers += [self.rope_table.buffer, self.attention_scratch.acc, self.attention_scratch.stats]
 
