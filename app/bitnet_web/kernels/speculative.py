@@ -17,8 +17,9 @@ from .embedding import ARGMAX_PER_THREAD, ARGMAX_WORKGROUP
 
 SPECULATE_MAX = 8  # largest draft (verify rows = draft + 1)
 # The engine's draft size on a hardware GPU when a request does not choose one (Engine.speculate_for):
-# chosen by measurement, docs/performance.md "Speculative decoding".
-SPECULATE_GPU = 4
+# the best expected speed-up on the 2B-4T shape for code and summaries (H100, docs/performance.md,
+# "Speculative decoding"); larger drafts cost more per verify step than they win there.
+SPECULATE_GPU = 2
 DRAFT_WORKGROUP = 256  # > SPECULATE_MAX: one invocation per verify row writes it
 STATE_WORDS = 4  # SpecBuffers.state: draft_len, history length, kv_capacity, unused
 
