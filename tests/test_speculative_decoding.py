@@ -224,10 +224,18 @@ def test_stops_are_exact_and_the_next_reply_is_a_fresh_engines(engine, tiny_path
         fresh.close()
 
 
-def test_bad_speculate_is_a_clear_error(engine):
+def test_bad_speculate_is_a_clear_error(engine, tiny_path):
     with pytest.raises(EngineError, match="speculate takes 0"):
         list(engine.generate(tokens=PROMPT, settings=GREEDY, speculate=9, max_tokens=3))
     assert generate(engine, PROMPT, 2, max_tokens=3) == generate(engine, PROMPT, 0, max_tokens=3)
+    narrow = Engine(prefill_chunk=4)  # logits for 4 rows at a time: drafts of at most 3
+    try:
+        narrow.load(tiny_path)
+        with pytest.raises(EngineError, match="speculate=4 verifies 5 rows per step.*prefill_chunk is 4"):
+            list(narrow.generate(tokens=PROMPT, settings=GREEDY, speculate=4, max_tokens=3))
+        assert generate(narrow, PROMPT, 3, max_tokens=8) == generate(engine, PROMPT, 0, max_tokens=8)
+    finally:
+        narrow.close()
 
 
 def test_sampled_generation_is_not_speculative_yet(engine):

@@ -272,10 +272,16 @@ class Engine:
         """The draft size a request with `speculate` runs with: itself when 0..SPECULATE_MAX; for
         SPECULATE_DEFAULT, SPECULATE_GPU on a hardware GPU and 0 on a software adapter (lavapipe,
         SwiftShader), where a verify row costs as much as a decode step and drafting never pays."""
+        rows = self.model.logits_rows if self.model is not None else SPECULATE_MAX + 1  # verify rows it can run
         if speculate == SPECULATE_DEFAULT:
-            return 0 if self.device is not None and self.device.is_cpu else SPECULATE_GPU
+            return 0 if self.device is not None and self.device.is_cpu else min(SPECULATE_GPU, rows - 1)
         if not isinstance(speculate, int) or not 0 <= speculate <= SPECULATE_MAX:
             raise EngineError(f"speculate takes 0 (off) to {SPECULATE_MAX} drafted tokens, got {speculate!r}")
+        if speculate + 1 > rows:
+            raise EngineError(
+                f"speculate={speculate} verifies {speculate + 1} rows per step, but this engine's prefill_chunk "
+                f"is {rows}: lower speculate or raise prefill_chunk"
+            )
         return speculate
 
     def abort(self) -> None:
