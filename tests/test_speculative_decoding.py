@@ -18,9 +18,10 @@ import pytest
 
 from bitnet_web.convert.synthetic import random_bitnet_writer
 from bitnet_web.engine import Engine, EngineError
+from bitnet_web.kernels.spec_sampling import SpecSampleAccept
 from bitnet_web.kernels.speculative import GreedyAccept, SpecBuffers, SpecDraft
 from bitnet_web.model.speculation import NGRAM_MAX, accept_greedy, prompt_lookup_draft
-from bitnet_web.text.sampler import SamplerSettings
+from bitnet_web.text.sampler import Sampler, SamplerSettings
 
 pytestmark = pytest.mark.gpu
 
@@ -243,6 +244,39 @@ def test_sampled_generation_is_not_speculative_yet(engine):
     engine.reset()
     list(engine.generate(tokens=PROMPT, settings=sampled, speculate=4, max_tokens=8))
     assert engine.last_stats.speculate == 0 and engine.last_stats.draft_proposed == 0
+
+
+def test_sampled_acceptance_op_plugs_into_the_loop(engine):
+    """kernels/spec_sampling.SpecSampleAccept on speculation_buffers(k) decides the verify steps, then
+    plain sampled steps continue its draw counter up to the context end: a seed gives the same tokens
+    again, every token is in the vocabulary and the op's own counts equal the loop's."""
+    model, k = engine.model, 3
+    buffers = model.speculation_buffers(k)
+    op = SpecSampleAccept(model.kernels, model.logits, buffers.draft, buffers.state, buffers.out, TINY["vocab_size"], 4)
+    settings = SamplerSettings(temperature=0.8, top_k=20, seed=11)
+
+    async def run() -> tuple[list[int], tuple[int, int], bool]:
+        model.truncate(0)
+        sampler = Sampler(settings)
+        tokens = [sampler.sample(await model.prefill(PROMPT), PROMPT)]
+        op.configure(settings, sampler.seed, sampler.draws, PROMPT + tokens)
+        handed_over = []
+
+        async def plain(last: int, limit: int | None):
+            counter = int((await model.device.read(op.state, 0, 4)).view(np.uint32)[0])
+            handed_over.append(counter)
+            return model.decode_sampled(last, settings, sampler.seed, counter, PROMPT + tokens, limit)
+
+        async for token in model.decode_speculative(tokens[0], k, accept=op, plain=plain):
+            tokens.append(token)
+        return tokens, (model.draft_proposed, model.draft_accepted), bool(handed_over)
+
+    tokens, counts, handed_over = engine._run(run())
+    assert handed_over and model.n_cached == CONTEXT and len(tokens) == CONTEXT - len(PROMPT) + 1
+    assert all(0 <= t < TINY["vocab_size"] for t in tokens) and len(set(tokens)) > 5
+    assert counts == op.totals() and counts[0] > 0
+    assert engine._run(run())[:2] == (tokens, counts)
+    op.release(model.device)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 import numpy as np
@@ -30,6 +30,9 @@ class Acceptance(Protocol):
 
     def record(self, recorder: gpu.Recorder, n_rows: int) -> None: ...
 
+
+# decode_speculative's plain steps past the last verify step: (last token, limit) -> token stream
+PlainSteps = Callable[[int, int | None], Awaitable[AsyncIterator[int]]]
 
 MAX_STEPS_PER_SUBMIT = 16  # decode steps one submit may hold (rows of the model's step_rows)
 
@@ -211,7 +214,12 @@ class GPUDecodeLoop:
         return rec
 
     async def decode_speculative(
-        self, first_token: int, k: int, limit: int | None = None, accept: Acceptance | None = None
+        self,
+        first_token: int,
+        k: int,
+        limit: int | None = None,
+        accept: Acceptance | None = None,
+        plain: PlainSteps | None = None,
     ) -> AsyncIterator[int]:
         """Greedy decoding, `first_token` first fed, with each step verifying a prompt-lookup draft of
         up to `k` tokens (model/speculation.py's rules, run on the GPU): the same tokens as
@@ -221,8 +229,9 @@ class GPUDecodeLoop:
         verify step's k + 1 rows would not fit, the remaining tokens come from plain greedy steps.
 
         `accept`: another acceptance op on speculation_buffers(k) and `self.logits` (the sampled one,
-        configured; same `out` layout) in place of greedy acceptance. The plain steps near the context
-        end stay greedy: a sampled caller must take over there (self.n_cached, the last token yielded).
+        configured; same `out` layout) in place of greedy acceptance; `plain(last_token, limit)` then
+        gives the plain steps near the context end (awaited once, after every verify step was read;
+        default: decode_greedy's), e.g. decode_sampled continuing the op's draw counter.
 
         `draft_proposed` / `draft_accepted` count the drafted tokens of the verify steps whose output
         was yielded, and those of them yielded (each step's last token is the model's own choice).
@@ -294,9 +303,9 @@ class GPUDecodeLoop:
         if pos >= context:
             return  # the context is full
         remaining = None if limit is None else max(0, limit - emitted)
-        plain = self._decode_on_gpu(last, self.argmax, remaining)
+        steps = await plain(last, remaining) if plain else self._decode_on_gpu(last, self.argmax, remaining)
         try:
-            async for token in plain:
+            async for token in steps:
                 yield token
         finally:
-            await plain.aclose()
+            await steps.aclose()
