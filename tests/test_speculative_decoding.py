@@ -239,11 +239,29 @@ def test_bad_speculate_is_a_clear_error(engine, tiny_path):
         narrow.close()
 
 
-def test_sampled_generation_is_not_speculative_yet(engine):
-    sampled = SamplerSettings(temperature=0.8, top_k=20, seed=4)
-    engine.reset()
-    list(engine.generate(tokens=PROMPT, settings=sampled, speculate=4, max_tokens=8))
-    assert engine.last_stats.speculate == 0 and engine.last_stats.draft_proposed == 0
+def test_sampled_replies_draft_too_and_repeat_for_a_seed(engine, tiny_path):
+    """Settings sampled on the GPU go through the speculative sampling rule (its distribution is tested
+    in tests/test_spec_sampling.py): a seed gives the same reply and counts again, drafts are made and
+    some accepted, max_tokens holds, and the cache it leaves serves a follow-up as a fresh engine would."""
+    sampled = SamplerSettings(temperature=0.7, top_k=10, seed=4)
+    runs = []
+    for _ in range(2):
+        engine.reset()
+        list(engine.generate(tokens=PROMPT, settings=sampled, speculate=4, max_tokens=30))
+        stats = engine.last_stats
+        runs.append((list(engine.generated_tokens), stats.draft_proposed, stats.draft_accepted))
+        assert stats.speculate == 4 and stats.token_choice == "gpu_sample" and stats.n_generated == 30
+    assert runs[0] == runs[1] and runs[0][1] > 0
+    reply = runs[0][0]
+    assert engine.model.cached_tokens[: len(PROMPT) + 29] == PROMPT + reply[:29]
+    follow_up = PROMPT + reply + [7]
+    list(engine.generate(tokens=follow_up, settings=GREEDY, speculate=0, max_tokens=5))
+    fresh = Engine(prefill_chunk=16)
+    try:
+        fresh.load(tiny_path)
+        assert engine.generated_tokens == generate(fresh, follow_up, 0, max_tokens=5)
+    finally:
+        fresh.close()
 
 
 def test_sampled_acceptance_op_plugs_into_the_loop(engine):

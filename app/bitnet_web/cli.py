@@ -319,8 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_speculate,
         default=None,
         metavar="K",
-        help="speculative decoding for greedy replies: verify prompt-lookup drafts of up to K tokens per "
-        f"forward pass (same output; 0 = off; default: {SPECULATE_GPU} on a GPU, 0 on a software adapter)",
+        help="speculative decoding: verify prompt-lookup drafts of up to K tokens per forward pass (greedy: "
+        "the same output; sampled: the same distribution); 0 = off; default: "
+        f"{SPECULATE_GPU} on a GPU, 0 on a software adapter",
     )
     p.add_argument(
         "--json",

@@ -444,8 +444,8 @@ class Engine:
         chooses each token (argmax, or a seeded draw: sampler.Sampler.gpu_supported) so only 4 bytes
         come back per token; other settings read logits back and sample on the CPU. `history` (the
         caller appends each yielded token) is what the repetition penalty looks at; the caller takes
-        at most `max_tokens`, so the GPU loop queues no step past them. `speculate` > 0: greedy steps
-        verify prompt-lookup drafts of up to that many tokens (model/decode.py, decode_speculative)."""
+        at most `max_tokens`, so the GPU loop queues no step past them. `speculate` > 0: steps decoded on
+        the GPU verify prompt-lookup drafts of up to that many tokens (model/decode.py)."""
         logits = await model.prefill(new_ids)
         first = sampler.sample(logits, history)
         yield first
@@ -458,8 +458,14 @@ class Engine:
                 on_gpu = model.decode_greedy(first, max_tokens - 1)
             stats.token_choice = "gpu_argmax"
         elif self.gpu_sampling and sampler.gpu_supported():
-            on_gpu = model.decode_sampled(first, settings, sampler.seed, sampler.draws, history, max_tokens - 1)
-            self.last_stats.token_choice = "gpu_sample"
+            seed, draws = sampler.seed, sampler.draws
+            if speculate > 0:
+                limit = max_tokens - 1
+                on_gpu = model.decode_speculative_sampled(first, speculate, settings, seed, draws, history, limit)
+                stats.speculate = speculate
+            else:
+                on_gpu = model.decode_sampled(first, settings, seed, draws, history, max_tokens - 1)
+            stats.token_choice = "gpu_sample"
         else:
             self.last_stats.token_choice = "cpu_sample"
         if on_gpu is not None:
@@ -577,11 +583,13 @@ class Engine:
 
         `speculate`: speculative decoding with drafts of up to that many tokens, found by prompt lookup
         (the n-gram ending the text so far, matched earlier in the prompt or reply: model/speculation.py)
-        and verified on the GPU in one forward pass of draft + 1 rows. Output is greedy decoding's
-        token for token; replies that copy from their input (code with repeated structure, summaries,
-        edits) come several tokens per pass. 0 turns it off; the default is `speculate_for`'s choice.
-        It applies to greedy decoding (temperature 0, no repetition penalty); sampled replies are
-        decoded one token per step for now. `last_stats` reports draft_proposed / draft_accepted."""
+        and verified on the GPU in one forward pass of draft + 1 rows. Greedy output is greedy decoding's
+        token for token; sampled output (settings the GPU samples: sampler.Sampler.gpu_supported) keeps
+        a drafted token with probability p(token), else draws from p without it, so its distribution is
+        plain sampling's (a seed gives other tokens than without drafts, the same ones run after run).
+        Replies that copy from their input (code with repeated structure, summaries, edits) come several
+        tokens per pass. 0 turns it off; the default is `speculate_for`'s choice. CPU-sampled settings
+        are decoded one token per step. `last_stats` reports draft_proposed / draft_accepted."""
         settings = settings or SamplerSettings()
         if messages is not None:
             ids = self.encode_chat(messages, max_tokens)

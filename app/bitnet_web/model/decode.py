@@ -20,6 +20,7 @@ from .. import gpu
 from ..kernels.common import StepParams
 from ..kernels.embedding import Argmax
 from ..kernels.sampling import GPUSampler
+from ..kernels.spec_sampling import SpecSampleAccept
 from ..kernels.speculative import SPECULATE_MAX, GreedyAccept, SpecBuffers, SpecDraft
 from ..text.sampler import SamplerSettings
 from .speculation import NGRAM_MAX
@@ -42,6 +43,7 @@ class GPUDecodeLoop:
 
     _staging: list[gpu.Buffer] | None = None  # ring of host-readable buffers for the chosen ids
     _speculation: dict[int, tuple[SpecBuffers, SpecDraft, GreedyAccept]] | None = None  # per draft size
+    _spec_samplers: dict[int, SpecSampleAccept] | None = None  # sampled acceptance, per draft size
     # of the last speculative decode: drafted tokens, those yielded, and verify steps whose output was read
     draft_proposed = draft_accepted = verify_steps = 0
     encode_seconds = 0.0  # time spent recording decode steps (Python's share of a token)
@@ -192,6 +194,39 @@ class GPUDecodeLoop:
             self._buffers.extend(buffers.buffers + accept.buffers)
             ops = self._speculation[k] = (buffers, draft, accept)
         return ops
+
+    def decode_speculative_sampled(
+        self,
+        first_token: int,
+        k: int,
+        settings: SamplerSettings,
+        seed: int,
+        first_draw: int,
+        history: list[int],
+        limit: int | None = None,
+    ) -> AsyncIterator[int]:
+        """decode_speculative with the speculative sampling rule (kernels/spec_sampling.py: a drafted
+        token is kept with probability p(x), else one is drawn from p without it), so the tokens are
+        distributed as decode_sampled's under `settings`; seeded runs repeat. Draws first_draw.. of
+        stream `seed` (two per verify row: a different sequence from decode_sampled's). `history`: the
+        tokens so far including `first_token`, the caller appending each one yielded (the repetition
+        penalty's window, also for the plain sampled steps near the context end)."""
+        if self._spec_samplers is None:
+            self._spec_samplers = {}
+        op = self._spec_samplers.get(k)
+        if op is None:
+            buffers = self.speculation_buffers(k)
+            vocab = self.config.vocab_size
+            op = SpecSampleAccept(self.kernels, self.logits, buffers.draft, buffers.state, buffers.out, vocab, k + 1)
+            self._buffers.extend(op.buffers)
+            self._spec_samplers[k] = op
+        op.configure(settings, seed, first_draw, history)
+
+        async def plain(last: int, remaining: int | None) -> AsyncIterator[int]:
+            counter = int((await self.device.read(op.state, 0, 4)).view(np.uint32)[0])  # the op's next draw
+            return self.decode_sampled(last, settings, seed, counter, history, remaining)
+
+        return self.decode_speculative(first_token, k, limit, accept=op, plain=plain)
 
     def _record_verify_steps(
         self, k: int, n_steps: int, staging: gpu.Buffer, pos_bound: int, accept: Acceptance | None = None
