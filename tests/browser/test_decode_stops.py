@@ -24,6 +24,9 @@ MODEL = dict(
 )
 PROMPT_IDS = [5, 17, 42, 99, 123, 7, 250, 64]
 BROWSER_BATCHING = (3, 2)  # 3 steps per submit, 2 submits queued: up to 6 steps past a stop
+SPECULATE = 3  # largest draft in the speculative runs
+# Tied head: the model's greedy reply repeats its prompt, so prompt-lookup drafts are accepted.
+COPYING_MODEL = {**MODEL, "untied": False, "seed": 4}
 
 SCENARIOS = """
 import json
@@ -33,14 +36,14 @@ PROMPT = PROMPT_IDS_LITERAL
 GREEDY = SamplerSettings(temperature=0.0)
 
 
-async def run(engine, max_tokens, stop_strings=(), eos=None, abort_after=None):
+async def run(engine, max_tokens, stop_strings=(), eos=None, abort_after=None, speculate=0):
     engine.reset()
     saved = engine.tokenizer.stop_ids
     if eos is not None:  # a token of the reply as the end-of-sequence token
         engine.tokenizer.stop_ids = frozenset({eos})
     pieces = []
     try:
-        async for piece in engine.generate_tokens_async(PROMPT, GREEDY, max_tokens, stop_strings):
+        async for piece in engine.generate_tokens_async(PROMPT, GREEDY, max_tokens, stop_strings, speculate):
             pieces.append(piece)
             if abort_after is not None and len(pieces) == abort_after:
                 engine.abort()  # what the worker does on Stop
@@ -49,7 +52,8 @@ async def run(engine, max_tokens, stop_strings=(), eos=None, abort_after=None):
     model = engine.model
     stats = engine.last_stats
     out = {"text": "".join(pieces), "tokens": list(engine.generated_tokens), "reason": stats.stop_reason,
-           "n_cached": model.n_cached, "cached": list(model.cached_tokens)}
+           "n_cached": model.n_cached, "cached": list(model.cached_tokens),
+           "draft_proposed": stats.draft_proposed, "draft_accepted": stats.draft_accepted}
     # The next turn reuses the cached prefix: its reply must equal a fresh computation's.
     follow = out["cached"] + [11]
     async for _ in engine.generate_tokens_async(follow, GREEDY, 4):
@@ -63,18 +67,26 @@ async def run(engine, max_tokens, stop_strings=(), eos=None, abort_after=None):
     return out
 
 
-async def scenarios(engine, eos, stop_string):
+async def scenarios(engine, eos, stop_string, speculate=0):
     return {
-        "full": await run(engine, 20),
-        "max_tokens": await run(engine, 7),
-        "eos": await run(engine, 20, eos=eos),
-        "stop_string": await run(engine, 20, stop_strings=[stop_string]),
-        "stop_button": await run(engine, 20, abort_after=5),
+        "full": await run(engine, 20, speculate=speculate),
+        "max_tokens": await run(engine, 7, speculate=speculate),
+        "eos": await run(engine, 20, eos=eos, speculate=speculate),
+        "stop_string": await run(engine, 20, stop_strings=[stop_string], speculate=speculate),
+        "stop_button": await run(engine, 20, abort_after=5, speculate=speculate),
+    }
+
+
+async def repeats(engine, speculate=0):  # a model that copies its prompt: drafts get accepted
+    return {
+        "full": await run(engine, 24, speculate=speculate),
+        "max_tokens": await run(engine, 9, speculate=speculate),
+        "stop_button": await run(engine, 24, abort_after=7, speculate=speculate),
     }
 """
 
 
-def cpython_scenarios(path: str, eos: int | None = None, stop_string: str = "\\0") -> dict:
+def cpython_scenarios(path: str, eos: int | None = None, stop_string: str = "\\0", copying: bool = False) -> dict:
     from bitnet_web.engine import Engine
 
     namespace: dict = {}
@@ -83,6 +95,8 @@ def cpython_scenarios(path: str, eos: int | None = None, stop_string: str = "\\0
     engine.load(path)
     engine.model.DECODE_BATCHING = BROWSER_BATCHING
     try:
+        if copying:
+            return engine._run(namespace["repeats"](engine))
         return engine._run(namespace["scenarios"](engine, eos, stop_string))
     finally:
         engine.close()
@@ -104,7 +118,16 @@ def model_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(model_path):
+def copying_model_path(tmp_path_factory):
+    from bitnet_web.convert.synthetic import write_random_bitnet
+
+    path = tmp_path_factory.mktemp("decode-stops-copying") / "model.gguf"
+    write_random_bitnet(str(path), **COPYING_MODEL)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(model_path, copying_model_path):
     """CPython's replies; the EOS token and the stop string are taken from its full greedy reply."""
     full = in_thread(cpython_scenarios, str(model_path))["full"]
     tokens = full["tokens"]
@@ -118,11 +141,12 @@ def reference(model_path):
         "eos": eos,
         "stop_string": stop_string,
         "runs": in_thread(cpython_scenarios, str(model_path), eos, stop_string),
+        "copying": in_thread(cpython_scenarios, str(copying_model_path), None, "", True),
     }
 
 
 @pytest.fixture(scope="module")
-def browser_runs(browser, site, model_path, reference):
+def browser_runs(browser, site, model_path, copying_model_path, reference):
     context = browser.new_context()
     page = context.new_page()
     log: list[str] = []
@@ -142,18 +166,27 @@ from bitnet_web.model.forward import BitNetModel
 engine = Engine()
 await engine.load_async(GGUFFile.from_buffer(np.frombuffer(bytes(MODEL_BYTES), dtype=np.uint8)), name="stops")
 engine.model.DECODE_BATCHING = {BROWSER_BATCHING!r}
+SPECULATE = {SPECULATE}
 result = await scenarios(engine, {reference["eos"]}, {json.dumps(reference["stop_string"])})
 result["batching"] = list(engine.model.decode_batching())
+# the same scenarios with drafted tokens verified several to a forward pass (speculative decoding)
+result["speculative"] = await scenarios(engine, {reference["eos"]}, {json.dumps(reference["stop_string"])}, SPECULATE)
+engine.close()
+engine = Engine()
+await engine.load_async(GGUFFile.from_buffer(np.frombuffer(bytes(COPYING_BYTES), dtype=np.uint8)), name="copying")
+engine.model.DECODE_BATCHING = {BROWSER_BATCHING!r}
+result["copying"] = await repeats(engine, SPECULATE)
 engine.close()
 json.dumps(result)
 """
     runs = json.loads(
         worker.evaluate(
-            """async ([code, bytes]) => {
+            """async ([code, bytes, copying]) => {
                 self.pyodide.globals.set("MODEL_BYTES", self.pyodide.toPy(new Uint8Array(bytes)));
+                self.pyodide.globals.set("COPYING_BYTES", self.pyodide.toPy(new Uint8Array(copying)));
                 return await self.pyodide.runPythonAsync(code);
             }""",
-            [code, list(model_path.read_bytes())],
+            [code, list(model_path.read_bytes()), list(copying_model_path.read_bytes())],
         )
     )
     context.close()
@@ -200,3 +233,27 @@ def test_stops_end_where_the_full_reply_says(reference):
     assert len(runs["stop_button"]["tokens"]) <= 6
     assert reference["stop_string"] not in runs["stop_string"]["text"]
     assert runs["stop_string"]["text"] == runs["full"]["text"][: len(runs["stop_string"]["text"])]
+
+
+@pytest.mark.parametrize("scenario", ["full", "max_tokens", "eos", "stop_string", "stop_button"])
+def test_speculative_decoding_in_the_page_matches_plain_cpython(browser_runs, reference, scenario):
+    """Drafts verified on the GPU in the page: the text, tokens and stop of plain greedy decoding in
+    CPython, and a cache that a follow-up turn can reuse as if no draft had run."""
+    got, want = browser_runs["speculative"][scenario], reference["runs"][scenario]
+    for key in ("text", "tokens", "reason"):
+        assert got[key] == want[key], f"{scenario}: {key} differs from plain decoding's"
+    assert got["cached"] == (PROMPT_IDS + got["tokens"] + [reference["eos"]])[: got["n_cached"]]
+    assert got["follow"] == got["follow_fresh"] == want["follow"], f"{scenario}: the cache after the stop is wrong"
+    assert got["draft_accepted"] <= got["draft_proposed"]
+
+
+@pytest.mark.parametrize("scenario", ["full", "max_tokens", "stop_button"])
+def test_accepted_drafts_in_the_page_give_plain_decodings_text(browser_runs, reference, scenario):
+    """A model that copies its prompt: most drafts are accepted, several tokens per verify step, and
+    the reply, its stop and the reused cache are still plain greedy decoding's."""
+    got, want = browser_runs["copying"][scenario], reference["copying"][scenario]
+    for key in ("text", "tokens", "reason"):
+        assert got[key] == want[key], f"{scenario}: {key} differs from plain decoding's"
+    assert got["follow"] == got["follow_fresh"] == want["follow"], f"{scenario}: the cache after the stop is wrong"
+    if scenario == "full":
+        assert got["draft_accepted"] >= len(got["tokens"]) // 3, f"drafts mostly rejected: {got}"
