@@ -8,7 +8,8 @@ import pytest
 from bitnet_web.convert.synthetic import synthetic_vocab_metadata, write_random_bitnet
 from bitnet_web.formats.ggml import GGMLType
 from bitnet_web.formats.gguf_reader import open_gguf
-from bitnet_web.formats.gguf_writer import GGUFWriter, float_to_bf16_bits
+from bitnet_web.formats.gguf_writer import GGUFWriter
+from bitnet_web.formats.quants import float_to_bf16_bits
 from bitnet_web.model.config import config_from_gguf
 from bitnet_web.text.bpe import BYTE_TO_UNICODE
 

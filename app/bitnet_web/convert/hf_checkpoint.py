@@ -617,15 +617,10 @@ def build_gguf_writer(
             st = weights.file(hf_name)
             if st.dtype(hf_name) not in ("F32", "F16", "BF16"):
                 raise ConvertError(f"{st.source}: {hf_name} has dtype {st.dtype(hf_name)}, expected F32/F16/BF16")
-            raw = st.array(hf_name)
-            rows = max(1, (1 << 22) // max(1, raw.shape[1]))
-            for start in range(0, raw.shape[0], rows):
-                part = raw[start : start + rows]
-                yield (
-                    (part.astype(np.uint32) << 16).view(np.float32)
-                    if st.dtype(hf_name) == "BF16"
-                    else part.astype(np.float32)
-                )
+            n_rows, n_cols = st.shape(hf_name)
+            rows = max(1, (1 << 22) // max(1, n_cols))
+            for start in range(0, n_rows, rows):
+                yield st.float32_rows(hf_name, slice(start, start + rows))
 
         return chunks
 

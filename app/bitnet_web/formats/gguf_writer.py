@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .ggml import GGUF_DEFAULT_ALIGNMENT, VALUE_DTYPES, GGMLType, GGUFValueType, Keys, tensor_nbytes
-from .quants import i2s_encode, tq1_0_encode, tq2_0_encode
+from .quants import CODECS
 
 TensorSource = np.ndarray | bytes | tuple | Callable[[], object] | Iterator
 
@@ -112,26 +112,6 @@ def encode_value(value: object) -> bytes:
         return struct.pack("<I", GGUFValueType.ARRAY) + _encode_array(None, value)
     vtype = _infer_scalar_type(value)
     return struct.pack("<I", vtype) + _encode_scalar(vtype, value)
-
-
-def float_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16), round to nearest even."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return rounded.astype(np.uint16)
-
-
-def q8_0_encode(x: np.ndarray) -> np.ndarray:
-    """float -> Q8_0 blocks (f16 d = absmax/127, 32 int8), like ggml's quantize_row_q8_0_ref."""
-    blocks = np.asarray(x, dtype=np.float32).reshape(-1, 32)
-    d = np.abs(blocks).max(axis=1) / 127
-    inv = np.where(d > 0, 1 / np.where(d > 0, d, 1), 0).astype(np.float32)
-    v = blocks * inv[:, None]
-    q = (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int8)
-    out = np.empty((len(blocks), 34), dtype=np.uint8)
-    out[:, :2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)
-    out[:, 2:] = q.view(np.uint8)
-    return out.reshape(-1)
 
 
 class _PendingTensor(NamedTuple):
@@ -274,32 +254,24 @@ def _chunk_bytes(t: _PendingTensor, chunk: object) -> memoryview:
 
 
 def _float_payload(t: _PendingTensor, arr: np.ndarray) -> np.ndarray:
-    if t.ggml_type == GGMLType.F32:
-        return np.ascontiguousarray(arr, dtype="<f4").reshape(-1).view(np.uint8)
-    if t.ggml_type == GGMLType.F16:
-        return np.ascontiguousarray(arr, dtype="<f2").reshape(-1).view(np.uint8)
-    if t.ggml_type == GGMLType.BF16:
-        return float_to_bf16_bits(arr).reshape(-1).view(np.uint8)
-    raise TypeError(f"tensor {t.name!r}: float chunks only for F32/F16/BF16, not {t.ggml_type.name}")
+    codec = CODECS[t.ggml_type]
+    if not codec.elementwise:
+        raise TypeError(f"tensor {t.name!r}: float chunks only for element-wise types, not {t.ggml_type.name}")
+    return codec.encode(arr)
 
 
 def _tensor_bytes(t: _PendingTensor, data: object) -> memoryview:
     if isinstance(data, bytes | bytearray | memoryview):
         return memoryview(data)
-    if t.ggml_type == GGMLType.I2_S and isinstance(data, tuple):
+    codec = CODECS[t.ggml_type]
+    if codec.encode_ternary is not None and isinstance(data, tuple):
         values, scale = data
-        return memoryview(i2s_encode(np.asarray(values), float(scale)))
+        return memoryview(codec.encode_ternary(values, scale))
     arr = np.asarray(data)
     if arr.dtype == np.uint8 and arr.size == t.n_bytes:
         return memoryview(np.ascontiguousarray(arr).reshape(-1))
     if arr.size != t.n_elements:
         raise ValueError(f"tensor {t.name!r}: {arr.size} values for shape {list(t.shape)}")
-    if t.ggml_type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
-        return memoryview(_float_payload(t, arr))
-    if t.ggml_type == GGMLType.Q8_0:
-        return memoryview(q8_0_encode(arr))
-    if t.ggml_type == GGMLType.TQ1_0:
-        return memoryview(tq1_0_encode(arr))
-    if t.ggml_type == GGMLType.TQ2_0:
-        return memoryview(tq2_0_encode(arr))
-    raise TypeError(f"tensor {t.name!r}: give I2_S data as raw bytes or (values, scale)")
+    if codec.encode is None:
+        raise TypeError(f"tensor {t.name!r}: give {t.ggml_type.name} data as raw bytes or (values, scale)")
+    return memoryview(codec.encode(arr))
