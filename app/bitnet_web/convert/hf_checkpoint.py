@@ -1,9 +1,10 @@
-"""Hugging Face checkpoints (config.json + safetensors + tokenizer files) as GGUF, built in memory.
+"""Hugging Face checkpoints (config.json + safetensors + tokenizer files) straight to what the model loads.
 
-One code path turns a checkpoint into a `GGUFWriter` (`build_gguf_writer`); `convert_hf.convert` writes
-it to a file, and `load_folder` / `load_from_buffers` / `load` fill one uint8 buffer with it and parse
-that as a `GGUFFile` the engine loads like any other. The ternary weights are re-packed to I2_S once,
-here; the model then uploads the I2_S bytes as they are.
+One code path describes a checkpoint as a `GGUFWriter` (`build_gguf_writer`: metadata, and per tensor a
+source that converts it when asked). `convert_hf.convert` writes it to a file; `load_folder` /
+`load_from_buffers` / `load` turn it into an `UnwrittenFile`: a `GGUFFile` with no GGUF bytes, whose
+tensors are converted one at a time as the model uploads them. The ternary weights are re-packed to
+I2_S once, here; the model then uploads the I2_S bytes as they are.
 
 Supported (`config.json`):
   model_type 'bitnet'   BitNetForCausalLM (microsoft/bitnet-b1.58-2B-4T): hidden_act relu2 -> GGUF arch
@@ -238,10 +239,11 @@ def permute_for_interleaved_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, out // n_heads // 2, *rest).swapaxes(1, 2).reshape(out, *rest)
 
 
-def linear_ternary_codes(
+def linear_header(
     weights: ShardedSafetensors, key: str, out_features: int, in_features: int, linear_class: str
-) -> tuple[np.ndarray, float]:
-    """(uint8 codes (out, in) = value + 1, multiplying scale) of one HF Linear `key`."""
+) -> tuple[bool, float | None]:
+    """(packed?, multiplying scale or None) of one HF Linear `key`, from the safetensors headers and its
+    weight_scale: what can be refused before any weight is read."""
     wname, sname = f"{key}.weight", f"{key}.weight_scale"
     st = weights.file(wname)
     shape, dtype = st.shape(wname), st.dtype(wname)
@@ -252,16 +254,9 @@ def linear_ternary_codes(
             raise ConvertError(f"{st.source}: {sname} is {s.tolist()[:4]}, expected one positive number")
         scale = float(s[0]) if linear_class == "autobitlinear" else 1.0 / float(s[0])
     if dtype in ("U8", "I8") and shape == (out_features // 4, in_features) and out_features % 4 == 0:
-        packed = st.array(wname).view(np.uint8)
-        bad = (packed & (packed >> 1) & 0x55) != 0
-        if bad.any():
-            raise ConvertError(
-                f"{st.source}: {wname} holds code 3 (packed byte index "
-                f"{int(np.argmax(bad.reshape(-1)))}); not a ternary packed weight"
-            )
         if scale is None:
             raise ConvertError(f"{st.source}: packed {wname} has no {sname}")
-        return hf_packed_codes(packed), scale
+        return True, scale
     if shape != (out_features, in_features):
         raise ConvertError(
             f"{st.source}: {wname} has shape {list(shape)} {dtype}, expected [{out_features}, "
@@ -269,6 +264,25 @@ def linear_ternary_codes(
         )
     if dtype not in ("F32", "F16", "BF16", "F64"):
         raise ConvertError(f"{st.source}: {wname} has dtype {dtype}, expected a float type or packed uint8")
+    return False, scale
+
+
+def linear_ternary_codes(
+    weights: ShardedSafetensors, key: str, out_features: int, in_features: int, linear_class: str
+) -> tuple[np.ndarray, float]:
+    """(uint8 codes (out, in) = value + 1, multiplying scale) of one HF Linear `key`."""
+    packed, scale = linear_header(weights, key, out_features, in_features, linear_class)
+    wname = f"{key}.weight"
+    st = weights.file(wname)
+    if packed:
+        codes = st.array(wname).view(np.uint8)
+        bad = (codes & (codes >> 1) & 0x55) != 0
+        if bad.any():
+            raise ConvertError(
+                f"{st.source}: {wname} holds code 3 (packed byte index "
+                f"{int(np.argmax(bad.reshape(-1)))}); not a ternary packed weight"
+            )
+        return hf_packed_codes(codes), scale
     w = st.float32(wname)
     if scale is not None:
         values = np.rint(w)
@@ -666,8 +680,8 @@ def build_gguf_writer(
             known.add(hf_name)
         for short, hf_lin in _HF_LINEARS.items():
             key = hf + hf_lin
-            weights.file(key + ".weight")  # fail early if missing
             out_f, in_f = shapes[short]
+            linear_header(weights, key, out_f, in_f, linear_class)  # refused before any weight is read
             writer.add_tensor(
                 block_tensor(i, short),
                 shapes[short],
@@ -709,14 +723,13 @@ def load_files(
     embed_type: str = "F16",
     progress: ProgressCallback | None = None,
 ) -> GGUFFile:
-    """Build the GGUF of `files` in one uint8 buffer and parse it (ready for Engine.load / load_async)."""
-    writer, _ = build_gguf_writer(
-        files, embed_type=embed_type, progress=progress, allow_lossy_ternarization=allow_lossy_ternarization
-    )
-    buffer = writer.to_buffer()
+    """The checkpoint as the model loads it (ready for Engine.load / load_async): what its GGUF would
+    hold, with no GGUF bytes; each tensor is converted when the model reads it (`UnwrittenFile`), so
+    memory holds the checkpoint's files and one converted tensor, never a converted copy of it all."""
+    writer, _ = build_gguf_writer(files, embed_type=embed_type, allow_lossy_ternarization=allow_lossy_ternarization)
     if progress:
         progress("convert", len(writer.tensors), len(writer.tensors))
-    return GGUFFile.from_buffer(buffer, source=files.source)
+    return writer.as_file(source=files.source)
 
 
 def load_from_buffers(
@@ -730,8 +743,8 @@ def load_from_buffers(
     """The browser's entry point: {file name: downloaded bytes (uint8 array)} -> GGUFFile.
 
     `files` holds what `files_to_fetch` listed (optional files may be absent). `name` becomes
-    general.name (e.g. 'microsoft/bitnet-b1.58-2B-4T'). The buffers are read, not kept: the GGUF is a
-    new buffer, so the caller may drop them afterwards.
+    general.name (e.g. 'microsoft/bitnet-b1.58-2B-4T'). The returned file keeps the buffers: its tensors
+    are converted from them when the model reads them.
     """
     return load_files(
         CheckpointFiles(name, buffers=files),
