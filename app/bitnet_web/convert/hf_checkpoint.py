@@ -52,7 +52,6 @@ from ..formats.ggml import (
     GGUFError,
     GGUFValueType,
     Keys,
-    TokenType,
     block_tensor,
 )
 from ..formats.gguf_reader import GGUFFile
@@ -60,6 +59,8 @@ from ..formats.gguf_writer import GGUFWriter, Typed
 from ..formats.quants import i2s_pack_codes, ternarize
 from ..formats.safetensors import SafetensorsError, SafetensorsFile, ShardedSafetensors, open_safetensors, parse_index
 from ..model.config import head_dim_problem
+from ..text.readers import hf_vocab
+from ..text.vocab import TokenizerError
 from .hf_urls import checkpoint_base_url, checkpoint_name
 from .synthetic import bitnet_model_metadata, synthetic_vocab_metadata
 
@@ -328,27 +329,14 @@ def tokenizer_metadata(files: CheckpointFiles, vocab_size: int, config: dict) ->
             f"{label}: a BPE tokenizer without a ByteLevel pre-tokenizer/decoder "
             "(SentencePiece style); only byte-level BPE (GPT-2 / Llama 3 style) is supported"
         )
-    tokens: list[str | None] = [None] * vocab_size
-    types = np.full(vocab_size, TokenType.NORMAL, dtype=np.int32)
-    for text, tid in model.get("vocab", {}).items():
-        if not isinstance(tid, int) or not 0 <= tid < vocab_size:
-            raise ConvertError(f"{label}: token {text!r} has id {tid}, outside the model vocabulary {vocab_size}")
-        tokens[tid] = text
-    by_text: dict[str, int] = {}
-    for added in data.get("added_tokens", []):
-        tid = added["id"]
-        if tid >= vocab_size:
-            continue  # no embedding row: the model can neither read nor produce it
-        if tid < 0:
-            raise ConvertError(f"{label}: added token {added['content']!r} has id {tid}")
-        tokens[tid] = added["content"]
-        types[tid] = TokenType.CONTROL if added.get("special") else TokenType.USER_DEFINED
-        by_text[added["content"]] = tid
-    for tid, text in enumerate(tokens):
-        if text is None:
-            tokens[tid] = f"[PAD{tid}]"
-            types[tid] = TokenType.UNUSED
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    try:
+        vocab = hf_vocab(data, vocab_size, label)
+    except TokenizerError as e:
+        raise ConvertError(str(e)) from None
+    tokens = [text or f"[PAD{tid}]" for tid, text in enumerate(vocab.tokens)]
+    types = np.array(vocab.types, dtype=np.int32)
+    merges = vocab.merges or []
+    by_text = vocab.added
 
     tok_config = files.json(TOKENIZER_CONFIG_FILE) if files.has(TOKENIZER_CONFIG_FILE) else {}
 
