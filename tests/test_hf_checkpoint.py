@@ -116,13 +116,6 @@ def _round_embeddings(model):
 
 
 @pytest.fixture(scope="module")
-def engine():
-    engine = Engine(prefill_chunk=32)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """(a) GGUF path, (b) packed folder, (c) bf16 master-weight folder: one random model."""
     from safetensors.torch import load_file, save_file
