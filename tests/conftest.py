@@ -25,3 +25,26 @@ def device():
 @pytest.fixture(scope="module")
 def kernels(device) -> KernelCache:
     return KernelCache(device)
+
+
+@pytest.fixture(scope="module")
+def tiny_path(request, tmp_path_factory) -> str:
+    """A random BitNet GGUF of the module's `TINY` (random_bitnet_writer's arguments), written once."""
+    from bitnet_web.convert.synthetic import random_bitnet_writer
+
+    path = str(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+    random_bitnet_writer(path, **request.module.TINY).write()
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(request):
+    """An Engine for the module, closed after it: prefill chunk `PREFILL_CHUNK` of the module (default
+    32), loaded from the module's `tiny_path` when the module has a `TINY` shape."""
+    from bitnet_web.engine import Engine
+
+    engine = Engine(prefill_chunk=getattr(request.module, "PREFILL_CHUNK", 32))
+    if hasattr(request.module, "TINY"):
+        engine.load(request.getfixturevalue("tiny_path"))
+    yield engine
+    engine.close()

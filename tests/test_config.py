@@ -3,13 +3,14 @@
 import math
 
 import pytest
+from shapes import TINY_SHAPE
 
 from bitnet_web.convert.synthetic import random_bitnet_writer
 from bitnet_web.formats.ggml import GGMLType, GGUFError, tensor_nbytes
 from bitnet_web.formats.gguf_reader import parse_header
 from bitnet_web.model.config import ModelConfigError, config_from_gguf
 
-TINY = dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512, vocab_size=1000)
+TINY = TINY_SHAPE
 B2_4T = dict(dim=2560, n_layers=30, n_heads=20, n_kv_heads=5, ffn_dim=6912, vocab_size=128256)
 
 

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.gpu
 MAX_TOL = 0.03  # of the reference's logit range (see tests/test_model.py)
 VOCAB = 1000
 # Untied head: with a tied one, random models mostly repeat their input token and greedy tests say little.
+PREFILL_CHUNK = 16  # the engine fixture's, loaded from tiny_path (tests/conftest.py)
 TINY = dict(
     dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=384, vocab_size=VOCAB, context_length=256, untied=True, seed=5
 )
@@ -38,23 +39,8 @@ TOP1 = SamplerSettings(temperature=1.0, top_k=1)  # also greedy, but sampled on 
 
 
 @pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("engine") / "tiny.gguf")
-    random_bitnet_writer(path, **TINY).write()
-    return path
-
-
-@pytest.fixture(scope="module")
 def ref(tiny_path) -> ReferenceModel:
     return ReferenceModel(open_gguf(tiny_path))
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_path):
-    engine = Engine(prefill_chunk=16)
-    engine.load(tiny_path)
-    yield engine
-    engine.close()
 
 
 @pytest.fixture

@@ -4,15 +4,17 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from shapes import TINY_SHAPE
 
 from bitnet_web.convert.synthetic import synthetic_vocab_metadata, write_random_bitnet
 from bitnet_web.formats.ggml import GGMLType
 from bitnet_web.formats.gguf_reader import open_gguf
-from bitnet_web.formats.gguf_writer import GGUFWriter, float_to_bf16_bits
+from bitnet_web.formats.gguf_writer import GGUFWriter
+from bitnet_web.formats.quants import float_to_bf16_bits
 from bitnet_web.model.config import config_from_gguf
 from bitnet_web.text.bpe import BYTE_TO_UNICODE
 
-TINY = dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512, vocab_size=1000)
+TINY = TINY_SHAPE
 
 # ground-truth.md: model keys (prefix = architecture) and tokenizer keys of the 2B-4T file.
 GROUND_TRUTH_ARCH_KEYS = {

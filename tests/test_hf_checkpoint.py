@@ -48,6 +48,7 @@ from bitnet_web.convert.hf_checkpoint import (  # noqa: E402
     load_from_buffers,
 )
 from bitnet_web.engine import Engine  # noqa: E402
+from bitnet_web.formats.gguf_reader import open_gguf  # noqa: E402
 from bitnet_web.formats.quants import i2s_encode, i2s_pack_codes  # noqa: E402
 from bitnet_web.formats.safetensors import SafetensorsError  # noqa: E402
 from bitnet_web.model.config import config_from_gguf  # noqa: E402
@@ -115,13 +116,6 @@ def _round_embeddings(model):
 
 
 @pytest.fixture(scope="module")
-def engine():
-    engine = Engine(prefill_chunk=32)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """(a) GGUF path, (b) packed folder, (c) bf16 master-weight folder: one random model."""
     from safetensors.torch import load_file, save_file
@@ -156,14 +150,31 @@ def folders(tmp_path_factory):
 # ---------------------------------------------------------------------------------------------
 
 
+def assert_same_model(ours, parsed) -> None:
+    """Converted in memory equals converted to a GGUF file then parsed: metadata, tensor table, bytes."""
+    assert list(ours.metadata) == list(parsed.metadata)
+    for key, value in parsed.metadata.items():
+        mine = ours.metadata[key]
+        if isinstance(value, np.ndarray):  # a view of the buffer or memmap: an array either way
+            assert isinstance(mine, np.ndarray), key
+            assert mine.dtype == value.dtype, key
+            np.testing.assert_array_equal(mine, value, err_msg=key)
+        else:
+            assert type(mine) is type(value) and mine == value, key
+    assert list(ours.tensors) == list(parsed.tensors)
+    for name, info in parsed.tensors.items():
+        assert ours.tensors[name][:3] == info[:3] and ours.tensors[name][4:] == info[4:], name
+        np.testing.assert_array_equal(ours.tensor_bytes(name), parsed.tensor_bytes(name), err_msg=name)
+    assert ours.data.size == 0  # no GGUF bytes were made
+
+
 def test_packed_folder_in_memory_is_the_converted_file(folders):
     gguf_path, packed, _ = folders
-    on_disk = np.fromfile(gguf_path, dtype=np.uint8)
-    np.testing.assert_array_equal(load_folder(packed).data, on_disk)
-    from_buffers = load_from_buffers(_buffers(packed), name=packed.name)
-    np.testing.assert_array_equal(from_buffers.data, on_disk)
+    on_disk = open_gguf(str(gguf_path))
+    assert_same_model(load_folder(packed), on_disk)
+    assert_same_model(load_from_buffers(_buffers(packed), name=packed.name), on_disk)
     as_bytes = {name: bytes(data) for name, data in _buffers(packed).items()}
-    np.testing.assert_array_equal(load_from_buffers(as_bytes, name=packed.name).data, on_disk)
+    assert_same_model(load_from_buffers(as_bytes, name=packed.name), on_disk)
 
 
 def test_master_weights_ternarize_to_the_packed_values(folders):
@@ -320,7 +331,8 @@ def test_plain_llama_lossy_ternarization(engine, llama_folders, tmp_path):
     assert "LOSSY" in gguf.metadata["general.description"]
     assert config_from_gguf(gguf).arch == "llama"
     path = tmp_path / "lossy.gguf"
-    gguf.data.tofile(path)  # the in-memory GGUF, handed to _compare as a file
+    convert(plain, path, allow_lossy_ternarization=True)  # the same model as a file, for _compare
+    assert_same_model(gguf, open_gguf(str(path)))
     result = _compare(engine, _online_reference(plain), path, IDS)
     assert result["close"], result
     assert result["greedy_agree_on_decisive"], result
@@ -371,7 +383,7 @@ def test_sharded_buffers_equal_single_file(folders, sharded):
         if k in files_to_fetch(json.loads((sharded / "model.safetensors.index.json").read_text()))
     }
     from_shards = load_from_buffers(buffers, name=packed.name)
-    np.testing.assert_array_equal(from_shards.data, single.data)
+    assert_same_model(from_shards, single)
     missing = dict(buffers)
     del missing[sorted(k for k in buffers if k.startswith("model-"))[-1]]
     with pytest.raises(SafetensorsError, match=r"shard 'model-\d+-of-\d+\.safetensors' .* is missing"):

@@ -10,7 +10,6 @@ import tracemalloc
 
 import pytest
 
-from bitnet_web.convert.synthetic import random_bitnet_writer  # noqa: E402
 from bitnet_web.engine import Engine, EngineError, fit_chat_to_context  # noqa: E402
 from bitnet_web.text.sampler import SamplerSettings  # noqa: E402
 
@@ -96,21 +95,6 @@ def test_policy_history_starting_with_a_reply():
 # ---------------------------------------------------------------------------------------------
 # 200 turns through the Engine
 # ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("long") / "tiny.gguf")
-    random_bitnet_writer(path, **TINY).write()
-    return path
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_path):
-    engine = Engine(prefill_chunk=32)
-    engine.load(tiny_path)
-    yield engine
-    engine.close()
 
 
 def chat_turn(

@@ -41,6 +41,7 @@ RMS_TOL = 0.04  # of the reference's logit RMS, over all positions
 KV_INITIAL_CAPACITY = 256  # KVCache's first allocation (rows)
 
 # All shapes: 3 layers; widths multiples of 128, most not powers of two. name -> write_random_bitnet args.
+PREFILL_CHUNK = 64  # the engine fixture's (tests/conftest.py)
 SHAPES = {
     # GQA ratio 2, head_dim 64, width 384
     "b158_d384_gqa2_hd64": dict(dim=384, n_heads=6, n_kv_heads=3, ffn_dim=640),
@@ -90,13 +91,6 @@ class Models:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> Models:
     return Models(tmp_path_factory.mktemp("model_ggufs"))
-
-
-@pytest.fixture(scope="module")
-def engine():
-    engine = Engine(prefill_chunk=64)
-    yield engine
-    engine.close()
 
 
 def loaded(engine: Engine, models: Models, name: str, fresh: bool = False):

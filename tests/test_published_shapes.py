@@ -43,6 +43,7 @@ SMALL_VOCAB = 515  # not a multiple of anything the kernels tile by
 BITNET = dict(model_type="bitnet")
 LLAMA = dict(model_type="llama", hidden_act="silu", tied=False)  # Falcon3-*-1.58bit, HF1BitLLM
 # name -> build_tiny_bitnet arguments
+PREFILL_CHUNK = 16  # the engine fixture's (tests/conftest.py)
 SHAPES = {
     # microsoft/bitnet-b1.58-2B-4T: relu^2, 20 heads of 128 over 5 KV heads, tied
     "bitnet-2B-4T": dict(
@@ -84,13 +85,6 @@ SHAPES = {
     # not published, the case the issue names: 12 query heads per KV head of 64 (over one workgroup)
     "gqa12-hd64": dict(BITNET, hidden_size=768, num_attention_heads=12, num_key_value_heads=1, intermediate_size=1000),
 }
-
-
-@pytest.fixture(scope="module")
-def engine():
-    engine = Engine(prefill_chunk=16)
-    yield engine
-    engine.close()
 
 
 def _hf_greedy(model, prompt: list[int], steps: int) -> tuple[list[int], np.ndarray]:

@@ -9,6 +9,7 @@ import pytest
 
 from bitnet_web.formats.ggml import GGMLType, GGUFError, GGUFFormatError
 from bitnet_web.formats.quants import (
+    CODECS,
     i2s_arm_to_x86,
     i2s_check_layout,
     i2s_decode,
@@ -17,11 +18,9 @@ from bitnet_web.formats.quants import (
     i2s_nbytes,
     random_i2s_bytes,
     ternarize,
-    tq1_0_decode,
     tq1_0_encode,
     tq2_0_decode,
     tq2_0_encode,
-    tq_to_i2s,
 )
 
 CODE_TO_VALUE = {0: -1, 1: 0, 2: 1}  # ground truth: 0 = -1, 1 = 0, 2 = +1
@@ -199,10 +198,13 @@ def _gguf_quants():
     return gguf.quants, gguf.GGMLQuantizationType
 
 
-@pytest.mark.parametrize("kind", ["TQ1_0", "TQ2_0"])
+@pytest.mark.parametrize("kind", ["TQ1_0", "TQ2_0", "Q8_0", "F16", "BF16", "F32"])
 @pytest.mark.parametrize("data", ["ternary", "float"])
-def test_tq_encode_decode_match_gguf_package(kind, data):
+def test_codec_table_matches_gguf_package(kind, data):
+    """Every codec gguf-py also knows: sizes, encode and decode byte for byte / value for value."""
     gq, qt = _gguf_quants()
+    import gguf
+
     rng = np.random.default_rng(8)
     shape = (4, 512)
     if data == "ternary":
@@ -210,12 +212,12 @@ def test_tq_encode_decode_match_gguf_package(kind, data):
         w[0, :256] = 0  # an all-zero block (d = 0)
     else:
         w = rng.standard_normal(shape).astype(np.float32)
-    encode = {"TQ1_0": tq1_0_encode, "TQ2_0": tq2_0_encode}[kind]
-    decode = {"TQ1_0": tq1_0_decode, "TQ2_0": tq2_0_decode}[kind]
-    ours = encode(w)
+    codec = CODECS[GGMLType[kind]]
+    assert tuple(codec.size[:2]) == gguf.GGML_QUANT_SIZES[getattr(qt, kind)]
+    ours = codec.encode(w)
     ref = gq.quantize(w, getattr(qt, kind))
-    np.testing.assert_array_equal(ours, ref.reshape(-1))
-    np.testing.assert_array_equal(decode(ours, shape), gq.dequantize(ref, getattr(qt, kind)))
+    np.testing.assert_array_equal(ours, ref.reshape(-1).view(np.uint8))
+    np.testing.assert_array_equal(codec.decode(ours, shape), gq.dequantize(ref, getattr(qt, kind)))
 
 
 def test_tq2_0_decode_hand_built_block():
@@ -230,27 +232,27 @@ def test_tq2_0_decode_hand_built_block():
 
 
 @pytest.mark.parametrize("kind,encode", [(GGMLType.TQ1_0, tq1_0_encode), (GGMLType.TQ2_0, tq2_0_encode)])
-def test_tq_to_i2s_recovers_values_and_scale(kind, encode):
+def test_tq_ternary_recovers_values_and_scale(kind, encode):
     rng = np.random.default_rng(9)
     values = random_ternary(rng, (3, 768))
     values[1, 256:512] = 0  # an all-zero block carries d = 0: ignored
     scale = 0.0421
     raw = encode(values.astype(np.float32) * np.float32(scale))
-    out, s = tq_to_i2s(raw, values.shape, kind)
+    out, s = CODECS[kind].ternary(raw, values.shape)
     np.testing.assert_array_equal(out, values)
     assert s == float(np.float16(scale))
 
 
-def test_tq_to_i2s_rejects_differing_block_scales():
+def test_tq_ternary_rejects_differing_block_scales():
     rng = np.random.default_rng(10)
     w = random_ternary(rng, (2, 256)).astype(np.float32)
     w[1] *= 2.0  # second block twice the scale
     with pytest.raises(GGUFFormatError, match="block scales range"):
-        tq_to_i2s(tq2_0_encode(w), w.shape, GGMLType.TQ2_0, where="tensor 'x'")
+        CODECS[GGMLType.TQ2_0].ternary(tq2_0_encode(w), w.shape, where="tensor 'x'")
 
 
-def test_tq2_0_code3_rejected_by_tq_to_i2s():
+def test_tq2_0_code3_rejected_by_ternary():
     raw = tq2_0_encode(np.ones(256, np.float32))
     raw[0] |= 3
     with pytest.raises(GGUFFormatError, match="code 3"):
-        tq_to_i2s(raw, (256,), GGMLType.TQ2_0)
+        CODECS[GGMLType.TQ2_0].ternary(raw, (256,))

@@ -16,7 +16,6 @@ import sys
 import numpy as np
 import pytest
 
-from bitnet_web.convert.synthetic import random_bitnet_writer
 from bitnet_web.engine import Engine, EngineError
 from bitnet_web.kernels.spec_sampling import SpecSampleAccept
 from bitnet_web.kernels.speculative import GreedyAccept, SpecBuffers, SpecDraft
@@ -30,8 +29,17 @@ CONTEXT = 96
 # Untied head and a small vocabulary: the random model soon repeats a short cycle, which prompt
 # lookup drafts, so verify steps accept several tokens and also reject some.
 TINY = dict(
-    dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=256, vocab_size=300, context_length=CONTEXT, untied=True
+    dim=128,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    ffn_dim=256,
+    vocab_size=300,
+    context_length=CONTEXT,
+    untied=True,
+    seed=3,
 )
+PREFILL_CHUNK = 16  # the engine fixture's, loaded from tiny_path (tests/conftest.py)
 PROMPT = [5, 30, 31, 77, 90, 12, 13, 14, 30, 31, 77]
 BUNDLED = os.path.join(os.path.dirname(__file__), "..", "static", "models", "bitnet-pystdlib-27m-i2_s.gguf")
 
@@ -54,21 +62,6 @@ def simulate(prompt: list[int], reply: list[int], k: int, context: int = CONTEXT
         history += reply[i : i + take]
         i += take
     return proposed, accepted
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("spec") / "tiny.gguf")
-    random_bitnet_writer(path, seed=3, **TINY).write()
-    return path
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_path):
-    engine = Engine(prefill_chunk=16)
-    engine.load(tiny_path)
-    yield engine
-    engine.close()
 
 
 def generate(engine: Engine, prompt: list[int], speculate: int, **kwargs) -> list[int]:

@@ -53,13 +53,6 @@ SHAPES = {
 }
 
 
-@pytest.fixture(scope="module")
-def engine():
-    engine = Engine(prefill_chunk=32)
-    yield engine
-    engine.close()
-
-
 def _reference(folder):
     """transformers' model with its embedding rounded to F16, exactly the weights the GGUF stores
     (the engine keeps the tied embedding / LM head in F16, like the 2B-4T file)."""

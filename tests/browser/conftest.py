@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_helpers import LOCAL_PREFIXES
+from browser_helpers import LOCAL_PREFIXES, READY_MODEL, app_page, app_state, load_option, notice
 from site_server import SiteServer, build
 
 from tools.chromium_launch import CHROMIUM, EgressRecorder, launch_options, route_contexts_through
@@ -145,3 +145,20 @@ def watch_page(page):
     if log:
         print("\n".join(log[-80:]))
     assert outside == [], f"the page or its workers requested URLs outside 127.0.0.1: {outside}"
+
+
+@pytest.fixture(scope="module")
+def app(browser, site):
+    """The chat page (no autoload) in one browser context for the module (`app_page`)."""
+    with app_page(browser, site) as page:
+        yield page
+
+
+@pytest.fixture
+def bundled(app, site, bundled_model):
+    """The app with the bundled model loaded (loads it unless it already is), in a new chat."""
+    key = site.url + bundled_model["url"]
+    if app.get_attribute("#app", "data-key") != key or app_state(app)["model"] not in READY_MODEL:
+        assert load_option(app, key) in READY_MODEL, notice(app)
+    app.click("#new-chat")
+    return app

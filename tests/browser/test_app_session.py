@@ -16,13 +16,11 @@ from browser_helpers import (
     GREEDY_FORM,
     READY_MODEL,
     SYSTEM,
-    app_page,
     app_state,
     cpython_turn,
     idb_entry,
     last_reply,
     load_custom,
-    load_option,
     model_info,
     needs_engine,
     notice,
@@ -34,22 +32,6 @@ from browser_helpers import (
 from bitnet_web.web.shared.settings import parse_form
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def app(browser, site):
-    with app_page(browser, site) as page:
-        yield page
-
-
-@pytest.fixture
-def bundled(app, site, bundled_model):
-    """The app with the bundled model loaded (loads it unless it already is)."""
-    key = site.url + bundled_model["url"]
-    if app.get_attribute("#app", "data-key") != key or app_state(app)["model"] not in READY_MODEL:
-        assert load_option(app, key) in READY_MODEL, notice(app)
-    app.click("#new-chat")
-    return app
 
 
 def test_non_gguf_url_is_reported(app, site):

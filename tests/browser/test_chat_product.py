@@ -10,14 +10,11 @@ from __future__ import annotations
 import pytest
 from browser_helpers import (
     GREEDY_FORM,
-    READY_MODEL,
-    app_page,
     app_state,
     gpu_counts,
     install_gpu_counters,
     last_reply,
     load_custom,
-    load_option,
     model_info,
     needs_engine,
     notice,
@@ -41,21 +38,6 @@ CODE = (
     "            result[key.strip()] = value.strip()\n"
     "    return result\n\n"
 )
-
-
-@pytest.fixture(scope="module")
-def app(browser, site):
-    with app_page(browser, site) as page:
-        yield page
-
-
-@pytest.fixture
-def bundled(app, site, bundled_model):
-    key = site.url + bundled_model["url"]
-    if app.get_attribute("#app", "data-key") != key or app_state(app)["model"] not in READY_MODEL:
-        assert load_option(app, key) == "loaded", notice(app)
-    app.click("#new-chat")
-    return app
 
 
 def usable(page, key: str) -> None:

@@ -19,9 +19,8 @@ from __future__ import annotations
 import pytest
 from browser_helpers import (
     GREEDY_FORM,
-    LOCAL_PREFIXES,
-    NO_AUTOLOAD,
     SYSTEM,
+    app_page,
     app_state,
     cpython_turn,
     gpu_counts,
@@ -30,7 +29,6 @@ from browser_helpers import (
     load_custom,
     needs_engine,
     notice,
-    open_app,
     screenshot,
     send_and_wait,
     set_settings,
@@ -54,21 +52,9 @@ DESTROY_DEVICE = (
 
 @pytest.fixture(scope="module")
 def app(browser, site):
-    context = browser.new_context(viewport={"width": 1280, "height": 860})
-    page = context.new_page()
-    log: list[str] = []
-    outside: list[str] = []
-    page.on("console", lambda m: log.append(f"console.{m.type}: {m.text}"))
-    page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
-    page.on("request", lambda r: None if r.url.startswith(LOCAL_PREFIXES) else outside.append(r.url))
-    page.set_default_timeout(120_000)
-    open_app(page, site.url + NO_AUTOLOAD)
-    install_gpu_counters(page)
-    yield page
-    context.close()
-    if log:
-        print("\n".join(log[-80:]))
-    assert outside == [], f"the page or its workers requested URLs outside 127.0.0.1: {outside}"
+    with app_page(browser, site) as page:
+        install_gpu_counters(page)
+        yield page
 
 
 @pytest.fixture(scope="module")

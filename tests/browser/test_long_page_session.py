@@ -16,9 +16,8 @@ import json
 import pytest
 from browser_helpers import (
     GREEDY_FORM,
-    LOCAL_PREFIXES,
-    NO_AUTOLOAD,
     SYSTEM,
+    app_page,
     engine_worker,
     gpu_counts,
     install_gpu_counters,
@@ -26,7 +25,6 @@ from browser_helpers import (
     load_custom,
     needs_engine,
     notice,
-    open_app,
     send_and_wait,
     set_settings,
 )
@@ -57,23 +55,11 @@ GPU_STATE = (
 
 @pytest.fixture(scope="module")
 def app(browser, site, tiny_model, test_files):
-    context = browser.new_context(viewport={"width": 1280, "height": 860})
-    page = context.new_page()
-    log: list[str] = []
-    outside: list[str] = []
-    page.on("console", lambda m: log.append(f"console.{m.type}: {m.text}"))
-    page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
-    page.on("request", lambda r: None if r.url.startswith(LOCAL_PREFIXES) else outside.append(r.url))
-    page.set_default_timeout(120_000)
     (test_files / "long-tiny.gguf").write_bytes(tiny_model)
-    open_app(page, site.url + NO_AUTOLOAD)
-    install_gpu_counters(page)
-    assert load_custom(page, site.url + "_test/long-tiny.gguf") == "loaded", notice(page)
-    yield page
-    context.close()
-    if log:
-        print("\n".join(log[-80:]))
-    assert outside == [], f"the page or its workers requested URLs outside 127.0.0.1: {outside}"
+    with app_page(browser, site) as page:
+        install_gpu_counters(page)
+        assert load_custom(page, site.url + "_test/long-tiny.gguf") == "loaded", notice(page)
+        yield page
 
 
 def in_page(page, code: str) -> str:

@@ -15,6 +15,7 @@ about), so a finished load shows the model's header (data-model "header").
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import threading
@@ -238,12 +239,10 @@ def test_delete_in_another_tab_while_downloading(app, site, tiny_model, test_fil
     _assert_cached_exactly(app, url, data)
 
 
-def test_closing_the_downloading_tab_hands_the_download_to_the_waiting_tab(app, site, tiny_model, test_files):
-    """Tab A downloads (stalled half-way), tab B (the module's page) loads the same model and waits
-    for A's Web Lock; A is closed: B resumes from what A committed and gets an identical file."""
-    data = tiny_model
-    path = _serve(test_files, "handover.gguf", data)
-    url = site.url + path[1:]
+@contextlib.contextmanager
+def _stalled_download_tab(app, site, path: str, url: str):
+    """A second tab (page, its console log) whose download of `url` has stored three chunks and stalls;
+    on exit the stall is released, the tab closed and the end of its log printed."""
     first = app.context.new_page()
     log: list[str] = []
     watch(first, log)
@@ -254,6 +253,22 @@ def test_closing_the_downloading_tab_hands_the_download_to_the_waiting_tab(app, 
         site.add_fault(path, drop_after=3 * CHUNK + 100, hold=stall)
         _start_load(first, url)
         _wait_stored(first, url, 3 * CHUNK)
+        yield first, log
+    finally:
+        stall.set()
+        if not first.is_closed():
+            first.close()
+        if log:
+            print("\n".join(log[-40:]))
+
+
+def test_closing_the_downloading_tab_hands_the_download_to_the_waiting_tab(app, site, tiny_model, test_files):
+    """Tab A downloads (stalled half-way), tab B (the module's page) loads the same model and waits
+    for A's Web Lock; A is closed: B resumes from what A committed and gets an identical file."""
+    data = tiny_model
+    path = _serve(test_files, "handover.gguf", data)
+    url = site.url + path[1:]
+    with _stalled_download_tab(app, site, path, url) as (first, log):
         with app.expect_console_message(lambda m: "another tab is downloading this model" in m.text):
             _start_load(app, url)
         first.close()  # its worker ends and its Web Lock is released mid-download
@@ -262,12 +277,6 @@ def test_closing_the_downloading_tab_hands_the_download_to_the_waiting_tab(app, 
         requests = site.requests_for(path)
         assert len(requests) == 2 and _resume_offsets(requests) == [3 * CHUNK], requests
         _assert_cached_exactly(app, url, data)
-    finally:
-        stall.set()
-        if not first.is_closed():
-            first.close()
-        if log:
-            print("\n".join(log[-40:]))
     assert not [line for line in log if line.startswith("pageerror")]
 
 
@@ -281,23 +290,8 @@ def test_a_chunk_a_closed_tab_left_uncounted_is_dropped_and_the_resume_is_exact(
     path = _serve(test_files, "uncounted.gguf", data)
     url = site.url + path[1:]
     beyond_end = len(data) // CHUNK + 2
-    first = app.context.new_page()
-    log: list[str] = []
-    watch(first, log)
-    stall = threading.Event()
-    try:
-        open_app(first, site.url + NO_AUTOLOAD)
-        set_test_hooks(first, chunkBytes=CHUNK, skipEngine=True)
-        site.add_fault(path, drop_after=3 * CHUNK + 100, hold=stall)
-        _start_load(first, url)
-        _wait_stored(first, url, 3 * CHUNK)
+    with _stalled_download_tab(app, site, path, url) as (first, _):
         first.close()  # mid-download: its worker ends
-    finally:
-        stall.set()
-        if not first.is_closed():
-            first.close()
-        if log:
-            print("\n".join(log[-40:]))
     app.evaluate(_PUT_UNCOUNTED, [url, [3, beyond_end], CHUNK])
     assert app.evaluate(_CHUNK_INDEXES, url) == [0, 1, 2, 3, beyond_end]
     n_requests = len(site.requests_for(path))

@@ -22,15 +22,13 @@ import numpy as np
 import pytest
 from browser_helpers import (
     GREEDY_FORM,
-    LOCAL_PREFIXES,
-    NO_AUTOLOAD,
     SYSTEM,
+    app_page,
     cpython_turn,
     load_custom,
     model_info,
     needs_engine,
     notice,
-    open_app,
     screenshot,
     send_and_wait,
     set_settings,
@@ -117,24 +115,12 @@ def model_path(test_files) -> Path:
 
 @pytest.fixture(scope="module")
 def app(browser, site):
-    context = browser.new_context(viewport={"width": 1280, "height": 860})
-    page = context.new_page()
-    log: list[str] = []
-    outside: list[str] = []
-    dialogs: list[str] = []
-    page.on("console", lambda m: log.append(f"console.{m.type}: {m.text}"))
-    page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
-    page.on("request", lambda r: None if r.url.startswith(LOCAL_PREFIXES) else outside.append(r.url))
-    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-    page.set_default_timeout(120_000)
-    open_app(page, site.url + NO_AUTOLOAD)
-    page.evaluate(_WATCH)
-    page.bitnet_dialogs = dialogs
-    yield page
-    context.close()
-    if log:
-        print("\n".join(log[-80:]))
-    assert outside == [], f"the page or its workers requested URLs outside 127.0.0.1: {outside}"
+    with app_page(browser, site) as page:
+        dialogs: list[str] = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.evaluate(_WATCH)
+        page.bitnet_dialogs = dialogs
+        yield page
 
 
 def assert_nothing_ran(page) -> None:

@@ -1,9 +1,10 @@
-"""Hugging Face checkpoints (config.json + safetensors + tokenizer files) as GGUF, built in memory.
+"""Hugging Face checkpoints (config.json + safetensors + tokenizer files) straight to what the model loads.
 
-One code path turns a checkpoint into a `GGUFWriter` (`build_gguf_writer`); `convert_hf.convert` writes
-it to a file, and `load_folder` / `load_from_buffers` / `load` fill one uint8 buffer with it and parse
-that as a `GGUFFile` the engine loads like any other. The ternary weights are re-packed to I2_S once,
-here; the model then uploads the I2_S bytes as they are.
+One code path describes a checkpoint as a `GGUFWriter` (`build_gguf_writer`: metadata, and per tensor a
+source that converts it when asked). `convert_hf.convert` writes it to a file; `load_folder` /
+`load_from_buffers` / `load` turn it into an `UnwrittenFile`: a `GGUFFile` with no GGUF bytes, whose
+tensors are converted one at a time as the model uploads them. The ternary weights are re-packed to
+I2_S once, here; the model then uploads the I2_S bytes as they are.
 
 Supported (`config.json`):
   model_type 'bitnet'   BitNetForCausalLM (microsoft/bitnet-b1.58-2B-4T): hidden_act relu2 -> GGUF arch
@@ -51,7 +52,6 @@ from ..formats.ggml import (
     GGUFError,
     GGUFValueType,
     Keys,
-    TokenType,
     block_tensor,
 )
 from ..formats.gguf_reader import GGUFFile
@@ -59,6 +59,8 @@ from ..formats.gguf_writer import GGUFWriter, Typed
 from ..formats.quants import i2s_pack_codes, ternarize
 from ..formats.safetensors import SafetensorsError, SafetensorsFile, ShardedSafetensors, open_safetensors, parse_index
 from ..model.config import head_dim_problem
+from ..text.readers import hf_vocab
+from ..text.vocab import TokenizerError
 from .hf_urls import checkpoint_base_url, checkpoint_name
 from .synthetic import bitnet_model_metadata, synthetic_vocab_metadata
 
@@ -238,10 +240,11 @@ def permute_for_interleaved_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, out // n_heads // 2, *rest).swapaxes(1, 2).reshape(out, *rest)
 
 
-def linear_ternary_codes(
+def linear_header(
     weights: ShardedSafetensors, key: str, out_features: int, in_features: int, linear_class: str
-) -> tuple[np.ndarray, float]:
-    """(uint8 codes (out, in) = value + 1, multiplying scale) of one HF Linear `key`."""
+) -> tuple[bool, float | None]:
+    """(packed?, multiplying scale or None) of one HF Linear `key`, from the safetensors headers and its
+    weight_scale: what can be refused before any weight is read."""
     wname, sname = f"{key}.weight", f"{key}.weight_scale"
     st = weights.file(wname)
     shape, dtype = st.shape(wname), st.dtype(wname)
@@ -252,16 +255,9 @@ def linear_ternary_codes(
             raise ConvertError(f"{st.source}: {sname} is {s.tolist()[:4]}, expected one positive number")
         scale = float(s[0]) if linear_class == "autobitlinear" else 1.0 / float(s[0])
     if dtype in ("U8", "I8") and shape == (out_features // 4, in_features) and out_features % 4 == 0:
-        packed = st.array(wname).view(np.uint8)
-        bad = (packed & (packed >> 1) & 0x55) != 0
-        if bad.any():
-            raise ConvertError(
-                f"{st.source}: {wname} holds code 3 (packed byte index "
-                f"{int(np.argmax(bad.reshape(-1)))}); not a ternary packed weight"
-            )
         if scale is None:
             raise ConvertError(f"{st.source}: packed {wname} has no {sname}")
-        return hf_packed_codes(packed), scale
+        return True, scale
     if shape != (out_features, in_features):
         raise ConvertError(
             f"{st.source}: {wname} has shape {list(shape)} {dtype}, expected [{out_features}, "
@@ -269,6 +265,25 @@ def linear_ternary_codes(
         )
     if dtype not in ("F32", "F16", "BF16", "F64"):
         raise ConvertError(f"{st.source}: {wname} has dtype {dtype}, expected a float type or packed uint8")
+    return False, scale
+
+
+def linear_ternary_codes(
+    weights: ShardedSafetensors, key: str, out_features: int, in_features: int, linear_class: str
+) -> tuple[np.ndarray, float]:
+    """(uint8 codes (out, in) = value + 1, multiplying scale) of one HF Linear `key`."""
+    packed, scale = linear_header(weights, key, out_features, in_features, linear_class)
+    wname = f"{key}.weight"
+    st = weights.file(wname)
+    if packed:
+        codes = st.array(wname).view(np.uint8)
+        bad = (codes & (codes >> 1) & 0x55) != 0
+        if bad.any():
+            raise ConvertError(
+                f"{st.source}: {wname} holds code 3 (packed byte index "
+                f"{int(np.argmax(bad.reshape(-1)))}); not a ternary packed weight"
+            )
+        return hf_packed_codes(codes), scale
     w = st.float32(wname)
     if scale is not None:
         values = np.rint(w)
@@ -314,27 +329,14 @@ def tokenizer_metadata(files: CheckpointFiles, vocab_size: int, config: dict) ->
             f"{label}: a BPE tokenizer without a ByteLevel pre-tokenizer/decoder "
             "(SentencePiece style); only byte-level BPE (GPT-2 / Llama 3 style) is supported"
         )
-    tokens: list[str | None] = [None] * vocab_size
-    types = np.full(vocab_size, TokenType.NORMAL, dtype=np.int32)
-    for text, tid in model.get("vocab", {}).items():
-        if not isinstance(tid, int) or not 0 <= tid < vocab_size:
-            raise ConvertError(f"{label}: token {text!r} has id {tid}, outside the model vocabulary {vocab_size}")
-        tokens[tid] = text
-    by_text: dict[str, int] = {}
-    for added in data.get("added_tokens", []):
-        tid = added["id"]
-        if tid >= vocab_size:
-            continue  # no embedding row: the model can neither read nor produce it
-        if tid < 0:
-            raise ConvertError(f"{label}: added token {added['content']!r} has id {tid}")
-        tokens[tid] = added["content"]
-        types[tid] = TokenType.CONTROL if added.get("special") else TokenType.USER_DEFINED
-        by_text[added["content"]] = tid
-    for tid, text in enumerate(tokens):
-        if text is None:
-            tokens[tid] = f"[PAD{tid}]"
-            types[tid] = TokenType.UNUSED
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    try:
+        vocab = hf_vocab(data, vocab_size, label)
+    except TokenizerError as e:
+        raise ConvertError(str(e)) from None
+    tokens = [text or f"[PAD{tid}]" for tid, text in enumerate(vocab.tokens)]
+    types = np.array(vocab.types, dtype=np.int32)
+    merges = vocab.merges or []
+    by_text = vocab.added
 
     tok_config = files.json(TOKENIZER_CONFIG_FILE) if files.has(TOKENIZER_CONFIG_FILE) else {}
 
@@ -617,15 +619,10 @@ def build_gguf_writer(
             st = weights.file(hf_name)
             if st.dtype(hf_name) not in ("F32", "F16", "BF16"):
                 raise ConvertError(f"{st.source}: {hf_name} has dtype {st.dtype(hf_name)}, expected F32/F16/BF16")
-            raw = st.array(hf_name)
-            rows = max(1, (1 << 22) // max(1, raw.shape[1]))
-            for start in range(0, raw.shape[0], rows):
-                part = raw[start : start + rows]
-                yield (
-                    (part.astype(np.uint32) << 16).view(np.float32)
-                    if st.dtype(hf_name) == "BF16"
-                    else part.astype(np.float32)
-                )
+            n_rows, n_cols = st.shape(hf_name)
+            rows = max(1, (1 << 22) // max(1, n_cols))
+            for start in range(0, n_rows, rows):
+                yield st.float32_rows(hf_name, slice(start, start + rows))
 
         return chunks
 
@@ -671,8 +668,8 @@ def build_gguf_writer(
             known.add(hf_name)
         for short, hf_lin in _HF_LINEARS.items():
             key = hf + hf_lin
-            weights.file(key + ".weight")  # fail early if missing
             out_f, in_f = shapes[short]
+            linear_header(weights, key, out_f, in_f, linear_class)  # refused before any weight is read
             writer.add_tensor(
                 block_tensor(i, short),
                 shapes[short],
@@ -714,14 +711,13 @@ def load_files(
     embed_type: str = "F16",
     progress: ProgressCallback | None = None,
 ) -> GGUFFile:
-    """Build the GGUF of `files` in one uint8 buffer and parse it (ready for Engine.load / load_async)."""
-    writer, _ = build_gguf_writer(
-        files, embed_type=embed_type, progress=progress, allow_lossy_ternarization=allow_lossy_ternarization
-    )
-    buffer = writer.to_buffer()
+    """The checkpoint as the model loads it (ready for Engine.load / load_async): what its GGUF would
+    hold, with no GGUF bytes; each tensor is converted when the model reads it (`UnwrittenFile`), so
+    memory holds the checkpoint's files and one converted tensor, never a converted copy of it all."""
+    writer, _ = build_gguf_writer(files, embed_type=embed_type, allow_lossy_ternarization=allow_lossy_ternarization)
     if progress:
         progress("convert", len(writer.tensors), len(writer.tensors))
-    return GGUFFile.from_buffer(buffer, source=files.source)
+    return writer.as_file(source=files.source)
 
 
 def load_from_buffers(
@@ -735,8 +731,8 @@ def load_from_buffers(
     """The browser's entry point: {file name: downloaded bytes (uint8 array)} -> GGUFFile.
 
     `files` holds what `files_to_fetch` listed (optional files may be absent). `name` becomes
-    general.name (e.g. 'microsoft/bitnet-b1.58-2B-4T'). The buffers are read, not kept: the GGUF is a
-    new buffer, so the caller may drop them afterwards.
+    general.name (e.g. 'microsoft/bitnet-b1.58-2B-4T'). The returned file keeps the buffers: its tensors
+    are converted from them when the model reads them.
     """
     return load_files(
         CheckpointFiles(name, buffers=files),

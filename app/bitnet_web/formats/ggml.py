@@ -7,6 +7,7 @@ these facts (the same role as gguf-py's constants.py). numpy + stdlib only.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -102,17 +103,6 @@ class GGMLType(IntEnum):
 
 
 QK_K = 256
-# type -> (values per block, bytes per block). I2_S is not block-quantized in this sense: it packs
-# 4 values per byte and appends one float32 scale plus padding per TENSOR (see tensor_nbytes).
-GGML_BLOCK_SIZES: dict[GGMLType, tuple[int, int]] = {
-    GGMLType.F32: (1, 4),
-    GGMLType.F16: (1, 2),
-    GGMLType.BF16: (1, 2),
-    GGMLType.Q8_0: (32, 2 + 32),  # f16 d + 32 x int8
-    GGMLType.TQ1_0: (QK_K, (QK_K - 4 * QK_K // 64) // 5 + QK_K // 64 + 2),  # qs[48] + qh[4] + f16 d
-    GGMLType.TQ2_0: (QK_K, QK_K // 4 + 2),  # qs[64] + f16 d
-    GGMLType.I2_S: (4, 1),  # + 32 bytes per tensor
-}
 # I2_S (bitnet.cpp): 2-bit codes, x86 layout in blocks of 128 values per 32 bytes (ARM builds: 64 per
 # 16); after a tensor's n/4 code bytes one float32 scale and 28 zero bytes (formats/quants.py).
 I2S_BLOCK = 128  # values per x86 block (32 bytes); rows hold whole blocks
@@ -120,13 +110,30 @@ I2S_BLOCK_ARM = 64  # values per ARM block (16 bytes)
 I2S_TAIL_BYTES = 32  # float32 scale + 28 bytes padding after the packed codes
 
 
+class TypeSize(NamedTuple):
+    block: int  # values per block: a row holds whole blocks
+    type_size: int  # bytes per block
+    tensor_tail: int = 0  # bytes once per tensor after its blocks
+
+
+# Each size written as the sum of its parts. I2_S is not block-quantized in ggml's sense: it packs
+# 4 values per byte and appends one float32 scale plus padding per TENSOR. How each type's bytes
+# become values: the codec table, formats/quants.CODECS.
+GGML_TYPE_SIZES: dict[GGMLType, TypeSize] = {
+    GGMLType.F32: TypeSize(1, 4),
+    GGMLType.F16: TypeSize(1, 2),
+    GGMLType.BF16: TypeSize(1, 2),
+    GGMLType.Q8_0: TypeSize(32, 2 + 32),  # f16 d + 32 x int8
+    GGMLType.TQ1_0: TypeSize(QK_K, (QK_K - 4 * QK_K // 64) // 5 + QK_K // 64 + 2),  # qs[48] + qh[4] + f16 d
+    GGMLType.TQ2_0: TypeSize(QK_K, QK_K // 4 + 2),  # qs[64] + f16 d
+    GGMLType.I2_S: TypeSize(4, 1, I2S_TAIL_BYTES),
+}
+
+
 def tensor_nbytes(ggml_type: GGMLType, n_elements: int) -> int:
     """Bytes a tensor of `n_elements` values occupies (without alignment padding)."""
-    block, type_size = GGML_BLOCK_SIZES[ggml_type]
-    n = n_elements // block * type_size
-    if ggml_type == GGMLType.I2_S:
-        n += I2S_TAIL_BYTES
-    return n
+    size = GGML_TYPE_SIZES[ggml_type]
+    return n_elements // size.block * size.type_size + size.tensor_tail
 
 
 class TokenType(IntEnum):

@@ -26,8 +26,8 @@ import numpy as np
 
 from . import quants
 from .ggml import (
-    GGML_BLOCK_SIZES,
     GGML_MAX_DIMS,
+    GGML_TYPE_SIZES,
     GGUF_DEFAULT_ALIGNMENT,
     GGUF_MAGIC,
     GGUF_MAX_ARRAY_NESTING,
@@ -329,54 +329,37 @@ class GGUFFile:
             )
         return self.data[info.offset : end]
 
+    def _where(self, info: TensorInfo) -> str:
+        return f"{self.source}: tensor {info.name!r} at byte offset {info.offset}"
+
     def tensor(self, name: str) -> np.ndarray:
         """Float values in `shape`: views for F32/F16, float32 copies for BF16 and quantized types.
 
         I2_S, TQ1_0, TQ2_0 and Q8_0 are dequantized to float32 (value * scale); use
-        `ternary(name)` to get the int8 ternary values and the scale of an I2_S tensor.
+        `ternary(name)` to get the int8 ternary values and the scale of a ternary tensor.
         """
         info = self._info(name)
-        raw = self.tensor_bytes(name)
-        t = info.ggml_type
-        if t == GGMLType.F32:
-            return raw.view("<f4").reshape(info.shape)
-        if t == GGMLType.F16:
-            return raw.view("<f2").reshape(info.shape)
-        if t == GGMLType.BF16:
-            return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(info.shape)
-        if t == GGMLType.Q8_0:
-            return _q8_0_decode(raw, info.n_elements).reshape(info.shape)
-        if t == GGMLType.I2_S:
-            values, scale = self.ternary(name)
-            return values.astype(np.float32) * np.float32(scale)
-        if t == GGMLType.TQ1_0:
-            return quants.tq1_0_decode(raw, info.shape)
-        if t == GGMLType.TQ2_0:
-            return quants.tq2_0_decode(raw, info.shape)
-        raise GGUFUnsupportedError(f"{self.source}: tensor {name!r} has unsupported type {t}")
+        return quants.codec(info.ggml_type).decode(self.tensor_bytes(name), info.shape, where=self._where(info))
 
     def ternary(self, name: str) -> tuple[np.ndarray, float]:
         """(int8 values -1/0/+1 in shape, per-tensor scale) of an I2_S, TQ1_0 or TQ2_0 tensor."""
         info = self._info(name)
-        raw = self.tensor_bytes(name)
-        where = f"{self.source}: tensor {name!r} at byte offset {info.offset}"
-        if info.ggml_type == GGMLType.I2_S:
-            return quants.i2s_decode(raw, info.shape, where=where)
-        if info.ggml_type in (GGMLType.TQ1_0, GGMLType.TQ2_0):
-            return quants.tq_to_i2s(raw, info.shape, info.ggml_type, where=where)
-        raise GGUFFormatError(f"{where} has type {info.ggml_type.name}, not a ternary type")
+        decode = quants.codec(info.ggml_type).ternary
+        if decode is None:
+            raise GGUFFormatError(f"{self._where(info)} has type {info.ggml_type.name}, not a ternary type")
+        return decode(self.tensor_bytes(name), info.shape, where=self._where(info))
 
     def i2s_scale(self, name: str) -> float:
         """The per-tensor float32 scale of an I2_S tensor, checked finite (cheap: reads 4 bytes)."""
         info = self._info(name)
-        where = f"{self.source}: tensor {name!r} at byte offset {info.offset}"
-        return quants.i2s_scale(self.tensor_bytes(name), info.n_elements, where=where)
+        return quants.i2s_scale(self.tensor_bytes(name), info.n_elements, where=self._where(info))
 
     def validate_tensors(self) -> None:
-        """Cheap whole-file checks that need tensor data: every I2_S scale finite and non-negative."""
+        """Cheap whole-file checks that need tensor data (the codecs' `check`: every I2_S scale finite)."""
         for info in self.tensors.values():
-            if info.ggml_type == GGMLType.I2_S:
-                self.i2s_scale(info.name)
+            check = quants.codec(info.ggml_type).check
+            if check is not None:
+                check(self.tensor_bytes(info.name), info.n_elements, where=self._where(info))
 
     def __repr__(self) -> str:
         return (
@@ -514,7 +497,7 @@ def _parse_cursor(cur: _Cursor, source: str) -> GGUFFile:
                 f"tensor {name!r} has GGML type id {type_id} (byte offset {type_at}), which this reader "
                 f"does not support (supported: {', '.join(f'{t.name}={t.value}' for t in GGMLType)})"
             ) from None
-        block, _ = GGML_BLOCK_SIZES[ggml_type]
+        block = GGML_TYPE_SIZES[ggml_type].block
         if ne[0] % block:
             raise GGUFFormatError(
                 f"tensor {name!r} ({ggml_type.name}): row length {ne[0]} is not a multiple of the "
@@ -569,13 +552,6 @@ def _check_tensor_extents(raw_infos: list, tensors: dict[str, TensorInfo], total
                 f"tensor {t.name!r} data (bytes {t.offset}..{t.offset + t.n_bytes}, offset field at "
                 f"byte offset {offset_field[t.name]}) extends past the end of the file ({total} bytes)"
             )
-
-
-def _q8_0_decode(raw: np.ndarray, n_elements: int) -> np.ndarray:
-    blocks = raw.reshape(-1, 34)
-    d = blocks[:, :2].copy().view("<f2").astype(np.float32)  # (nb, 1)
-    q = blocks[:, 2:].view(np.int8).astype(np.float32)  # (nb, 32)
-    return (q * d).reshape(n_elements)
 
 
 # ---------------------------------------------------------------------------------------------

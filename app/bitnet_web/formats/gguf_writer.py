@@ -18,7 +18,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .ggml import GGUF_DEFAULT_ALIGNMENT, VALUE_DTYPES, GGMLType, GGUFValueType, Keys, tensor_nbytes
-from .quants import i2s_encode, tq1_0_encode, tq2_0_encode
+from .gguf_reader import GGUFFile, TensorInfo
+from .quants import CODECS
 
 TensorSource = np.ndarray | bytes | tuple | Callable[[], object] | Iterator
 
@@ -57,14 +58,22 @@ def _encode_string(s: str) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
-def _encode_scalar(vtype: GGUFValueType, v: object) -> bytes:
+# A value is first resolved to its GGUF type and elements (the one place types are inferred), then
+# either encoded (a file) or turned into what the reader returns for it (`as_read`: no bytes).
+class _Resolved(NamedTuple):
+    vtype: GGUFValueType  # ARRAY for arrays
+    value: object  # scalar; for arrays: a numpy array of VALUE_DTYPES[etype], list[str] or list[_Resolved]
+    etype: GGUFValueType | None = None  # element type of an array
+
+
+def _resolve_scalar(vtype: GGUFValueType, v: object) -> _Resolved:
     if vtype == GGUFValueType.STRING:
-        return _encode_string(str(v))
-    return np.array([v], dtype=VALUE_DTYPES[vtype]).tobytes()
+        return _Resolved(vtype, str(v))
+    return _Resolved(vtype, np.array([v], dtype=VALUE_DTYPES[vtype]))
 
 
-def _encode_array(etype: GGUFValueType | None, values: object) -> bytes:
-    """u32 element type + u64 count + elements; etype None = infer."""
+def _resolve_array(etype: GGUFValueType | None, values: object) -> _Resolved:
+    """An array's element type (inferred when None) and elements."""
     if isinstance(values, np.ndarray):
         if etype is None:
             key = values.dtype.newbyteorder("<") if values.dtype != np.bool_ else np.dtype(np.bool_)
@@ -72,8 +81,8 @@ def _encode_array(etype: GGUFValueType | None, values: object) -> bytes:
                 raise TypeError(f"no GGUF array type for numpy dtype {values.dtype}")
             etype = _NUMPY_TO_VALUE[key]
         if etype in VALUE_DTYPES:
-            body = np.ascontiguousarray(values.reshape(-1), dtype=VALUE_DTYPES[etype]).tobytes()
-            return struct.pack("<IQ", etype, values.size) + body
+            elements = np.ascontiguousarray(values.reshape(-1), dtype=VALUE_DTYPES[etype])
+            return _Resolved(GGUFValueType.ARRAY, elements, etype)
         values = values.tolist()
     values = list(values)
     if etype is None:
@@ -87,9 +96,8 @@ def _encode_array(etype: GGUFValueType | None, values: object) -> bytes:
                 etype = (
                     GGUFValueType.INT32 if min(values) >= -(1 << 31) and max(values) < 1 << 31 else GGUFValueType.INT64
                 )
-    head = struct.pack("<IQ", etype, len(values))
     if etype == GGUFValueType.STRING:
-        return head + b"".join(_encode_string(s) for s in values)
+        return _Resolved(GGUFValueType.ARRAY, [str(v) for v in values], etype)
     if etype == GGUFValueType.ARRAY:
         # An empty inner list takes its element type from a non-empty sibling.
         sibling = next((v for v in values if len(v)), None)
@@ -98,40 +106,55 @@ def _encode_array(etype: GGUFValueType | None, values: object) -> bytes:
             inner = _infer_scalar_type(sibling[0]) if not isinstance(sibling[0], list | tuple) else GGUFValueType.ARRAY
             if inner == GGUFValueType.UINT32:
                 inner = GGUFValueType.INT32
-        return head + b"".join(_encode_array(None if len(v) else inner, v) for v in values)
-    return head + np.array(values, dtype=VALUE_DTYPES[etype]).tobytes()
+        return _Resolved(GGUFValueType.ARRAY, [_resolve_array(None if len(v) else inner, v) for v in values], etype)
+    return _Resolved(GGUFValueType.ARRAY, np.array(values, dtype=VALUE_DTYPES[etype]), etype)
+
+
+def _resolve(value: object) -> _Resolved:
+    if isinstance(value, Typed):
+        if value.is_array:
+            return _resolve_array(value.vtype, value.value)
+        return _resolve_scalar(value.vtype, value.value)
+    if isinstance(value, np.ndarray | list | tuple):
+        return _resolve_array(None, value)
+    return _resolve_scalar(_infer_scalar_type(value), value)
+
+
+def _encode_resolved(r: _Resolved) -> bytes:
+    """The value's bytes after its u32 type."""
+    if r.vtype != GGUFValueType.ARRAY:
+        return _encode_string(r.value) if r.vtype == GGUFValueType.STRING else r.value.tobytes()
+    head = struct.pack("<IQ", r.etype, len(r.value))
+    if r.etype == GGUFValueType.STRING:
+        return head + b"".join(_encode_string(s) for s in r.value)
+    if r.etype == GGUFValueType.ARRAY:
+        return head + b"".join(_encode_resolved(inner) for inner in r.value)
+    return head + r.value.tobytes()
+
+
+def _read_back(r: _Resolved) -> object:
+    if r.vtype == GGUFValueType.STRING:
+        return r.value
+    if r.vtype != GGUFValueType.ARRAY:
+        v = r.value[0].item()
+        return bool(v) if r.vtype == GGUFValueType.BOOL else v
+    if r.etype == GGUFValueType.ARRAY:
+        return [_read_back(inner) for inner in r.value]
+    if r.etype == GGUFValueType.BOOL:
+        return r.value.view(np.bool_)
+    return r.value
 
 
 def encode_value(value: object) -> bytes:
     """u32 value type + encoded value."""
-    if isinstance(value, Typed):
-        if value.is_array:
-            return struct.pack("<I", GGUFValueType.ARRAY) + _encode_array(value.vtype, value.value)
-        return struct.pack("<I", value.vtype) + _encode_scalar(value.vtype, value.value)
-    if isinstance(value, np.ndarray | list | tuple):
-        return struct.pack("<I", GGUFValueType.ARRAY) + _encode_array(None, value)
-    vtype = _infer_scalar_type(value)
-    return struct.pack("<I", vtype) + _encode_scalar(vtype, value)
+    r = _resolve(value)
+    return struct.pack("<I", r.vtype) + _encode_resolved(r)
 
 
-def float_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16), round to nearest even."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return rounded.astype(np.uint16)
-
-
-def q8_0_encode(x: np.ndarray) -> np.ndarray:
-    """float -> Q8_0 blocks (f16 d = absmax/127, 32 int8), like ggml's quantize_row_q8_0_ref."""
-    blocks = np.asarray(x, dtype=np.float32).reshape(-1, 32)
-    d = np.abs(blocks).max(axis=1) / 127
-    inv = np.where(d > 0, 1 / np.where(d > 0, d, 1), 0).astype(np.float32)
-    v = blocks * inv[:, None]
-    q = (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int8)
-    out = np.empty((len(blocks), 34), dtype=np.uint8)
-    out[:, :2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)
-    out[:, 2:] = q.view(np.uint8)
-    return out.reshape(-1)
+def as_read(value: object) -> object:
+    """The value as the GGUF reader returns it from a written file (float32 rounding, numpy arrays by
+    element type, string arrays as lists), made without writing it."""
+    return _read_back(_resolve(value))
 
 
 class _PendingTensor(NamedTuple):
@@ -222,16 +245,8 @@ class GGUFWriter:
         yield header
         yield b"\0" * (self._padded(len(header)) - len(header))
         for t in self.tensors:
-            written = 0
-            for chunk in _payload_chunks(t):
-                yield chunk
-                written += len(chunk)
-            if written != t.n_bytes:
-                raise ValueError(
-                    f"tensor {t.name!r} ({t.ggml_type.name} {list(t.shape)}): data has "
-                    f"{written} bytes, expected {t.n_bytes}"
-                )
-            yield b"\0" * (self._padded(written) - written)
+            yield from _checked_chunks(t)
+            yield b"\0" * (self._padded(t.n_bytes) - t.n_bytes)
 
     def write(self) -> int:
         """Write the file; returns its size in bytes."""
@@ -239,6 +254,10 @@ class GGUFWriter:
             for chunk in self._file_chunks():
                 f.write(chunk)
             return f.tell()
+
+    def as_file(self, source: str = "<memory>") -> UnwrittenFile:
+        """What `write()` would produce, as the reader would parse it, without its bytes (see UnwrittenFile)."""
+        return UnwrittenFile(self, source)
 
     def to_buffer(self) -> np.ndarray:
         """The whole file as one uint8 array, filled tensor by tensor (for GGUFFile.from_buffer)."""
@@ -251,6 +270,72 @@ class GGUFWriter:
             out[pos : pos + len(data)] = data
             pos += len(data)
         return out
+
+
+def _checked_chunks(t: _PendingTensor) -> Iterator[bytes | memoryview]:
+    """The tensor's bytes in chunks; ValueError when they do not add up to its size."""
+    written = 0
+    for chunk in _payload_chunks(t):
+        yield chunk
+        written += len(chunk)
+    if written != t.n_bytes:
+        raise ValueError(
+            f"tensor {t.name!r} ({t.ggml_type.name} {list(t.shape)}): data has {written} bytes, expected {t.n_bytes}"
+        )
+
+
+def _tensor_data(t: _PendingTensor) -> np.ndarray:
+    """The tensor's bytes as one uint8 array (no copy when its source gives them in one piece)."""
+    chunks = [np.frombuffer(c, dtype=np.uint8) for c in _checked_chunks(t)]
+    if len(chunks) == 1:
+        return chunks[0]
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint8)
+
+
+class UnwrittenFile(GGUFFile):
+    """The file a GGUFWriter would write, as `GGUFFile` reads it, with no GGUF bytes in memory.
+
+    Metadata is what the reader would return (`as_read`); the tensor table has the sizes and the
+    offsets of the tensor data section (`data_offset` 0: there is no header); each tensor's bytes are
+    made by its source when asked for (the last one is kept: the loader reads a tensor's bytes and
+    then its scale) and checked by its codec as they are made, so `validate_tensors` reads nothing.
+    A Hugging Face checkpoint loads through this: its files plus one tensor at a time, never a copy
+    of the whole model.
+    """
+
+    def __init__(self, writer: GGUFWriter, source: str):
+        tensors: dict[str, TensorInfo] = {}
+        offset = 0
+        for t in writer.tensors:
+            tensors[t.name] = TensorInfo(t.name, t.shape, t.ggml_type, offset, t.n_bytes, t.n_elements)
+            offset += writer._padded(t.n_bytes)
+        super().__init__(
+            np.zeros(0, dtype=np.uint8),
+            version=writer.version,
+            metadata={key: as_read(value) for key, value in writer.metadata.items()},
+            tensors=tensors,
+            alignment=writer.alignment,
+            data_offset=0,
+            header_size=0,
+            total_size=offset,
+            source=source,
+        )
+        self._pending = {t.name: t for t in writer.tensors}
+        self._last: tuple[str, np.ndarray] | None = None
+
+    def tensor_bytes(self, name: str) -> np.ndarray:
+        info = self._info(name)
+        if self._last is None or self._last[0] != name:
+            self._last = None  # its memory is free while the next tensor is made
+            data = _tensor_data(self._pending[name])
+            check = CODECS[info.ggml_type].check
+            if check is not None:
+                check(data, info.n_elements, where=self._where(info))
+            self._last = (name, data)
+        return self._last[1]
+
+    def validate_tensors(self) -> None:
+        """Nothing to read: each tensor is checked as it is made."""
 
 
 def _payload_chunks(t: _PendingTensor) -> Iterable[bytes | memoryview]:
@@ -274,32 +359,24 @@ def _chunk_bytes(t: _PendingTensor, chunk: object) -> memoryview:
 
 
 def _float_payload(t: _PendingTensor, arr: np.ndarray) -> np.ndarray:
-    if t.ggml_type == GGMLType.F32:
-        return np.ascontiguousarray(arr, dtype="<f4").reshape(-1).view(np.uint8)
-    if t.ggml_type == GGMLType.F16:
-        return np.ascontiguousarray(arr, dtype="<f2").reshape(-1).view(np.uint8)
-    if t.ggml_type == GGMLType.BF16:
-        return float_to_bf16_bits(arr).reshape(-1).view(np.uint8)
-    raise TypeError(f"tensor {t.name!r}: float chunks only for F32/F16/BF16, not {t.ggml_type.name}")
+    codec = CODECS[t.ggml_type]
+    if not codec.elementwise:
+        raise TypeError(f"tensor {t.name!r}: float chunks only for element-wise types, not {t.ggml_type.name}")
+    return codec.encode(arr)
 
 
 def _tensor_bytes(t: _PendingTensor, data: object) -> memoryview:
     if isinstance(data, bytes | bytearray | memoryview):
         return memoryview(data)
-    if t.ggml_type == GGMLType.I2_S and isinstance(data, tuple):
+    codec = CODECS[t.ggml_type]
+    if codec.encode_ternary is not None and isinstance(data, tuple):
         values, scale = data
-        return memoryview(i2s_encode(np.asarray(values), float(scale)))
+        return memoryview(codec.encode_ternary(values, scale))
     arr = np.asarray(data)
     if arr.dtype == np.uint8 and arr.size == t.n_bytes:
         return memoryview(np.ascontiguousarray(arr).reshape(-1))
     if arr.size != t.n_elements:
         raise ValueError(f"tensor {t.name!r}: {arr.size} values for shape {list(t.shape)}")
-    if t.ggml_type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
-        return memoryview(_float_payload(t, arr))
-    if t.ggml_type == GGMLType.Q8_0:
-        return memoryview(q8_0_encode(arr))
-    if t.ggml_type == GGMLType.TQ1_0:
-        return memoryview(tq1_0_encode(arr))
-    if t.ggml_type == GGMLType.TQ2_0:
-        return memoryview(tq2_0_encode(arr))
-    raise TypeError(f"tensor {t.name!r}: give I2_S data as raw bytes or (values, scale)")
+    if codec.encode is None:
+        raise TypeError(f"tensor {t.name!r}: give {t.ggml_type.name} data as raw bytes or (values, scale)")
+    return memoryview(codec.encode(arr))

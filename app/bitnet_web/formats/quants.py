@@ -1,4 +1,7 @@
-"""Ternary weight formats: I2_S (bitnet.cpp), TQ1_0 and TQ2_0 (upstream llama.cpp), absmean.
+"""The codec table: how every tensor type's bytes become values and back (I2_S, TQ1_0, TQ2_0, Q8_0, F16, BF16, F32).
+
+`CODECS[ggml_type]` (gguf-py's quants.py in one table) is what the GGUF reader, the writer and the
+converters use; the per-type functions below are its entries. Sizes per type: ggml.GGML_TYPE_SIZES.
 
 I2_S, x86 layout (the hosted 2B-4T file). The tensor, flattened row-major, is cut into blocks of
 128 values stored in 32 bytes; byte b of a block holds values b, 32+b, 64+b, 96+b at bit shifts
@@ -31,11 +34,22 @@ one scale) has the same d in every block that is not all zero.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import numpy as np
 
-from .ggml import I2S_BLOCK, I2S_BLOCK_ARM, I2S_TAIL_BYTES, GGMLType, GGUFError, GGUFFormatError
-
-QK_K = 256
+from .ggml import (
+    GGML_TYPE_SIZES,
+    I2S_BLOCK,
+    I2S_BLOCK_ARM,
+    I2S_TAIL_BYTES,
+    QK_K,
+    GGMLType,
+    GGUFFormatError,
+    GGUFUnsupportedError,
+    TypeSize,
+)
 
 # byte -> its four 2-bit codes, most significant first (shifts 6, 4, 2, 0), as values code - 1.
 _SHIFTS_DESC = np.array([6, 4, 2, 0], dtype=np.uint8)
@@ -240,8 +254,8 @@ def ternarize(w: np.ndarray) -> tuple[np.ndarray, float]:
 # TQ2_0 / TQ1_0 (upstream llama.cpp ternary types)
 # ---------------------------------------------------------------------------------------------
 
-_TQ2_BYTES = 66
-_TQ1_BYTES = 54
+_TQ2_BYTES = GGML_TYPE_SIZES[GGMLType.TQ2_0].type_size
+_TQ1_BYTES = GGML_TYPE_SIZES[GGMLType.TQ1_0].type_size
 _POW3 = np.array([1, 3, 9, 27, 81], dtype=np.uint8)
 
 
@@ -344,29 +358,12 @@ def tq1_0_encode(w: np.ndarray) -> np.ndarray:
     return out.reshape(-1)
 
 
-def tq_to_i2s(
-    raw: np.ndarray, shape: tuple[int, ...], ggml_type: GGMLType | int, *, where: str | None = None
-) -> tuple[np.ndarray, float]:
-    """A TQ1_0/TQ2_0 tensor -> (int8 ternary values in `shape`, one per-tensor scale).
+def _one_scale(codes: np.ndarray, blocks: np.ndarray, shape, label: str) -> tuple[np.ndarray, float]:
+    """TQ codes (nb, 256) and blocks -> (int8 ternary values in `shape`, one per-tensor scale).
 
     BitNet tensors are ternary times one scale, so every block that is not all zero must carry the
-    same d (up to f16 rounding: one f16 ulp). Anything else is not a BitNet tensor: GGUFError.
-    Feed the result to `i2s_encode` to get I2_S bytes.
+    same d (up to f16 rounding: one f16 ulp). Anything else is not a BitNet tensor: GGUFFormatError.
     """
-    ggml_type = GGMLType(ggml_type)
-    label = where or ggml_type.name
-    if ggml_type == GGMLType.TQ2_0:
-        blocks = _tq_blocks(raw, shape, _TQ2_BYTES, "TQ2_0", where)
-        codes = _tq2_codes(blocks)
-        if (codes == 3).any():
-            raise GGUFFormatError(
-                f"{label}: TQ2_0 code 3 in block {int(np.argmax((codes == 3).any(1)))}; not a ternary tensor"
-            )
-    elif ggml_type == GGMLType.TQ1_0:
-        blocks = _tq_blocks(raw, shape, _TQ1_BYTES, "TQ1_0", where)
-        codes = _tq1_codes(blocks)
-    else:
-        raise GGUFError(f"{label}: type {ggml_type.name} is not TQ1_0 or TQ2_0")
     values = codes.astype(np.int8) - 1
     d = _tq_d(blocks)
     if not np.isfinite(d).all():
@@ -384,3 +381,144 @@ def tq_to_i2s(
     if hi <= 0:
         raise GGUFFormatError(f"{label}: non-zero ternary values with block scale {hi}")
     return values.reshape(shape), float(np.median(ds))
+
+
+def tq2_0_ternary(raw: np.ndarray, shape: tuple[int, ...], *, where: str | None = None) -> tuple[np.ndarray, float]:
+    """A TQ2_0 tensor -> (int8 ternary values in `shape`, one per-tensor scale); rejects code 3."""
+    blocks = _tq_blocks(raw, shape, _TQ2_BYTES, "TQ2_0", where)
+    codes = _tq2_codes(blocks)
+    if (codes == 3).any():
+        raise GGUFFormatError(
+            f"{where or 'TQ2_0'}: TQ2_0 code 3 in block {int(np.argmax((codes == 3).any(1)))}; not a ternary tensor"
+        )
+    return _one_scale(codes, blocks, shape, where or "TQ2_0")
+
+
+def tq1_0_ternary(raw: np.ndarray, shape: tuple[int, ...], *, where: str | None = None) -> tuple[np.ndarray, float]:
+    """A TQ1_0 tensor -> (int8 ternary values in `shape`, one per-tensor scale)."""
+    blocks = _tq_blocks(raw, shape, _TQ1_BYTES, "TQ1_0", where)
+    return _one_scale(_tq1_codes(blocks), blocks, shape, where or "TQ1_0")
+
+
+# ---------------------------------------------------------------------------------------------
+# Q8_0 and the float types
+# ---------------------------------------------------------------------------------------------
+
+_Q8_BLOCK, _Q8_BYTES = GGML_TYPE_SIZES[GGMLType.Q8_0][:2]
+
+
+def q8_0_decode(raw: np.ndarray, shape: tuple[int, ...], *, where: str | None = None) -> np.ndarray:
+    """Q8_0 bytes -> float32 values q * d in `shape`, like ggml's dequantize_row_q8_0."""
+    blocks = raw[: _prod(shape) // _Q8_BLOCK * _Q8_BYTES].reshape(-1, _Q8_BYTES)
+    d = blocks[:, :2].copy().view("<f2").astype(np.float32)  # (nb, 1)
+    q = blocks[:, 2:].view(np.int8).astype(np.float32)  # (nb, 32)
+    return (q * d).reshape(shape)
+
+
+def q8_0_encode(x: np.ndarray) -> np.ndarray:
+    """float -> Q8_0 blocks (f16 d = absmax/127, 32 int8), like ggml's quantize_row_q8_0_ref."""
+    blocks = np.asarray(x, dtype=np.float32).reshape(-1, _Q8_BLOCK)
+    d = np.abs(blocks).max(axis=1) / 127
+    inv = np.where(d > 0, 1 / np.where(d > 0, d, 1), 0).astype(np.float32)
+    v = blocks * inv[:, None]
+    q = _lround(v).astype(np.int8)
+    out = np.empty((len(blocks), _Q8_BYTES), dtype=np.uint8)
+    out[:, :2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = q.view(np.uint8)
+    return out.reshape(-1)
+
+
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float32, exactly (the bits become the high half)."""
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+
+def float_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def _plain(dtype: str) -> tuple[Callable, Callable]:
+    """(decode, encode) of a type stored as numpy `dtype` values: decode is a view, no copy."""
+
+    def decode(raw: np.ndarray, shape: tuple[int, ...], *, where: str | None = None) -> np.ndarray:
+        return raw.view(dtype).reshape(shape)
+
+    def encode(x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x, dtype=dtype).reshape(-1).view(np.uint8)
+
+    return decode, encode
+
+
+def _bf16_decode(raw: np.ndarray, shape: tuple[int, ...], *, where: str | None = None) -> np.ndarray:
+    return bf16_to_float32(raw.view("<u2")).reshape(shape)
+
+
+def _bf16_encode(x: np.ndarray) -> np.ndarray:
+    return float_to_bf16_bits(x).reshape(-1).view(np.uint8)
+
+
+def _i2s_values(raw: np.ndarray, shape: tuple[int, ...], *, where: str | None = None) -> np.ndarray:
+    values, scale = i2s_decode(raw, shape, where=where)
+    return values.astype(np.float32) * np.float32(scale)
+
+
+def _i2s_from_ternary(values: np.ndarray, scale: float) -> np.ndarray:
+    return i2s_encode(np.asarray(values), float(scale))
+
+
+def _i2s_check(raw: np.ndarray, n_elements: int, *, where: str | None = None) -> None:
+    i2s_scale(raw, n_elements, where=where)
+
+
+# ---------------------------------------------------------------------------------------------
+# The codec table
+# ---------------------------------------------------------------------------------------------
+
+
+class Codec(NamedTuple):
+    """One GGML type's facts: its sizes and how its bytes become values and back."""
+
+    ggml_type: GGMLType
+    size: TypeSize  # values per block, bytes per block, bytes once per tensor
+    # (raw uint8, shape, where=) -> values in shape: float32, or views for F32 (<f4) and F16 (<f2)
+    decode: Callable[..., np.ndarray]
+    # float values (any shape) -> uint8 bytes; None where the type is not made from floats (I2_S)
+    encode: Callable[[np.ndarray], np.ndarray] | None
+    # (raw, shape, where=) -> (int8 values -1/0/+1 in shape, per-tensor scale): the ternary types
+    ternary: Callable[..., tuple[np.ndarray, float]] | None = None
+    # (int8 values -1/0/+1, scale) -> uint8 bytes: a type made from ternary values and one scale
+    encode_ternary: Callable[[np.ndarray, float], np.ndarray] | None = None
+    # (raw, n_elements, where=) -> None, raising GGUFFormatError: what a whole-file check reads
+    check: Callable[..., None] | None = None
+
+    @property
+    def elementwise(self) -> bool:
+        """One value per block: any run of values encodes on its own (streamed chunks)."""
+        return self.size.block == 1
+
+
+def _codecs(*rows: tuple) -> dict[GGMLType, Codec]:
+    return {t: Codec(t, GGML_TYPE_SIZES[t], *rest) for t, *rest in rows}
+
+
+CODECS: dict[GGMLType, Codec] = _codecs(
+    (GGMLType.F32, *_plain("<f4")),
+    (GGMLType.F16, *_plain("<f2")),
+    (GGMLType.BF16, _bf16_decode, _bf16_encode),
+    (GGMLType.Q8_0, q8_0_decode, q8_0_encode),
+    (GGMLType.TQ1_0, tq1_0_decode, tq1_0_encode, tq1_0_ternary),
+    (GGMLType.TQ2_0, tq2_0_decode, tq2_0_encode, tq2_0_ternary),
+    (GGMLType.I2_S, _i2s_values, None, i2s_decode, _i2s_from_ternary, _i2s_check),
+)
+assert set(CODECS) == set(GGMLType), "every GGML type this package knows has a codec"
+
+
+def codec(ggml_type: GGMLType | int, where: str = "tensor") -> Codec:
+    """The codec of a type id; GGUFUnsupportedError naming `where` for a type without one."""
+    try:
+        return CODECS[GGMLType(ggml_type)]
+    except (ValueError, KeyError):
+        raise GGUFUnsupportedError(f"{where}: GGML type {ggml_type} is not supported") from None

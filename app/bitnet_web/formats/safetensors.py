@@ -25,6 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .quants import bf16_to_float32
+
 MAX_HEADER_BYTES = 100_000_000  # the reference implementation's limit
 
 # safetensors dtype -> little-endian numpy dtype of one element (BF16 as its raw uint16 bits).
@@ -246,10 +248,14 @@ class SafetensorsFile:
 
     def float32(self, name: str) -> np.ndarray:
         """The values as float32 (a new array); bf16 is widened exactly (its bits become the high half)."""
-        arr = self.array(name)
-        if self.dtype(name) == "BF16":
-            return (arr.astype(np.uint32) << 16).view(np.float32)
-        return arr.astype(np.float32)
+        return self._float32(name, self.array(name))
+
+    def float32_rows(self, name: str, rows: slice) -> np.ndarray:
+        """Rows `rows` of the tensor as float32 (a new array), so a big embedding widens in parts."""
+        return self._float32(name, self.array(name)[rows])
+
+    def _float32(self, name: str, arr: np.ndarray) -> np.ndarray:
+        return bf16_to_float32(arr) if self.dtype(name) == "BF16" else arr.astype(np.float32)
 
     def __repr__(self) -> str:
         return f"SafetensorsFile({self.source!r}, {len(self.tensors)} tensors)"

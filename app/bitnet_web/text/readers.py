@@ -10,6 +10,7 @@ import json
 import numbers
 import re
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from ..formats.ggml import TokenType
 from .bpe import LLAMA3_PRE_NAMES
@@ -101,28 +102,52 @@ def gguf_fields(metadata: Mapping[str, object]) -> dict[str, object]:
     )
 
 
-def hf_fields(
-    tokenizer_json: Mapping[str, object], tokenizer_config: Mapping[str, object] | None = None
-) -> dict[str, object]:
-    """Tokenizer arguments from a Hugging Face `tokenizer.json` (and optionally `tokenizer_config.json`)."""
+class HFVocab(NamedTuple):
+    """The vocabulary of a Hugging Face tokenizer.json, by token id."""
+
+    tokens: list[str]  # "" where no entry has the id (type UNUSED)
+    types: list[int]  # TokenType values
+    merges: list[str] | None  # 'left right' (None for a SentencePiece-style vocabulary)
+    spm: bool  # SentencePiece style (byte fallback / Metaspace), else byte-level BPE
+    ignore_merges: bool
+    added: dict[str, int]  # added tokens' text -> id
+
+
+def hf_vocab(tokenizer_json: Mapping[str, object], size: int | None = None, label: str = "tokenizer.json") -> HFVocab:
+    """The one tokenizer.json reader (Tokenizer.from_hf_json, and the checkpoint converter's GGUF metadata).
+
+    `size`: the model's vocabulary size: every model.vocab id must be below it, added tokens at or above
+    it are left out (no embedding row), and `tokens` has exactly `size` entries. None: max id + 1.
+    Errors are TokenizerError naming `label`.
+    """
     model_section = tokenizer_json.get("model")
     if not isinstance(model_section, Mapping) or model_section.get("type") != "BPE":
         kind = model_section.get("type") if isinstance(model_section, Mapping) else model_section
-        raise TokenizerError(f"tokenizer.json: model.type is {kind!r}, only 'BPE' is supported")
+        raise TokenizerError(f"{label}: model.type is {kind!r}, only 'BPE' is supported")
     vocab = model_section.get("vocab")
     if not isinstance(vocab, Mapping):
-        raise TokenizerError("tokenizer.json: model.vocab is missing or not an object")
-    added = tokenizer_json.get("added_tokens") or []
-    n = max([int(i) for i in vocab.values()] + [int(a["id"]) for a in added]) + 1  # type: ignore[index]
-    tokens = [""] * n
-    types = [TokenType.UNUSED] * n
+        raise TokenizerError(f"{label}: model.vocab is missing or not an object")
+    added = [a for a in tokenizer_json.get("added_tokens") or [] if isinstance(a, Mapping)]  # type: ignore[union-attr]
+    for text, i in [*vocab.items(), *((a.get("content"), a.get("id")) for a in added)]:
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise TokenizerError(f"{label}: token {text!r} has id {i!r}, expected a non-negative integer")
+        if size is not None and i >= size and text in vocab:
+            raise TokenizerError(f"{label}: token {text!r} has id {i}, outside the model vocabulary {size}")
+    if size is None:
+        size = max([*vocab.values(), *(a["id"] for a in added)], default=-1) + 1
+    tokens = [""] * size
+    types = [int(TokenType.UNUSED)] * size
     for text, i in vocab.items():
-        tokens[int(i)] = str(text)
-        types[int(i)] = TokenType.NORMAL
-    for a in added:  # type: ignore[union-attr]
-        i = int(a["id"])
+        tokens[i] = str(text)
+        types[i] = int(TokenType.NORMAL)
+    by_text: dict[str, int] = {}
+    for a in added:
+        i = a["id"]
+        if i >= size:
+            continue  # no embedding row: the model can neither read nor produce it
         tokens[i] = str(a["content"])
-        types[i] = TokenType.CONTROL if a.get("special") else TokenType.USER_DEFINED
+        types[i] = int(TokenType.CONTROL if a.get("special") else TokenType.USER_DEFINED)
+        by_text[tokens[i]] = i
 
     spm = (
         bool(model_section.get("byte_fallback"))
@@ -132,16 +157,26 @@ def hf_fields(
     if spm:
         for i, text in enumerate(tokens):
             if types[i] == TokenType.NORMAL and re.fullmatch(r"<0x[0-9A-F]{2}>", text):
-                types[i] = TokenType.BYTE
+                types[i] = int(TokenType.BYTE)
         unk = model_section.get("unk_token")
         if isinstance(unk, str) and unk in vocab:
-            types[int(vocab[unk])] = TokenType.UNKNOWN
+            types[int(vocab[unk])] = int(TokenType.UNKNOWN)
 
     ignore_merges = model_section.get("ignore_merges", False)
     if not isinstance(ignore_merges, bool):
-        raise TokenizerError(
-            f"tokenizer.json: model.ignore_merges: expected true or false, got {_describe(ignore_merges)}"
-        )
+        raise TokenizerError(f"{label}: model.ignore_merges: expected true or false, got {_describe(ignore_merges)}")
+    merges = None
+    if not spm and isinstance(model_section.get("merges"), list):
+        merges = [m if isinstance(m, str) else " ".join(m) for m in model_section["merges"]]
+    return HFVocab(tokens, types, merges, spm, ignore_merges and not spm, by_text)
+
+
+def hf_fields(
+    tokenizer_json: Mapping[str, object], tokenizer_config: Mapping[str, object] | None = None
+) -> dict[str, object]:
+    """Tokenizer arguments from a Hugging Face `tokenizer.json` (and optionally `tokenizer_config.json`)."""
+    vocab = hf_vocab(tokenizer_json)
+    tokens, spm = vocab.tokens, vocab.spm
 
     config = tokenizer_config or {}
 
@@ -169,8 +204,8 @@ def hf_fields(
     return dict(
         model="llama" if spm else "gpt2",
         tokens=tokens,
-        token_types=types,
-        merges=None if spm else model_section.get("merges"),  # type: ignore[arg-type]
+        token_types=vocab.types,
+        merges=vocab.merges,
         scores=None,
         bos_id=bos_id,
         eos_id=eos_id,
@@ -178,5 +213,5 @@ def hf_fields(
         pad_id=token_id("pad_token"),
         add_bos=bool(add_bos),
         add_space_prefix=True,
-        ignore_merges=ignore_merges and not spm,
+        ignore_merges=vocab.ignore_merges,
     )

@@ -10,8 +10,8 @@
      ModelStore entry, key = base URL + file name. One *group* record, key = base URL, format 'hf', lists
      them (`files`: [{name, size}]); the cache manager shows only the group (`visible_entries`) and
      deleting it deletes every file (`delete_entry`). The group is complete once every file is.
-  4. The files are read back into numpy arrays and converted in memory by hf_checkpoint (progress phase
-     'convert'); the engine loads the GGUFFile.
+  4. The files are read back into numpy arrays and described by hf_checkpoint as a GGUFFile with no GGUF
+     bytes (progress phase 'convert'); the engine loads it, each tensor converted as it is uploaded.
 A file that is missing on the server (404), a refused config.json and a checkpoint that cannot be converted
 delete the group and its files (nothing of it is usable); an interrupted or cancelled fetch keeps them, and
 Load resumes.
@@ -364,7 +364,7 @@ class CheckpointDownloader:
             allow_lossy_ternarization=allow_lossy,
             progress=lambda phase, done, total: self._phase("convert", done, total),
         )
-        buffers.clear()  # the GGUF is a new buffer: the downloaded files are no longer needed
+        buffers.clear()  # the converted file holds what it needs; each tensor is converted as it uploads
         return gguf
 
     def _phase(self, phase: str, done: int, total: int, force: bool = False) -> None:
