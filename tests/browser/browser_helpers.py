@@ -284,12 +284,31 @@ def send_and_wait(page, text: str) -> dict[str, Any]:
     n_before = page.locator(".msg.assistant").count()
     page.fill("#prompt", text)
     page.press("#prompt", "Enter")
-    page.wait_for_function(
-        f"""() => {{ const r = document.querySelectorAll('.msg.assistant .text');
-        return r.length > {n_before} && r[r.length - 1].dataset.state !== 'streaming'; }}""",
-        timeout=300_000,
-    )
+    try:
+        page.wait_for_function(
+            f"""() => {{ const r = document.querySelectorAll('.msg.assistant .text');
+            return r.length > {n_before} && r[r.length - 1].dataset.state !== 'streaming'; }}""",
+            timeout=300_000,
+        )
+    except Exception as exc:  # say what the page showed: a hang and a refused send look alike otherwise
+        raise AssertionError(f"no finished reply to {text!r}; the page: {page_state(page, n_before)}") from exc
     return last_reply(page)
+
+
+def page_state(page, n_before: int = 0) -> dict[str, Any]:
+    """What a person would see when a reply does not come: #app's flags, status, stats, the notice,
+    the prompt box and the replies since `n_before`."""
+    return page.evaluate(
+        """(n) => { const app = document.getElementById('app'); const text = (id) =>
+            (document.getElementById(id) || {}).textContent || '';
+        const r = [...document.querySelectorAll('.msg.assistant .text')].slice(n);
+        return {flags: {...app.dataset}, status: text('status'), stats: text('stats'), notice: text('notice'),
+                prompt: document.getElementById('prompt').value,
+                prompt_disabled: document.getElementById('prompt').disabled,
+                replies: r.map((t) => ({state: t.dataset.state, pieces: t.dataset.pieces,
+                                        text: t.textContent.slice(0, 200)}))}; }""",
+        n_before,
+    )
 
 
 def last_reply(page) -> dict[str, Any]:
