@@ -299,6 +299,61 @@ def test_gemv_variants_match_numpy(device, kernels, rows, wg):
     check_linear(device, op, out_buf, expected)
 
 
+# 2..SMALL_T_MAX rows at once: ternary_gemv_rows (each weight read once for all rows) ---------------
+
+ROWS_CASES = [
+    # (row counts of the fused tensors, K, T, epilogue, kwargs): every epilogue, T = 1..9, partial
+    # workgroups (rows not a multiple of the workgroup's), idle threads (K/64 < threads) and two chunks
+    # per thread (K = 1280 with 16 threads)
+    ([100], 384, 1, "store", {}),
+    ([70, 70], 640, 2, "gate_silu", {}),
+    ([640, 160, 160], 640, 3, "store", {}),
+    ([200], 1280, 4, "residual", {"gemv_workgroup_size": 16}),
+    ([36, 36], 6912, 5, "gate_relu2", {}),
+    ([100], 2560, 6, "residual", {"rows_gemv_rows": 4}),
+    ([52, 52], 384, 7, "gate_relu2", {"rows_gemv_rows": 16, "gemv_workgroup_size": 32}),
+    ([90], 256, 8, "store", {}),
+    ([66, 66], 256, 9, "gate_silu", {}),
+]
+
+
+@pytest.mark.parametrize("parts,k,t,epilogue,kwargs", ROWS_CASES)
+def test_rows_gemv_matches_numpy(device, kernels, parts, k, t, epilogue, kwargs):
+    rng = np.random.default_rng(1500 + k + t)
+    op, out_buf, expected = linear_case(device, kernels, rng, parts, k, t, epilogue, max_tokens=t + 1, **kwargs)
+    recorder = device.begin()
+    op.record_rows(recorder, t)
+    recorder.submit()
+    check_linear(device, op, out_buf, expected)  # row t (past the step) keeps its prior values
+
+
+@pytest.mark.parametrize("variant", ["no-subgroups", "no-dot4"])
+def test_rows_gemv_fallbacks(device, variant):
+    kernels = KernelCache(device)
+    features = device.features
+    try:
+        if variant == "no-subgroups":
+            device.features = features - {"subgroups"}
+        rng = np.random.default_rng(1515)
+        op, out_buf, expected = linear_case(
+            device, kernels, rng, [40, 40], 640, 5, "gate_silu", use_dot4=variant != "no-dot4"
+        )
+        recorder = device.begin()
+        op.record_rows(recorder, 5)
+        recorder.submit()
+    finally:
+        device.features = features
+    check_linear(device, op, out_buf, expected)
+
+
+def test_rows_gemv_rejects_row_counts(device, kernels):
+    rng = np.random.default_rng(1516)
+    op, _, _ = linear_case(device, kernels, rng, [64], 256, 3, "store")
+    for bad in (0, 4, SMALL_T_MAX + 1):  # the buffers hold 3 rows
+        with pytest.raises(TernaryShapeError, match="record_rows takes 1..3 rows"):
+            op.record_rows(device.begin(), bad)
+
+
 def test_unroll_loops_expands_nested_blocks():
     source = "a\n//#for r in ROWS\nx{{r}}\n//#for m in 2\ny{{r}}{{m}}\n//#endfor\n//#endfor\nb\n"
     assert unroll_loops(source, {"ROWS": 2}) == "a\nx0\ny00\ny01\nx1\ny10\ny11\nb\n"
@@ -1038,7 +1093,7 @@ def test_norm_linear_verify_rows_match_numpy(device, kernels, parts, k, epilogue
     op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, parts, k, t, epilogue, **kwargs)
     assert 2 <= t <= op.small_max <= SMALL_T_MAX  # what record() sends to the fused kernel on a GPU
     prior = read(device, out_buf, np.float32, expected.size)
-    for record in (op.record_fused, op.record_split):
+    for record in (op.record_fused, op.record_split, op.record_rows):
         device.upload(out_buf, 0, prior)  # the residual epilogue adds to it
         recorder = device.begin()
         record(recorder, t)

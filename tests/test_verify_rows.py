@@ -1,6 +1,7 @@
 """Forward steps over 2..SMALL_T_MAX rows (speculative verify steps) take the GPU path of every
-BitLinear (the fused norm + GEMV kernel, one workgroup row per token) and the one-pass LM head: the
-whole model against the numpy ReferenceModel.
+BitLinear (the fused norm + GEMV kernel per row, or the norm once + ternary_gemv_rows: the small-T
+paths of kernels/linear.py) and the one-pass LM head: the whole model against the numpy ReferenceModel.
+("split" shares its norm with "rows" and its GEMV with decode: test_kernels_linear.py checks it.)
 
 lavapipe is a CPU adapter, where NormTernaryLinear.record normally takes norm + GEMM; the test turns
 the GPU path on, as a discrete GPU runs it.
@@ -23,8 +24,8 @@ from bitnet_web.model.reference import ReferenceModel
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("split_norm", [False, True])
-def test_verify_rows_match_reference(tmp_path, split_norm):
+@pytest.mark.parametrize("path", ["fused", "rows"])
+def test_verify_rows_match_reference(tmp_path, path):
     path = tmp_path / "small.gguf"
     write_random_bitnet(str(path), vocab_size=VOCAB, context_length=128, seed=15, **SMALL)
     ids = np.random.default_rng(15).integers(0, VOCAB, 2 + 5 + SMALL_T_MAX).tolist()
@@ -35,12 +36,12 @@ def test_verify_rows_match_reference(tmp_path, split_norm):
         model = engine.model
         for layer in model.layer_ops:
             for op in (layer.qkv, layer.wo, layer.gate_up, layer.down):
-                op.fuse_decode, op.split_small_t = True, split_norm
+                op.fuse_decode, op.small_t_path = True, path
         got, start = [], 0
         for t in (2, 5, SMALL_T_MAX):  # steps of t rows, each after the previous ones' KV rows
             got.append(asyncio.run(model.forward(ids[start : start + t], all_logits=True)))
             start += t
         assert model.n_cached == len(ids)
-        assert_logits_close(np.concatenate(got), want, f"verify rows (split norm {split_norm})")
+        assert_logits_close(np.concatenate(got), want, f"verify rows ({path} path)")
     finally:
         engine.close()

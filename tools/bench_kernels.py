@@ -28,7 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "app"))
 from bitnet_web import gpu  # noqa: E402
 from bitnet_web.kernels.common import SMALL_T_MAX, KernelCache, StepParams  # noqa: E402
 from bitnet_web.kernels.embedding import LM_HEAD_SMALL_T_ROWS, Argmax, EmbeddingLookup, F16Matrix, LMHead  # noqa: E402
-from bitnet_web.kernels.linear import NormTernaryLinear, TernaryLinear, TernaryMatrix  # noqa: E402
+from bitnet_web.kernels.linear import (  # noqa: E402
+    ROWS_GEMV_ROWS,
+    SMALL_T_PATH,
+    SMALL_T_PATHS,
+    NormTernaryLinear,
+    TernaryLinear,
+    TernaryMatrix,
+)
 from bitnet_web.kernels.norm import RMSNorm, RMSNormQuant  # noqa: E402
 
 DIM, FFN, Q_DIM, KV_DIM, VOCAB = 2560, 6912, 2560, 640, 128256
@@ -170,7 +177,14 @@ def bench_verify_steps(args: argparse.Namespace) -> None:
             op.record(rec)
         return rec
 
-    time_verify_steps(args, device, record)
+    for path in args.paths.split(","):
+        if path not in SMALL_T_PATHS:
+            raise SystemExit(f"--paths: unknown small-T path {path!r}; expected some of {', '.join(SMALL_T_PATHS)}")
+        for layer in model.layer_ops:
+            for op in (layer.qkv, layer.wo, layer.gate_up, layer.down):
+                op.small_t_path = path
+        print(f"\n## small-T path {path!r} (default {SMALL_T_PATH!r})", flush=True)
+        time_verify_steps(args, device, record)
     engine.close()
 
 
@@ -226,6 +240,9 @@ def main() -> None:
     parser.add_argument("--verify-steps", action="store_true", help="time whole 2B-4T forward steps over T = 1..9")
     parser.add_argument("--context", type=int, default=64, help="cached tokens before a --verify-steps step")
     parser.add_argument("--shape", default="2b4t", help="synthetic model shape of --verify-steps (2b4t, tiny)")
+    parser.add_argument(
+        "--paths", default=SMALL_T_PATH, help=f"--verify-steps: small-T paths to time, comma-separated {SMALL_T_PATHS}"
+    )
     args = parser.parse_args()
     if args.verify_steps:
         bench_verify_steps(args)
@@ -329,27 +346,40 @@ def main() -> None:
             )
             step.write(1, 0, 0)
         for t in range(1, SMALL_T_MAX + 1):
-            # What NormTernaryLinear.record runs for t rows (the fused kernel, one workgroup row per
-            # token), the SMALL_T_SPLIT_NORM path, and with --sweep the tiled GEMM it ran before (issue 15).
+            # The small-T paths of NormTernaryLinear.record (SMALL_T_PATHS) and, with --sweep, other
+            # ternary_gemv_rows tilings and the tiled GEMM that ran before issue 15.
             if not want(f"rows {name} T={t}"):
                 continue
             op = NormTernaryLinear(k, x, norm_w, 1e-5, matrix, x_q, x_scale, out, step, epilogue)
             step.write(t, 0, 0)
-            bench.time_op(
-                f"rows {name} T={t}", lambda r, op=op, t=t: op.record_fused(r, t), weight_bytes + 4 * cols * t, "fused"
-            )
+            bytes_read = weight_bytes + 4 * cols * t
+            bench.time_op(f"rows {name} T={t}", lambda r, op=op, t=t: op.record_fused(r, t), bytes_read, "fused")
             if t > 1:
                 bench.time_op(
                     f"rows {name} T={t}",
                     lambda r, op=op, t=t: op.record_split(r, t),
-                    weight_bytes + 4 * cols * t,
-                    "norm once + gemv per row (2 dispatches)",
+                    bytes_read,
+                    "split: norm once + gemv per row",
+                )
+            bench.time_op(
+                f"rows {name} T={t}",
+                lambda r, op=op, t=t: op.record_rows(r, t),
+                bytes_read,
+                f"rows: norm once + gemv_rows ROWS={ROWS_GEMV_ROWS}",
+            )
+            for rows in (4, 16) if args.sweep else ():
+                linear = TernaryLinear(k, matrix, x_q, x_scale, out, step, epilogue, rows_gemv_rows=rows)
+                bench.time_op(
+                    f"rows {name} T={t}",
+                    lambda r, op=op, linear=linear, t=t: (op.norm.record(r, t), linear.record_rows(r, t)),
+                    bytes_read,
+                    f"rows: norm once + gemv_rows ROWS={rows}",
                 )
             if t > 1 and args.sweep:
                 bench.time_op(
                     f"rows {name} T={t}",
                     lambda r, op=op, t=t: (op.norm.record(r, t), op.linear.record(r, t)),
-                    weight_bytes + 4 * cols * t,
+                    bytes_read,
                     "norm + tiled GEMM",
                 )
             step.write(1, 0, 0)

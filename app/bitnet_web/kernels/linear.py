@@ -40,6 +40,10 @@ EPILOGUES = {"store": 0, "residual": 1, "gate_relu2": 2, "gate_silu": 3}
 # Decode GEMV: accumulators (rows) per workgroup and threads per workgroup (by K).
 GEMV_ROWS = 8
 
+# Weight rows per workgroup of the 2..SMALL_T_MAX-row GEMV (`ternary_gemv_rows.wgsl`), which keeps
+# them in registers for all token rows (TOK x ROWS accumulators).
+ROWS_GEMV_ROWS = 8
+
 
 def gemv_workgroup(k: int) -> int:
     """Threads per GEMV workgroup: enough 16-byte chunks per thread to cover a row in few passes.
@@ -198,6 +202,7 @@ class TernaryLinear:
         gemv_rows: int = GEMV_ROWS,
         gemv_workgroup_size: int | None = None,
         gemm_tile: dict[str, int] | None = None,
+        rows_gemv_rows: int = ROWS_GEMV_ROWS,
     ):
         label = label or f"{weights.label} {epilogue}"
         op = f"TernaryLinear {label!r}"
@@ -251,6 +256,25 @@ class TernaryLinear:
         self.gemv_bind = device.bind_group(
             self.gemv, [weights.codes, weights.scales, x_q, x_scale, out], f"{label} gemv"
         )
+        # ternary_gemv_rows: one pipeline per row count, built on first use (KernelCache shares it by shape)
+        if rows_gemv_rows % 2 or rows_gemv_rows <= 0 or wg < rows_gemv_rows:
+            raise TernaryShapeError(
+                f"{op}: rows_gemv_rows must be a positive even number <= {wg} threads, got {rows_gemv_rows}"
+            )
+        self._rows_constants = dict(
+            enables=enables,
+            defines=dot + (("SUBGROUPS",) if subgroups else ()),
+            K=k,
+            N=n,
+            ROWS=rows_gemv_rows,
+            WG=wg,
+            ITERS=ceil_div(k // 64, wg),
+            EPILOGUE=EPILOGUES[epilogue],
+        )
+        self._rows_buffers = [weights.codes, weights.scales, x_q, x_scale, out]
+        self._rows: dict[int, tuple[gpu.Pipeline, gpu.BindGroup]] = {}
+        self.rows_groups = ceil_div(out_w, rows_gemv_rows // 2 if gated else rows_gemv_rows)
+        self._kernels, self._label = kernels, label
 
         tile = {**GEMM_TILE, **(gemm_tile or {})}
         rt, tt, kb = tile["TX"] * tile["MR"], tile["TY"] * tile["MT"], tile["KB"]
@@ -299,6 +323,21 @@ class TernaryLinear:
         """The GEMV for each of `n_tokens` rows independently (tests and benchmarks)."""
         recorder.dispatch(self.gemv, self.gemv_bind, self.gemv_groups, n_tokens)
 
+    def record_rows(self, recorder: gpu.Recorder, n_tokens: int) -> None:
+        """`ternary_gemv_rows`: all `n_tokens` rows (1..SMALL_T_MAX) in each workgroup, every weight
+        read once for all of them."""
+        if not 1 <= n_tokens <= min(SMALL_T_MAX, self.max_tokens):
+            raise TernaryShapeError(
+                f"TernaryLinear {self._label!r}: record_rows takes 1..{min(SMALL_T_MAX, self.max_tokens)} rows, "
+                f"got {n_tokens}"
+            )
+        found = self._rows.get(n_tokens)
+        if found is None:
+            pipeline = self._kernels.pipeline("ternary_gemv_rows", TOK=n_tokens, **self._rows_constants)
+            bind = self._kernels.device.bind_group(pipeline, self._rows_buffers, f"{self._label} rows T={n_tokens}")
+            found = self._rows[n_tokens] = (pipeline, bind)
+        recorder.dispatch(found[0], found[1], self.rows_groups)
+
 
 # Fused decode GEMV with its input norm: weight rows per row group, row groups per workgroup. Every
 # workgroup redoes the norm of the input row (reading it from L2), so more rows per workgroup amortize
@@ -306,10 +345,13 @@ class TernaryLinear:
 NORM_GEMV_ROWS = 16
 
 
-# 2..SMALL_T_MAX rows: False runs the fused kernel per row (measured, docs/performance.md); True runs
-# RMSNormQuant once for the rows, then the plain GEMV per row (two dispatches, no per-workgroup norm:
-# not yet measured on a GPU; tools/bench_kernels.py --only rows times both). Read when an op is built.
-SMALL_T_SPLIT_NORM = False
+# How NormTernaryLinear runs 2..SMALL_T_MAX rows (a speculative verify step) on a GPU; read when an
+# op is built. "fused": the fused decode kernel with one workgroup row per token (every workgroup
+# normalizes its row). "split": RMSNormQuant once for the rows, then the plain GEMV per row. "rows":
+# RMSNormQuant once, then ternary_gemv_rows (each weight read once for all rows). Measured on the
+# H100: docs/performance.md (issue 15); tools/bench_kernels.py --only rows times all three.
+SMALL_T_PATHS = ("fused", "split", "rows")
+SMALL_T_PATH = "fused"
 
 
 def norm_gemv_row_groups(n_rows: int) -> int:
@@ -418,10 +460,15 @@ class NormTernaryLinear:
         # model); GPUs gain from fusing (docs/performance-notes.md).
         self.fuse_decode = not device.is_cpu
         self.small_max = min(SMALL_T_MAX, self.linear.max_tokens, x.nbytes // (4 * k))
-        self.split_small_t = SMALL_T_SPLIT_NORM
+        if SMALL_T_PATH not in SMALL_T_PATHS:
+            raise ValueError(f"SMALL_T_PATH is {SMALL_T_PATH!r}; expected one of {SMALL_T_PATHS}")
+        self.small_t_path = SMALL_T_PATH
 
     def record(self, recorder: gpu.Recorder, n_tokens: int) -> None:
-        if 1 < n_tokens <= self.small_max and self.fuse_decode and self.split_small_t:
+        small = 1 < n_tokens <= self.small_max and self.fuse_decode
+        if small and self.small_t_path == "rows":
+            self.record_rows(recorder, n_tokens)
+        elif small and self.small_t_path == "split":
             self.record_split(recorder, n_tokens)
         elif n_tokens <= self.small_max and self.fuse_decode:
             self.record_fused(recorder, n_tokens)
@@ -431,9 +478,15 @@ class NormTernaryLinear:
 
     def record_split(self, recorder: gpu.Recorder, n_tokens: int) -> None:
         """RMSNormQuant over the rows (StepParams.n_tokens must equal n_tokens), then the plain GEMV
-        per row: the SMALL_T_SPLIT_NORM path."""
+        per row: the "split" small-T path."""
         self.norm.record(recorder, n_tokens)
         self.linear.record_gemv(recorder, n_tokens)
+
+    def record_rows(self, recorder: gpu.Recorder, n_tokens: int) -> None:
+        """RMSNormQuant over the rows (StepParams.n_tokens must equal n_tokens), then
+        ternary_gemv_rows over all of them: the "rows" small-T path."""
+        self.norm.record(recorder, n_tokens)
+        self.linear.record_rows(recorder, n_tokens)
 
     def record_fused(self, recorder: gpu.Recorder, n_tokens: int) -> None:
         """The fused kernel for each of `n_tokens` rows (what record() runs for up to SMALL_T_MAX rows
