@@ -367,13 +367,15 @@ def main() -> None:
                 bytes_read,
                 f"rows: norm once + gemv_rows ROWS={ROWS_GEMV_ROWS}",
             )
-            for rows in (4, 16) if args.sweep else ():
-                linear = TernaryLinear(k, matrix, x_q, x_scale, out, step, epilogue, rows_gemv_rows=rows)
+            for rows, wg in ((4, None), (16, None), (8, 32)) if args.sweep else ():
+                linear = TernaryLinear(
+                    k, matrix, x_q, x_scale, out, step, epilogue, rows_gemv_rows=rows, gemv_workgroup_size=wg
+                )
                 bench.time_op(
                     f"rows {name} T={t}",
                     lambda r, op=op, linear=linear, t=t: (op.norm.record(r, t), linear.record_rows(r, t)),
                     bytes_read,
-                    f"rows: norm once + gemv_rows ROWS={rows}",
+                    f"rows: norm once + gemv_rows ROWS={rows}" + (f" WG={wg}" if wg else ""),
                 )
             if t > 1 and args.sweep:
                 bench.time_op(
