@@ -1075,7 +1075,7 @@ def test_norm_linear_fallbacks(device, variant):
     check_norm_linear(got, expected, tie)
 
 
-# Several rows at once (speculative verify steps: record() runs the fused kernel per row) -------------
+# Several rows at once (speculative verify steps: every small-T path of NormTernaryLinear) ---------------
 
 
 @pytest.mark.parametrize(
@@ -1091,7 +1091,7 @@ def test_norm_linear_verify_rows_match_numpy(device, kernels, parts, k, epilogue
     rng = np.random.default_rng(90 + k + t)
     kwargs = {"mean_width": mean_width} if mean_width else {}
     op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, parts, k, t, epilogue, **kwargs)
-    assert 2 <= t <= op.small_max <= SMALL_T_MAX  # what record() sends to the fused kernel on a GPU
+    assert 2 <= t <= op.small_max <= SMALL_T_MAX  # what record() sends to a small-T path on a GPU
     prior = read(device, out_buf, np.float32, expected.size)
     for record in (op.record_fused, op.record_split, op.record_rows):
         device.upload(out_buf, 0, prior)  # the residual epilogue adds to it

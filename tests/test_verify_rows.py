@@ -1,7 +1,7 @@
 """Forward steps over 2..SMALL_T_MAX rows (speculative verify steps) take the GPU path of every
-BitLinear (the fused norm + GEMV kernel per row, or the norm once + ternary_gemv_rows: the small-T
-paths of kernels/linear.py) and the one-pass LM head: the whole model against the numpy ReferenceModel.
-("split" shares its norm with "rows" and its GEMV with decode: test_kernels_linear.py checks it.)
+BitLinear (each small-T path of kernels/linear.py: the norm once + the GEMV per row, the fused norm +
+GEMV kernel per row, the norm once + ternary_gemv_rows) and the one-pass LM head: the whole model
+against the numpy ReferenceModel.
 
 lavapipe is a CPU adapter, where NormTernaryLinear.record normally takes norm + GEMM; the test turns
 the GPU path on, as a discrete GPU runs it.
@@ -19,12 +19,13 @@ from bitnet_web.convert.synthetic import write_random_bitnet
 from bitnet_web.engine import Engine
 from bitnet_web.formats.gguf_reader import open_gguf
 from bitnet_web.kernels.common import SMALL_T_MAX
+from bitnet_web.kernels.linear import SMALL_T_PATHS
 from bitnet_web.model.reference import ReferenceModel
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("path", ["fused", "rows"])
+@pytest.mark.parametrize("path", SMALL_T_PATHS)
 def test_verify_rows_match_reference(tmp_path, path):
     path = tmp_path / "small.gguf"
     write_random_bitnet(str(path), vocab_size=VOCAB, context_length=128, seed=15, **SMALL)

@@ -9,8 +9,9 @@ read gate row i and up row N/2 + i, so `pair_rows` only checks that the halves m
 
 Decode (one token) runs `ternary_gemv.wgsl`: ROWS rows per workgroup, 16-byte weight loads,
 dot4I8Packed, subgroupAdd when present; `NormTernaryLinear` folds the input RMSNorm + quantization
-into it (`ternary_gemv_norm.wgsl`, what the model uses) and also runs it for 2..SMALL_T_MAX rows
-(speculative verify steps), one workgroup row per token. Longer prefill runs `ternary_gemm.wgsl`,
+into it (`ternary_gemv_norm.wgsl`, what the model uses). 2..SMALL_T_MAX rows (speculative verify
+steps) take one of the paths of SMALL_T_PATH (by default the norm once, then the GEMV per row;
+`ternary_gemv_rows.wgsl` holds the weights in registers for all rows). Longer prefill runs `ternary_gemm.wgsl`,
 which stages a tile of weight rows (decoded once to signed int8) and token rows in workgroup memory
 and reuses each weight word TT times. Measurements: docs/performance-notes.md.
 """
@@ -346,12 +347,13 @@ NORM_GEMV_ROWS = 16
 
 
 # How NormTernaryLinear runs 2..SMALL_T_MAX rows (a speculative verify step) on a GPU; read when an
-# op is built. "fused": the fused decode kernel with one workgroup row per token (every workgroup
-# normalizes its row). "split": RMSNormQuant once for the rows, then the plain GEMV per row. "rows":
-# RMSNormQuant once, then ternary_gemv_rows (each weight read once for all rows). Measured on the
-# H100: docs/performance.md (issue 15); tools/bench_kernels.py --only rows times all three.
+# op is built. "split": RMSNormQuant once for the rows, then the decode GEMV per row (two dispatches).
+# "fused": the fused decode kernel with one workgroup row per token (every workgroup normalizes its
+# row again). "rows": RMSNormQuant once, then ternary_gemv_rows (each weight read once for all rows).
+# Whole 2B-4T steps on the H100 at T = 5: split 1.65x a decode step, fused 1.91x, rows 1.96x
+# (docs/performance.md, issue 15); `tools/bench_kernels.py --verify-steps --paths ...` compares them.
 SMALL_T_PATHS = ("fused", "split", "rows")
-SMALL_T_PATH = "fused"
+SMALL_T_PATH = "split"
 
 
 def norm_gemv_row_groups(n_rows: int) -> int:
@@ -365,10 +367,11 @@ class NormTernaryLinear:
 
     Decode (n_tokens == 1): one dispatch of `ternary_gemv_norm.wgsl`, in which every workgroup
     normalizes and quantizes the input row itself (no rmsnorm_quant dispatch, no x_q round trip).
-    2..SMALL_T_MAX rows (a speculative verify step): the same dispatch with one workgroup row per
-    token. The workgroups sharing weight rows run close together, so each weight comes from memory
-    once and the other rows' reads mostly hit L2; on the H100 this beat both the tiled GEMM and a
-    kernel holding each weight in registers for several rows (docs/performance.md, issue 15).
+    2..SMALL_T_MAX rows (a speculative verify step): SMALL_T_PATH, by default `RMSNormQuant` over the
+    rows and the decode GEMV with one workgroup row per token. The workgroups sharing weight rows run
+    close together, so each weight comes from memory once and the other rows' reads mostly hit L2; on
+    the H100 this beat the fused kernel per row (each workgroup redoing the norm), the tiled GEMM and
+    `ternary_gemv_rows` (docs/performance.md, issue 15).
     Longer prefill: `RMSNormQuant` into x_q / x_scale, then the tiled GEMM, as the two ops would.
     Constructor arguments are those of RMSNormQuant and TernaryLinear together; `rows` weight rows
     per row group, `row_groups` (1, 2 or 4; default by size) groups per workgroup, `workgroup_size`
