@@ -19,7 +19,7 @@ from bitnet_web import gpu  # noqa: E402
 from bitnet_web.convert.synthetic import random_bitnet_writer  # noqa: E402
 from bitnet_web.engine import Engine, EngineError  # noqa: E402
 from bitnet_web.formats.ggml import GGUFError, Keys  # noqa: E402
-from bitnet_web.formats.gguf_reader import open_gguf
+from bitnet_web.formats.gguf_reader import GGUFFile, open_gguf
 from bitnet_web.model.config import ModelConfigError  # noqa: E402
 from bitnet_web.model.reference import ReferenceModel  # noqa: E402
 from bitnet_web.text.sampler import SamplerSettings  # noqa: E402
@@ -315,6 +315,53 @@ def assert_recovers(engine: Engine, tiny_path: str, ref: ReferenceModel) -> None
     _, tokens = generate(engine, tokens=PROMPT, max_tokens=4)
     assert engine.last_stats.n_generated == 4
     assert_greedy(ref, PROMPT, tokens)
+
+
+class ArrivingFile:
+    """A file whose bytes arrive in order (as the browser reads IndexedDB chunks): `data` holds the
+    header and garbage (0xA5) beyond what `ready(n)` has let in, so a read of bytes the engine did
+    not wait for changes what it uploads."""
+
+    def __init__(self, path: str, fail_after: int | None = None) -> None:
+        self.full = np.fromfile(path, dtype=np.uint8)
+        header_end = open_gguf(path).data_offset
+        self.data = np.full(len(self.full), 0xA5, dtype=np.uint8)
+        self.data[:header_end] = self.full[:header_end]
+        self.filled, self.asked, self.fail_after = header_end, [], fail_after
+
+    async def ready(self, n: int) -> None:
+        self.asked.append(n)
+        if self.fail_after is not None and len(self.asked) > self.fail_after:
+            raise OSError("simulated: the stored copy could not be read")
+        await asyncio.sleep(0)
+        if n > self.filled:
+            self.data[self.filled : n] = self.full[self.filled : n]
+            self.filled = n
+
+
+def test_a_file_still_arriving_is_uploaded_part_by_part_as_its_bytes_come(loaded, tiny_path):
+    arriving = ArrivingFile(tiny_path)
+    engine = Engine(prefill_chunk=16)
+    try:
+        engine._run(engine.load_async(GGUFFile.from_buffer(arriving.data), "arriving", ready=arriving.ready))
+        assert np.array_equal(engine.logits(PROMPT), loaded.logits(PROMPT))  # no byte used before it came
+        # the parts in file order (embedding, layers, output norm), then the whole file for its checks
+        assert arriving.asked == sorted(arriving.asked) and len(arriving.asked) >= TINY["n_layers"] + 2
+        assert arriving.asked[-1] == len(arriving.full)
+    finally:
+        engine.close()
+
+
+def test_a_file_that_stops_arriving_fails_the_load_and_frees_what_was_uploaded(tiny_path, ref):
+    arriving = ArrivingFile(tiny_path, fail_after=2)
+    engine = Engine(prefill_chunk=16)
+    try:
+        with pytest.raises(OSError, match="simulated: the stored copy could not be read"):
+            engine._run(engine.load_async(GGUFFile.from_buffer(arriving.data), "arriving", ready=arriving.ready))
+        assert engine.model is None and engine.device.live_buffers == 0  # the parts uploaded were released
+        assert_recovers(engine, tiny_path, ref)
+    finally:
+        engine.close()
 
 
 @pytest.mark.parametrize("case", list(BAD_FILES))

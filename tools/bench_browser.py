@@ -2,6 +2,7 @@
 
     .venv/bin/python tools/bench_browser.py                  # bundled model, quick settings
     .venv/bin/python tools/bench_browser.py --full --model URL
+    .venv/bin/python tools/bench_browser.py --page load.html --model URL   # IndexedDB load, per phase
 
 Builds dist/ (build.py), serves it on 127.0.0.1, opens dist/bench/ in Debian's Chromium with the
 WebGPU flags from shared/browser-notes.md (SwiftShader here; a real GPU where Chromium has one:
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -72,6 +74,7 @@ def python_time_summary(report: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", help="model URL (default: the bundled model)")
+    parser.add_argument("--page", default="", help="page under dist/bench/ (default: the engine benchmark)")
     parser.add_argument("--full", action="store_true", help="512-token prefill, 1k context, 128 tokens")
     parser.add_argument("--gpu", action="store_true", help="use Chromium's default adapter, not SwiftShader")
     parser.add_argument(
@@ -92,7 +95,7 @@ def main() -> int:
         build.build(args.dist)
     server = build.make_server(args.dist, 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/bench/"
+    url = f"http://127.0.0.1:{server.server_address[1]}/bench/{args.page}"
     query = []
     if args.model:
         query.append(f"model={args.model}")
@@ -106,16 +109,22 @@ def main() -> int:
 
     chromium_own = EgressRecorder()
     outside: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(**launch_options(chromium_own, swiftshader=not args.gpu))
-        # the page's own context goes direct: the model may be on another host (--model URL)
-        context = browser.new_context(proxy={"server": "direct://"})
+    with sync_playwright() as p, tempfile.TemporaryDirectory(prefix="bench-profile-") as profile:
+        # An on-disk profile, as a user's browser has: a fresh context is incognito-like, and keeps
+        # IndexedDB in memory, where a 1.2 GB model fails to read back ("Failed to read large
+        # IndexedDB value"). The page's requests go direct: the model may be on another host (--model
+        # URL); a local one uses the launch proxy's loopback bypass ("direct://" fails on loopback).
+        options = launch_options(chromium_own, swiftshader=not args.gpu)
+        remote = bool(args.model) and args.model.startswith(("http://", "https://"))
+        if remote and not args.model.startswith(LOCAL_PREFIXES):
+            options["proxy"] = {"server": "direct://"}
+        context = p.chromium.launch_persistent_context(profile, **options)
         context.on("request", lambda r: None if r.url.startswith(LOCAL_PREFIXES) else outside.append(r.url))
         page = context.new_page()
         page.goto(url)
         page.wait_for_function("window.benchResult !== undefined", timeout=args.timeout * 1000)
         report = json.loads(page.evaluate("window.benchResult"))
-        browser.close()
+        context.close()
     chromium_own.stop()
     for what, lines in (
         ("the page requested outside 127.0.0.1", outside),
@@ -125,7 +134,7 @@ def main() -> int:
             print(f"{what}:\n  " + "\n  ".join(lines), file=sys.stderr)
     server.shutdown()
     print(json.dumps(report, indent=2))
-    if "error" not in report:
+    if "error" not in report and not args.page:
         print(python_time_summary(report), file=sys.stderr)
     return 1 if "error" in report else 0
 

@@ -26,6 +26,7 @@ from .formats.gguf_reader import GGUFFile, open_gguf
 from .kernels.speculative import SPECULATE_GPU, SPECULATE_MAX
 from .model.config import ModelConfig, config_from_gguf
 from .model.forward import BitNetModel
+from .model.weights import ReadyCallback
 from .text.chat import ChatTemplate, render_tokens
 from .text.sampler import Sampler, SamplerSettings
 from .text.stops import StopMatcher
@@ -183,18 +184,30 @@ class Engine:
         self._run(self._load(gguf, name, progress))
 
     async def load_async(
-        self, data: np.ndarray | GGUFFile, name: str = "model", progress: ProgressCallback | None = None
+        self,
+        data: np.ndarray | GGUFFile,
+        name: str = "model",
+        progress: ProgressCallback | None = None,
+        *,
+        ready: ReadyCallback | None = None,
     ) -> None:
-        """Load a GGUF held in memory (the browser passes the downloaded file as a uint8 array)."""
-        gguf = data if isinstance(data, GGUFFile) else GGUFFile.from_buffer(np.asarray(data, dtype=np.uint8))
-        await self._load(gguf, name, progress)
+        """Load a GGUF held in memory (the browser passes the downloaded file as a uint8 array).
 
-    async def _load(self, gguf: GGUFFile, name: str, progress: ProgressCallback | None) -> None:
+        `ready`: the file is still arriving in `data` (a GGUFFile whose header is parsed): `await
+        ready(n)` returns once its first n bytes are there, or raises why they never will be. Each
+        part is uploaded as soon as its bytes are in, and the whole-file checks run at the end."""
+        gguf = data if isinstance(data, GGUFFile) else GGUFFile.from_buffer(np.asarray(data, dtype=np.uint8))
+        await self._load(gguf, name, progress, ready)
+
+    async def _load(
+        self, gguf: GGUFFile, name: str, progress: ProgressCallback | None, ready: ReadyCallback | None = None
+    ) -> None:
         self.unload()
         if progress:
             progress("parse", 0, 1)
         config = config_from_gguf(gguf)
-        gguf.validate_tensors()  # every I2_S scale readable and finite before anything reaches the GPU
+        if ready is None:
+            gguf.validate_tensors()  # every I2_S scale readable and finite before anything reaches the GPU
         tokenizer = Tokenizer.from_gguf(gguf.metadata)
         template = ChatTemplate.from_gguf(gguf.metadata)
         if progress:
@@ -203,7 +216,7 @@ class Engine:
         if not reusing_device:
             self.device = await gpu.open_device_async(max_binding_size=self.max_binding_size)
         try:
-            model = await self._upload(gguf, config, progress)
+            model = await self._upload(gguf, config, progress, ready)
         except gpu.GPUDeviceLostError:
             if not reusing_device:
                 self.device = None
@@ -212,7 +225,7 @@ class Engine:
             # fails): retry once on a fresh device.
             self.device = await gpu.open_device_async(max_binding_size=self.max_binding_size)
             try:
-                model = await self._upload(gguf, config, progress)
+                model = await self._upload(gguf, config, progress, ready)
             except gpu.GPUDeviceLostError:
                 self.device = None
                 raise
@@ -220,10 +233,15 @@ class Engine:
         self.name = name
         self._device_was_lost = False
 
-    async def _upload(self, gguf: GGUFFile, config: ModelConfig, progress: ProgressCallback | None) -> BitNetModel:
+    async def _upload(
+        self, gguf: GGUFFile, config: ModelConfig, progress: ProgressCallback | None, ready: ReadyCallback | None
+    ) -> BitNetModel:
         model = BitNetModel(self.device, gguf, config, max_tokens=self.prefill_chunk, int8_head=self.int8_head)
         try:
-            await model.upload(progress)
+            await model.upload(progress, ready)
+            if ready is not None:  # the checks of the whole file, now that all of it is in
+                await ready(len(gguf.data))
+                gguf.validate_tensors()
         except BaseException:
             # Nothing half-uploaded stays on the device; releasing on a lost device may itself fail.
             with contextlib.suppress(Exception):

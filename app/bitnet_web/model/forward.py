@@ -41,7 +41,14 @@ from ..kernels.speculative import SPECULATE_MAX
 from .config import ModelConfig
 from .decode import MAX_STEPS_PER_SUBMIT, GPUDecodeLoop
 from .layout import GPULayout, gpu_layout
-from .weights import LOGITS_ROWS, LayerWeights, ProgressCallback, check_device_limits, upload_weights
+from .weights import (
+    LOGITS_ROWS,
+    LayerWeights,
+    ProgressCallback,
+    ReadyCallback,
+    check_device_limits,
+    upload_weights,
+)
 
 
 @dataclass
@@ -82,12 +89,13 @@ class BitNetModel(GPUDecodeLoop):
 
     # Loading ---------------------------------------------------------------------------------
 
-    async def upload(self, progress: ProgressCallback | None = None) -> None:
-        """Upload every weight, then build the ops (pipelines and bind groups) once."""
+    async def upload(self, progress: ProgressCallback | None = None, ready: ReadyCallback | None = None) -> None:
+        """Upload every weight, then build the ops (pipelines and bind groups) once. `ready`: the file
+        is still being read into `gguf.data` (see upload_weights)."""
         cfg, device = self.config, self.device
         check_device_limits(cfg, device.limits, self.max_tokens, self.gguf.source)
         weights = await upload_weights(
-            device, self.gguf, cfg, self._buffers, int8_head=self.int8_head, progress=progress
+            device, self.gguf, cfg, self._buffers, int8_head=self.int8_head, progress=progress, ready=ready
         )
         self.layers = weights.layers
         self.output_norm, self.token_embd, self.output = weights.output_norm, weights.token_embd, weights.output

@@ -8,7 +8,7 @@ are F16 row shards (or an int8 per-row-scaled head copy, `int8_head`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +23,7 @@ from .config import ModelConfig
 from .layout import gather, gather_index, gpu_layout
 
 ProgressCallback = Callable[[str, int, int], None]
+ReadyCallback = Callable[[int], Awaitable[None]]  # `await ready(n)`: the file's first n bytes are loaded
 
 LOGITS_ROWS = 64  # rows of the logits buffer: all-logits calls run in pieces of this many tokens
 
@@ -113,10 +114,16 @@ async def upload_weights(
     *,
     int8_head: bool = False,
     progress: ProgressCallback | None = None,
+    ready: ReadyCallback | None = None,
 ) -> ModelWeights:
     """Upload every weight tensor. Each buffer is appended to `buffers` as soon as it exists, so the
-    caller can free everything after a failure part way. Progress: ("upload", layer + 1, n_layers + 2).
-    Tensors are laid out as `gpu_layout(config)` says: padded / repeated where the kernels need it."""
+    caller can free everything after a failure part way. Progress: ("upload", k, n_layers + 2) after
+    each layer and after the embedding (k = 1 .. n_layers + 1; the caller reports the last step).
+    Tensors are laid out as `gpu_layout(config)` says: padded / repeated where the kernels need it.
+
+    Parts (a layer, the embedding and head, the output norm) go in the order their bytes lie in the
+    file, so a file still being read (`ready`: `await ready(n)` returns once the file's first n
+    bytes are in `gguf.data`) is uploaded while the rest of it arrives."""
     cfg, layout = config, gpu_layout(config)
 
     def index(axis: str) -> np.ndarray | None:
@@ -152,54 +159,76 @@ async def upload_weights(
         buffers.extend([matrix.codes, matrix.scales])
         return matrix
 
-    total = cfg.n_layers + 2
-    layers = []
-    for i in range(cfg.n_layers):
+    def layer(i: int) -> LayerWeights:
         p = block_prefix(i)
-        layers.append(
-            LayerWeights(
-                attn_norm=f32(p + "attn_norm.weight", f"{p}attn_norm"),
-                qkv=ternary(
-                    [
-                        (p + "attn_q.weight", "q", "dim"),
-                        (p + "attn_k.weight", "kv", "dim"),
-                        (p + "attn_v.weight", "kv", "dim"),
-                    ],
-                    f"{p}qkv",
-                ),
-                attn_sub_norm=(
-                    f32(p + "attn_sub_norm.weight", f"{p}attn_sub_norm", "q") if cfg.has_sub_norms else None
-                ),
-                wo=ternary([(p + "attn_output.weight", "dim", "q")], f"{p}attn_output"),
-                ffn_norm=f32(p + "ffn_norm.weight", f"{p}ffn_norm"),
-                gate_up=ternary(
-                    [(p + "ffn_gate.weight", "ffn", "dim"), (p + "ffn_up.weight", "ffn", "dim")],
-                    f"{p}gate_up",
-                    pair_rows=True,
-                ),
-                ffn_sub_norm=(f32(p + "ffn_sub_norm.weight", f"{p}ffn_sub_norm", "ffn") if cfg.has_sub_norms else None),
-                down=ternary([(p + "ffn_down.weight", "dim", "ffn")], f"{p}ffn_down"),
-            )
+        return LayerWeights(
+            attn_norm=f32(p + "attn_norm.weight", f"{p}attn_norm"),
+            qkv=ternary(
+                [
+                    (p + "attn_q.weight", "q", "dim"),
+                    (p + "attn_k.weight", "kv", "dim"),
+                    (p + "attn_v.weight", "kv", "dim"),
+                ],
+                f"{p}qkv",
+            ),
+            attn_sub_norm=(f32(p + "attn_sub_norm.weight", f"{p}attn_sub_norm", "q") if cfg.has_sub_norms else None),
+            wo=ternary([(p + "attn_output.weight", "dim", "q")], f"{p}attn_output"),
+            ffn_norm=f32(p + "ffn_norm.weight", f"{p}ffn_norm"),
+            gate_up=ternary(
+                [(p + "ffn_gate.weight", "ffn", "dim"), (p + "ffn_up.weight", "ffn", "dim")],
+                f"{p}gate_up",
+                pair_rows=True,
+            ),
+            ffn_sub_norm=(f32(p + "ffn_sub_norm.weight", f"{p}ffn_sub_norm", "ffn") if cfg.has_sub_norms else None),
+            down=ternary([(p + "ffn_down.weight", "dim", "ffn")], f"{p}ffn_down"),
         )
-        if progress:
-            progress("upload", i + 1, total)
-        await device.checkpoint(f"uploading layer {i}")
-        await asyncio.sleep(0)  # let the page repaint its progress bar
-    output_norm = f32(OUTPUT_NORM, "output_norm")
 
     def embedding(name: str) -> np.ndarray:  # columns padded to the GPU's hidden width
         cols = index("dim")
         return gguf.tensor(name) if cols is None else gather(np.asarray(gguf.tensor(name)), None, cols)
 
-    token_embd = F16Matrix.upload(device, embedding(TOKEN_EMBD), "token_embd")
     head_name = TOKEN_EMBD if cfg.tied_embeddings else OUTPUT
-    if int8_head:
-        output = Int8Matrix.upload(device, embedding(head_name), "output")
-        buffers.append(output.scales)
-    else:
-        output = token_embd if cfg.tied_embeddings else F16Matrix.upload(device, embedding(head_name), "output")
-    buffers.extend(b for _, _, b in token_embd.shards)
-    if output is not token_embd:
-        buffers.extend(b for _, _, b in output.shards)
-    await device.checkpoint("uploading the embedding")
-    return ModelWeights(layers, output_norm, token_embd, output)
+    embeddings: dict[str, F16Matrix | Int8Matrix] = {}
+
+    def embedding_and_head() -> None:
+        token_embd = F16Matrix.upload(device, embedding(TOKEN_EMBD), "token_embd")
+        buffers.extend(b for _, _, b in token_embd.shards)
+        if int8_head:
+            output = Int8Matrix.upload(device, embedding(head_name), "output")
+            buffers.append(output.scales)
+        else:
+            output = token_embd if cfg.tied_embeddings else F16Matrix.upload(device, embedding(head_name), "output")
+        if output is not token_embd:
+            buffers.extend(b for _, _, b in output.shards)
+        embeddings.update(token_embd=token_embd, output=output)
+
+    def end(names: list[str]) -> int:
+        """Where the last of these tensors' bytes end in the file (a missing one: 0, so it fails at once)."""
+        return max((gguf.tensors[n].offset + gguf.tensors[n].n_bytes for n in names if n in gguf.tensors), default=0)
+
+    layers: dict[int, LayerWeights] = {}
+    norms: dict[str, gpu.Buffer] = {}
+    parts = [
+        (end([n for n in gguf.tensors if n.startswith(block_prefix(i))]), f"layer {i}", i) for i in range(cfg.n_layers)
+    ]
+    parts.append((end([TOKEN_EMBD, head_name]), "the embedding", "embedding"))
+    parts.append((end([OUTPUT_NORM]), "the output norm", "output_norm"))
+    total, done = cfg.n_layers + 2, 0
+    for nbytes, what, part in sorted(parts, key=lambda p: p[0]):  # stable: file order, then model order
+        if ready is not None:
+            await ready(nbytes)
+        if part == "output_norm":
+            norms[OUTPUT_NORM] = f32(OUTPUT_NORM, "output_norm")
+            continue  # a small vector: no progress step of its own
+        if part == "embedding":
+            embedding_and_head()
+        else:
+            layers[part] = layer(part)
+        done += 1
+        if progress:
+            progress("upload", done, total)
+        await device.checkpoint(f"uploading {what}")
+        await asyncio.sleep(0)  # let the page repaint its progress bar
+    return ModelWeights(
+        [layers[i] for i in range(cfg.n_layers)], norms[OUTPUT_NORM], embeddings["token_embd"], embeddings["output"]
+    )

@@ -7,6 +7,7 @@ message handler while the running task awaits the GPU or the network).
 
 Memory: the model's bytes go network -> IndexedDB chunks (never one big JS buffer) -> one numpy
 array in wasm memory for `Engine.load_async`; after the upload the worker drops its reference.
+The engine loads while the chunks are read (stream.FileStream): reading and uploading overlap.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..shared.settings import speculate_option, to_engine_settings
 from .checkpoint_downloader import CheckpointDownloader, EngineMissingError, delete_entry
 from .downloader import ModelDownloader, testing_hooks
 from .store import CorruptEntryError, ModelStore
+from .stream import FileStream
 
 PROGRESS_EVERY_S = 0.1
 
@@ -88,6 +90,8 @@ class EngineWorker:
         if op == "cancel_load":
             if self.load_task is not None and not self.load_task.done():
                 self.cancel_requested = True
+                if self.reading is not None:  # the engine may be waiting for a chunk: end that now
+                    self.reading.fail(_cancelled())
             if self.downloader is not None:
                 self.downloader.cancel()
             return
@@ -214,6 +218,9 @@ class EngineWorker:
             meta, source = await self.downloader.ensure_cached(model)
             self._check_cancel()
             try:
+                if self._can_stream(meta):
+                    await self._stream_load(model, meta, source, emit)
+                    return
                 data = await self._read(meta, emit)
                 self._verify(meta, data, emit)
                 break
@@ -252,9 +259,51 @@ class EngineWorker:
             return
         await self._engine_load(meta, data, source, emit, offline_copy=offline_copy)
 
+    def _can_stream(self, meta: dict[str, Any]) -> bool:
+        """Whether the engine can load the entry while it is read (the header is known; an entry
+        cached by an older version without one, or a test skipping the engine, is read first)."""
+        return self.engine_module is not None and not testing_hooks().get("skipEngine") and bool(meta.get("header"))
+
+    async def _stream_load(self, model: dict[str, Any], meta: dict[str, Any], source: str, emit) -> None:
+        """Read the cached file and load it into the engine at the same time (stream.FileStream): the
+        engine parses the header once it is in and uploads each part as its bytes arrive. Progress
+        shows the read while it lasts (the upload keeps pace with it), then the upload's last steps."""
+        emit({"event": "header", "info": meta["header"]})
+        offline_copy = source == "network" and await _in_offline_copy(meta.get("url") or model.get("url") or "")
+        last = [0.0]
+
+        def chunk_in(done: int, total: int) -> None:
+            self._check_cancel()
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_EVERY_S or done == total:
+                last[0] = now
+                emit({"event": "progress", "phase": "read", "done": done, "total": total})
+
+        stream = FileStream(self._require_store(), meta, chunk_in)
+        self.reading = stream
+        self.last_read_timings = stream.timings  # for static/bench/load.html
+        emit({"event": "progress", "phase": "read", "done": 0, "total": stream.total})
+        stream.start()
+        try:
+            gguf = await _header_of(stream)
+            await self._engine_load(
+                meta, gguf, source, emit, offline_copy=offline_copy, ready=stream.wait, quiet=lambda: not stream.done
+            )
+        except Exception as e:
+            if e is not stream.failed and meta.get("sha256") and not isinstance(e, LoadCancelled):
+                # The engine refused bytes the whole-file check has not covered yet: a damaged or
+                # wrong file is deleted and fetched again (as when it was read first), so finish it.
+                failed = await stream.finish()
+                if isinstance(failed, CorruptEntryError):
+                    raise failed from None
+            raise
+        finally:
+            self.reading = None
+            await stream.close()
+
     def _check_cancel(self) -> None:
         if self.cancel_requested:
-            raise LoadCancelled("loading cancelled before the new model was ready")
+            raise _cancelled()
 
     async def _read(self, meta: dict[str, Any], emit) -> np.ndarray:
         total = int(meta["total"])
@@ -285,11 +334,24 @@ class EngineWorker:
             )
 
     async def _engine_load(
-        self, meta: dict[str, Any], data: Any, source: str, emit, offline_copy: bool = False
+        self,
+        meta: dict[str, Any],
+        data: Any,
+        source: str,
+        emit,
+        offline_copy: bool = False,
+        ready: Any = None,
+        quiet: Any = None,
     ) -> None:
         """Load into a new Engine beside the one in use, on the same GPU device, and swap only when
-        it is ready: a file that fails to parse or upload, or a Cancel, leaves the old model usable."""
+        it is ready: a file that fails to parse or upload, or a Cancel, leaves the old model usable.
+        `ready`: the file is still being read (Engine.load_async); while `quiet()` is true the
+        engine's progress is not posted (the read's is)."""
         from ...formats.gguf_reader import GGUFFile
+
+        def report(event: dict[str, Any]) -> None:
+            if quiet is None or not quiet():
+                emit(event)
 
         old = self.engine
         new = self.engine_module.Engine(**self.engine_options)
@@ -307,18 +369,18 @@ class EngineWorker:
             now = time.monotonic()
             if now - last[0] >= PROGRESS_EVERY_S or done >= total:
                 last[0] = now
-                emit({"event": "progress", "phase": phase, "done": int(done), "total": int(total)})
+                report({"event": "progress", "phase": phase, "done": int(done), "total": int(total)})
 
-        emit({"event": "progress", "phase": "parse", "done": 0, "total": 3})
+        report({"event": "progress", "phase": "parse", "done": 0, "total": 3})
         await asyncio.sleep(0)  # a Cancel sent during the download or read is handled here
         self._check_cancel()
         gguf = data if isinstance(data, GGUFFile) else GGUFFile.from_buffer(np.asarray(data, dtype=np.uint8))
         del data
-        emit({"event": "progress", "phase": "parse", "done": 1, "total": 3})
+        report({"event": "progress", "phase": "parse", "done": 1, "total": 3})
         await asyncio.sleep(float(hooks.get("parseDelayMs") or 0) / 1000)
         self._check_cancel()
         try:
-            await new.load_async(gguf, name=meta["name"], progress=progress)
+            await new.load_async(gguf, name=meta["name"], progress=progress, ready=ready)
             self._check_cancel()  # a Cancel that came during the last upload step
         except BaseException:
             with contextlib.suppress(Exception):
@@ -488,7 +550,13 @@ class EngineWorker:
         )
 
     loading_key: str | None = None
+    last_read_timings: dict[str, float] | None = None  # the last streamed load's read (FileStream.timings)
+    reading: FileStream | None = None  # the streamed load's reader while it runs
     dropped_tokens = 0  # completion mode: the oldest tokens left out of the last request (keep_recent)
+
+
+def _cancelled() -> LoadCancelled:
+    return LoadCancelled("loading cancelled before the new model was ready")
 
 
 def _error(kind: str, message: str, req_id: int | None) -> dict[str, Any]:
@@ -529,6 +597,27 @@ def _stats_dict(stats: Any) -> dict[str, Any]:
     if hasattr(stats, "as_dict"):
         return dict(stats.as_dict())
     return dict(stats)
+
+
+async def _header_of(stream: FileStream) -> Any:
+    """The GGUF header of a file being read, parsed once its bytes are in, over the whole buffer
+    (tensor data is used only after `stream.wait` says it is there)."""
+    from ...formats.gguf_reader import GGUFFile, parse_header
+
+    while True:
+        header = parse_header(stream.data[: stream.filled], stream.total)  # None: more bytes needed
+        if header is not None:
+            return GGUFFile(
+                stream.data,
+                version=header.version,
+                metadata=header.metadata,
+                tensors=header.tensors,
+                alignment=header.alignment,
+                data_offset=header.data_offset,
+                header_size=header.header_size,
+                total_size=stream.total,
+            )
+        await stream.wait(stream.filled + 1)
 
 
 def _header_from_bytes(data: np.ndarray) -> dict[str, Any]:

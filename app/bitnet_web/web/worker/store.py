@@ -26,6 +26,8 @@ the entry re-fetched instead of loading damaged weights.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import time
 from typing import Any
@@ -39,6 +41,7 @@ DB_NAME = "bitnet-web-models"
 DB_VERSION = 1
 META = "models"
 CHUNKS = "chunks"
+READ_AHEAD = 4  # chunks being read and hashed at once while loading (16 MB each by default)
 
 
 class StoreError(Exception):
@@ -255,41 +258,84 @@ class ModelStore:
             raise
         return meta
 
-    async def read_into(self, meta: dict[str, Any], out: Any, progress=None) -> None:
+    async def read_into(self, meta: dict[str, Any], out: Any, progress=None, timings: dict | None = None) -> None:
         """Copy every chunk of a complete entry into `out` (a writable uint8 buffer of meta's total
-        size), checking offsets, sizes and each chunk's SHA-256."""
+        size), checking offsets, sizes and each chunk's SHA-256. `progress(done, total)` is called
+        after each chunk is in `out` (chunks land in order); an exception it raises ends the read.
+
+        READ_AHEAD chunks are in flight at once, each fetched in its own transaction and hashed by
+        WebCrypto as soon as it arrives: IndexedDB's read, the hash and the copy into wasm memory
+        overlap instead of taking turns. `timings` (if given) gets the seconds this coroutine
+        waited for chunks (read + hash not yet done) and spent copying."""
         mv = memoryview(out).cast("B")
         total = int(meta["total"])
         if len(mv) != total:
             raise ValueError(f"output buffer has {len(mv)} bytes, the entry {total}")
-        offset = 0
-        for index in range(int(meta["chunks"])):
-            tx = self._db.transaction(CHUNKS, "readonly")
-            req = tx.objectStore(CHUNKS).get(js_obj([meta["key"], index]))
-            await _request(req, f"read chunk {index}")
-            rec = req.result
-            if rec is None or str(rec) == "undefined":
-                await self._raise_if_deleted(meta)
-                raise CorruptEntryError(f"chunk {index} of {meta['key']} is missing from browser storage")
-            size = int(rec.size)
-            if int(rec.offset) != offset or int(rec.data.byteLength) != size or offset + size > total:
-                raise CorruptEntryError(
-                    f"chunk {index} of {meta['key']} has offset {int(rec.offset)} and "
-                    f"{int(rec.data.byteLength)} bytes; expected offset {offset}"
-                )
-            digest = await sha256_hex(rec.data)
-            if digest != str(rec.sha256):
-                raise CorruptEntryError(
-                    f"chunk {index} of {meta['key']} (bytes {offset}-{offset + size - 1}) "
-                    "does not match its SHA-256: the stored copy is damaged"
-                )
-            js.Uint8Array.new(rec.data).assign_to(mv[offset : offset + size])
-            offset += size
-            del rec, req
-            if progress is not None:
-                progress(offset, total)
-        if offset != total:
-            raise CorruptEntryError(f"{meta['key']}: chunks hold {offset} bytes, the file has {total}")
+        n_chunks = int(meta["chunks"])
+        pending: collections.deque[asyncio.Task] = collections.deque()
+        wait_s = copy_s = 0.0
+
+        def fetch_next() -> None:
+            index = len(pending) + fetched[0]
+            if index < n_chunks:
+                pending.append(asyncio.ensure_future(self._fetch_chunk(meta["key"], index)))
+
+        fetched = [0]  # chunks taken from the front of `pending`
+        try:
+            for _ in range(min(READ_AHEAD, n_chunks)):
+                fetch_next()
+            offset = 0
+            for index in range(n_chunks):
+                t0 = time.perf_counter()
+                rec, digest = await pending.popleft()
+                fetched[0] += 1
+                fetch_next()
+                t1 = time.perf_counter()
+                if rec is None:
+                    await self._raise_if_deleted(meta)
+                    raise CorruptEntryError(f"chunk {index} of {meta['key']} is missing from browser storage")
+                size = int(rec.size)
+                if int(rec.offset) != offset or int(rec.data.byteLength) != size or offset + size > total:
+                    raise CorruptEntryError(
+                        f"chunk {index} of {meta['key']} has offset {int(rec.offset)} and "
+                        f"{int(rec.data.byteLength)} bytes; expected offset {offset}"
+                    )
+                if digest != str(rec.sha256):
+                    raise CorruptEntryError(
+                        f"chunk {index} of {meta['key']} (bytes {offset}-{offset + size - 1}) "
+                        "does not match its SHA-256: the stored copy is damaged"
+                    )
+                js.Uint8Array.new(rec.data).assign_to(mv[offset : offset + size])
+                offset += size
+                del rec
+                wait_s += t1 - t0
+                copy_s += time.perf_counter() - t1
+                if progress is not None:
+                    progress(offset, total)
+            if offset != total:
+                raise CorruptEntryError(f"{meta['key']}: chunks hold {offset} bytes, the file has {total}")
+        finally:
+            for task in pending:  # a failure or Cancel: the reads ahead are not wanted
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: a failed read ahead is not logged as unhandled
+                else:
+                    task.cancel()
+            if timings is not None:
+                timings["read_wait_s"] = timings.get("read_wait_s", 0.0) + wait_s
+                timings["read_copy_s"] = timings.get("read_copy_s", 0.0) + copy_s
+
+    async def _fetch_chunk(self, key: str, index: int) -> tuple[Any, str | None]:
+        """(record, SHA-256 of its data) of one stored chunk, or (None, None) if it is missing."""
+        tx = self._db.transaction(CHUNKS, "readonly")
+        req = tx.objectStore(CHUNKS).get(js_obj([key, index]))
+        await _request(req, f"read chunk {index}")
+        rec = req.result
+        if rec is None or str(rec) == "undefined":
+            return None, None
+        data = rec.data
+        if data is None or str(data) == "undefined" or not hasattr(data, "byteLength"):
+            return rec, None  # not an ArrayBuffer: reported as a size mismatch by the caller
+        return rec, await sha256_hex(data)
 
     async def _raise_if_deleted(self, meta: dict[str, Any]) -> None:
         """A missing chunk of an entry that is itself gone means a delete, not damage."""
