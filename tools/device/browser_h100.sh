@@ -15,6 +15,7 @@
 #   native     `python -m bitnet_web bench` (wgpu-py) on both models
 #   nbatch     tools/device/decode_batching.py (wgpu-py decode speed against the decode batching), both models
 #   load       static/bench/load.html: the synthetic model stored in IndexedDB, then loaded from there
+#              (3 loads at each read-ahead 4, 1, 8; per-phase times and the wasm heap)
 # The synthetic model is the one stage call 1 started writing into /opt/device-browser/synth.
 # Results: $OUT/summary.txt (tools/device/summarize.py, also printed) and $OUT/res.tgz (every page's JSON
 # and log, the /proc samples, the CPU time per phase, the nvidia-smi trace).
@@ -49,7 +50,7 @@ for step in "$@"; do
     overhead) page overhead '/bench/overhead.html?' 200 ;;
     decode) page decode_bundled '/bench/decode.html' 150; page decode_synth '/bench/decode.html?model=../synth.gguf' 240 ;;
     bench) page bench_bundled '/bench/?full=1' 150; page bench_synth '/bench/?full=1&model=../synth.gguf' 240 ;;
-    load) page load_synth '/bench/load.html?model=../synth.gguf' 240 ;;
+    load) page load_synth '/bench/load.html?model=../synth.gguf&runs=3&readahead=4,1,8' 300 ;;
     native)
       for m in synth bundled; do
         f=$M; [ $m = bundled ] && f=$BUNDLED

@@ -78,6 +78,8 @@ def bench(name: str, report: dict) -> None:
         "upload_s",
         "ready_s",
         "ready_s_runs",
+        "ready_s_by_read_ahead",
+        "read_s_by_read_ahead",
         "read_progress_s",
         "read_wait_s",
         "read_copy_s",
