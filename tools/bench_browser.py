@@ -104,7 +104,7 @@ def main() -> int:
     if args.no_replay:
         query.append("replay=0")
     if query:
-        url += "?" + "&".join(query)
+        url += ("&" if "?" in url else "?") + "&".join(query)
     from playwright.sync_api import sync_playwright
 
     chromium_own = EgressRecorder()
