@@ -1,5 +1,5 @@
 """The chat page's pure-Python policies (issue 16): completion-mode context trimming, allowed model
-hosts from the CSP, settings wording, reply notes."""
+hosts from the CSP, settings wording and switches, reply notes, prefill progress."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ import re
 import pytest
 
 from bitnet_web.web.shared import hosts
-from bitnet_web.web.shared.progress import cut_note, stats_line
+from bitnet_web.web.shared.progress import cut_note, progress_text, stats_line
 from bitnet_web.web.shared.prompts import keep_recent_tokens, reply_room
 from bitnet_web.web.shared.settings import (
     FIELDS,
+    Field,
     SettingsError,
     format_number,
     greedy,
+    parse_field,
     parse_form,
     parse_value,
     speculate_option,
@@ -122,3 +124,21 @@ def test_stats_line_counts_and_notes():
     assert cut_note({"stop_reason": "max_tokens"}, {"max_tokens": 8}, 512).startswith("cut at Max tokens (8)")
     assert "512" in cut_note({"stop_reason": "context_full"}, {"max_tokens": 8}, 512)
     assert cut_note({"stop_reason": "eos"}, {}, 512) == ""
+
+
+def test_a_switch_setting_parses_true_false_and_empty():
+    """A kind-bool Field (shown as a checkbox) reads "true"/"false"; empty is its default; other text
+    is refused naming the field."""
+    switch = Field("draft", "Speculative decoding", bool, False, 0, 1, "faster on repetitive text")
+    assert parse_field(switch, "true") is True and parse_field(switch, " False ") is False
+    assert parse_field(switch, "") is False
+    with pytest.raises(SettingsError, match="Speculative decoding: 'yes' is not true or false") as e:
+        parse_field(switch, "yes")
+    assert e.value.field == "draft"
+
+
+def test_prefill_progress_and_a_stop_before_the_first_token():
+    assert progress_text("prefill", 1024, 3000, None, None) == "Reading the prompt: 1,024 of 3,000 tokens"
+    line = stats_line({"n_generated": 0, "ttft_s": 0.0}, "aborted")
+    assert line == "0 tokens, stopped while reading the prompt", line
+    assert stats_line({"n_generated": 3, "ttft_s": 0.25}, "aborted").endswith("first token after 0.25 s, stopped")

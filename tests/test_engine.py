@@ -193,6 +193,37 @@ def test_long_prefill_chunks_with_a_short_logits_buffer(tiny_path, ref):
         engine.close()
 
 
+def test_prefill_reports_each_chunk_and_abort_ends_it_with_a_usable_cache(loaded, ref):
+    """on_prefill sees every chunk before the last as the GPU finishes it (the module engine's chunk
+    is 16); abort() there ends the turn with no token, and the rows already computed are valid: the
+    next request reuses them and still matches the reference."""
+    ids = (PROMPT * 10)[:70]  # 16, 32, 48, 64 queued, then the last 6 with the logits
+    seen: list[tuple[int, int]] = []
+    loaded.reset()
+    loaded.on_prefill = lambda done, total: seen.append((done, total))
+    try:
+        _, tokens = generate(loaded, GREEDY, tokens=ids, max_tokens=4)
+        assert seen == [(16, 70), (32, 70), (48, 70), (64, 70)]
+        assert_greedy(ref, ids, tokens)
+
+        def stop_at_32(done: int, total: int) -> None:
+            if done == 32:
+                loaded.abort()
+
+        loaded.reset()
+        loaded.on_prefill = stop_at_32
+        text, tokens = generate(loaded, GREEDY, tokens=ids, max_tokens=4)
+        assert (text, tokens) == ("", [])
+        assert loaded.last_stats.stop_reason == "aborted" and loaded.last_stats.n_generated == 0
+        cached = loaded.model.n_cached
+        assert 32 <= cached <= 48, cached  # at most the chunk queued behind the one it stopped after
+    finally:
+        loaded.on_prefill = None
+    _, tokens = generate(loaded, GREEDY, tokens=ids, max_tokens=4)
+    assert loaded.last_stats.n_reused_tokens == cached
+    assert_greedy(ref, ids, tokens)
+
+
 def test_sync_api_works_inside_a_running_event_loop(loaded):
     """Jupyter and async apps call the sync API from code a running loop drives, where
     run_until_complete refuses to start: the same tokens must come back there."""

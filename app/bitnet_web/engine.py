@@ -149,6 +149,9 @@ class Engine:
         self.chat_dropped_messages = 0  # set by encode_chat (the context policy)
         self._turn_tokens: tuple[Tokenizer | None, dict] = (None, {})  # encode_chat's token counts per turn
         self.last_stats = GenerationStats()
+        # Called as (prompt tokens done, prompt tokens to compute) each time the GPU finishes a
+        # prefill chunk before the last (the browser shows it); abort() then ends the prefill there.
+        self.on_prefill: Callable[[int, int], None] | None = None
         self._abort = False
         self._device_was_lost = False  # set when a GPU call reported the device gone (for the message)
         self._loop: asyncio.AbstractEventLoop | None = None  # runs the sync wrappers (generate, load, logits)
@@ -432,8 +435,8 @@ class Engine:
                     break
                 if stats.n_generated >= max_tokens:
                     break
-            else:  # the token source ran out: every cache row is used
-                stats.stop_reason = "context_full"
+            else:  # the token source ran out: every cache row is used, or abort() came during prefill
+                stats.stop_reason = "aborted" if self._abort else "context_full"
         finally:
             await tokens.aclose()
         if stats.stop_reason != "stop_string":
@@ -464,7 +467,9 @@ class Engine:
         caller appends each yielded token) is what the repetition penalty looks at; the caller takes
         at most `max_tokens`, so the GPU loop queues no step past them. `speculate` > 0: steps decoded on
         the GPU verify prompt-lookup drafts of up to that many tokens (model/decode.py)."""
-        logits = await model.prefill(new_ids)
+        logits = await model.prefill(new_ids, progress=self.on_prefill, stop=lambda: self._abort)
+        if logits is None:  # abort() while the prompt was read: no token
+            return
         first = sampler.sample(logits, history)
         yield first
         on_gpu = None

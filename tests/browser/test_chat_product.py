@@ -15,6 +15,7 @@ from browser_helpers import (
     install_gpu_counters,
     last_reply,
     load_custom,
+    load_option,
     model_info,
     needs_engine,
     notice,
@@ -23,6 +24,8 @@ from browser_helpers import (
     set_settings,
     set_test_hooks,
     start_load,
+    wait_settled,
+    worker_python,
 )
 
 pytestmark = [pytest.mark.browser, needs_engine]
@@ -87,6 +90,7 @@ def test_cancel_in_parse_and_upload_keeps_the_working_model(bundled, site, bundl
     page.click("#load")
     page.wait_for_selector("#progress[data-phase='parse']", state="attached", timeout=120_000)
     assert "Checking the model file" in page.text_content("#progress-text")
+    screenshot(page, "chat-load-parse-phase")
     page.click("#cancel-load")
     page.wait_for_function("() => document.getElementById('app').dataset.load === 'cancelled'", timeout=60_000)
     usable(page, key)
@@ -176,3 +180,76 @@ def test_settings_show_defaults_ranges_and_the_field_in_error(bundled):
     assert page.is_disabled("#system-prompt") and "no chat format" in page.text_content("#system-note")
     screenshot(page, "chat-settings-error")
     set_settings(page, GREEDY_FORM)
+
+
+RECORD_TEXTS = """(ids) => { window.seenTexts = []; for (const id of ids) {
+    const node = document.getElementById(id);
+    new MutationObserver(() => window.seenTexts.push([id, node.textContent]))
+        .observe(node, {childList: true, characterData: true, subtree: true}); } }"""
+
+
+def seen_texts(page, node_id: str, start: str) -> list[str]:
+    """The texts #node_id showed since record_texts, those starting with `start`, in order."""
+    texts = page.evaluate("() => window.seenTexts")
+    return [t for i, t in texts if i == node_id and t.startswith(start)]
+
+
+def test_every_load_phase_shows_its_progress(bundled, site, bundled_model):
+    page, key = bundled, site.url + bundled_model["url"]
+    page.evaluate(RECORD_TEXTS, ["progress-text"])
+    page.select_option("#model-select", key)
+    page.click("#load")
+    page.wait_for_selector("#progress[data-phase='upload']", state="attached", timeout=300_000)
+    screenshot(page, "chat-load-upload-phase")
+    assert wait_settled(page) == "loaded" and page.get_attribute("#app", "data-load") == "ok"
+    assert seen_texts(page, "progress-text", "Reading from browser storage"), "no progress while reading storage"
+    parse = seen_texts(page, "progress-text", "Checking the model file")
+    assert parse and "1 of 1" not in parse[-1], parse
+    upload = seen_texts(page, "progress-text", "Uploading to the GPU")
+    parts = [t.split("part ")[1].split(" (")[0].split(" of ") for t in upload]
+    assert parts[-1][0] == parts[-1][1] and upload[-1].endswith("(100%)"), upload
+    assert len(set(upload)) >= 2, f"the upload showed no progress before its end: {upload}"
+
+
+def test_a_long_prompt_shows_its_prefill_and_stop_ends_it(bundled, site, bundled_model):
+    page, key = bundled, site.url + bundled_model["url"]
+    set_settings(page, {**GREEDY_FORM, "max_tokens": "2"})
+    # chunks of 16 tokens: the ~300-token prompt is read in ~19 of them
+    worker_python(page, "from bitnet_web.web.worker import main as w\nw._worker.engine_options = {'prefill_chunk': 16}")
+    try:
+        assert load_option(page, key) == "loaded"
+        page.evaluate(RECORD_TEXTS, ["stats"])
+        page.fill("#prompt", CODE * 3)
+        page.press("#prompt", "Enter")
+        page.wait_for_function("() => /Reading the prompt: [0-9]/.test(document.getElementById('stats').textContent)")
+        screenshot(page, "chat-prefill-progress")
+        page.wait_for_function("() => document.getElementById('app').dataset.busy === '0'", timeout=300_000)
+        reply = last_reply(page)
+        assert reply["state"] == "done" and reply["pieces"] > 0, reply
+        read = seen_texts(page, "stats", "Reading the prompt: ")
+        counts = [int(t.split(": ")[1].split(" of ")[0].replace(",", "")) for t in read]
+        total = int(read[0].split(" of ")[1].split(" ")[0].replace(",", ""))
+        assert len(counts) >= 3 and counts == sorted(counts) and counts[0] == 16 and counts[-1] < total, read
+        assert all(c % 16 == 0 for c in counts), read
+        # Stop while the prompt is read: the turn ends after the chunk in progress, nothing generated
+        page.click("#new-chat")
+        page.evaluate(RECORD_TEXTS, ["stats"])
+        page.fill("#prompt", CODE * 3)
+        page.press("#prompt", "Enter")
+        page.wait_for_function("() => /Reading the prompt: [0-9]/.test(document.getElementById('stats').textContent)")
+        page.click("#stop")
+        assert "Stopping after this part of the prompt" in page.text_content("#status")
+        page.wait_for_function("() => document.getElementById('app').dataset.busy === '0'", timeout=300_000)
+        reply = last_reply(page)
+        assert reply["state"] == "aborted" and reply["pieces"] == 0, reply
+        assert "stopped while reading the prompt" in reply["stats"], reply
+        read = seen_texts(page, "stats", "Reading the prompt: ")
+        stopped_at = int(read[-1].split(": ")[1].split(" of ")[0].replace(",", ""))
+        assert stopped_at < total - 16, f"the whole prompt was read after Stop: {read}"
+        assert "Stopping" not in page.text_content("#status")
+        screenshot(page, "chat-prefill-stopped")
+        reply = send_and_wait(page, "import os\n")
+        assert reply["state"] == "done" and reply["pieces"] > 0, reply
+    finally:
+        worker_python(page, "from bitnet_web.web.worker import main as w\nw._worker.engine_options = {}")
+    assert load_option(page, key) == "loaded"

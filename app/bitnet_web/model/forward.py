@@ -23,6 +23,7 @@ then logits = token_embd @ output_norm(x) (tied F16 head, sharded by rows when l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,6 +81,7 @@ class BitNetModel(GPUDecodeLoop):
         self.cached_tokens: list[int] = []  # tokens whose K/V rows are in the cache, in order
         self.layers: list[LayerWeights] = []
         self._buffers: list[gpu.Buffer] = []
+        self._marks: list[gpu.Buffer] | None = None  # see _prefill_marks
         self.n_params = sum(info.n_elements for info in gguf.tensors.values())
         self.last_dispatches = self.last_passes = 0
 
@@ -299,7 +301,14 @@ class BitNetModel(GPUDecodeLoop):
         logits = raw.view(np.float32).reshape(rows, self.config.vocab_size)
         return logits if all_logits else logits[0]
 
-    async def prefill(self, token_ids: list[int], chunk: int | None = None, all_logits: bool = False) -> np.ndarray:
+    async def prefill(
+        self,
+        token_ids: list[int],
+        chunk: int | None = None,
+        all_logits: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> np.ndarray | None:
         """Run a prompt in chunks of at most `chunk` (default: max_tokens) rows; return the logits of
         its last token (vocab,), or of every token (n, vocab) with `all_logits`.
 
@@ -307,6 +316,11 @@ class BitNetModel(GPUDecodeLoop):
         submitted without waiting for it (queue order runs the chunks in sequence, and each chunk's
         token-id and StepParams uploads land after the previous chunk's submit), so Python records
         chunk i+1 while the GPU runs chunk i.
+
+        `progress(tokens done, len(token_ids))` is called as the GPU finishes each chunk before the
+        last, and then `stop()` is asked: True leaves the rest of the prompt out and returns None (the
+        finished chunks stay cached). To know a chunk finished, it copies 4 bytes into a small mapped
+        buffer that the host waits on once the next chunk is queued, so the GPU is still never idle.
         """
         if not token_ids:
             raise ValueError("prefill needs at least one token")
@@ -321,13 +335,42 @@ class BitNetModel(GPUDecodeLoop):
             )
         if self.n_cached + len(token_ids) > self.config.context_length:
             raise ValueError(f"context full: {self.n_cached} + {len(token_ids)} tokens > {self.config.context_length}")
+        watched = progress is not None or stop is not None
+        queued: list[tuple[gpu.Buffer, int]] = []  # (its finish mark, tokens done when it finishes)
         last = (len(token_ids) - 1) // chunk * chunk
-        for start in range(0, last, chunk):
+        for i, start in enumerate(range(0, last, chunk)):
             part = token_ids[start : start + chunk]
             self.device.upload(self.token_ids, 0, np.asarray(part, dtype=np.uint32))
-            self._record_step(len(part), all_logits=False, head=False).submit()
+            rec = self._record_step(len(part), all_logits=False, head=False)
+            if watched:
+                mark = self._prefill_marks()[i % 2]
+                rec.copy(self.token_ids, 0, mark, 0, 4)  # any 4 bytes the chunk has read
+                queued.append((mark, start + len(part)))
+            rec.submit()
             self.cached_tokens.extend(part)
+            # wait for the chunk before this one (its mark is then free for the chunk after this one)
+            while len(queued) > 1 or (queued and start + chunk >= last):
+                mark, done = queued.pop(0)
+                await self.device.read_staging(mark, 4)
+                if progress is not None:
+                    progress(done, len(token_ids))
+                if stop is not None and stop():
+                    await self._drain(queued)
+                    return None
         return await self.forward(token_ids[last:])
+
+    def _prefill_marks(self) -> list[gpu.Buffer]:
+        """Two small host-readable buffers a prefill chunk marks as finished (see prefill)."""
+        marks = self._marks
+        if marks is None:
+            marks = self._marks = [self.device.staging(16, f"prefill mark {i}") for i in range(2)]
+            self._buffers.extend(marks)
+        return marks
+
+    async def _drain(self, queued: list[tuple[gpu.Buffer, int]]) -> None:
+        """Wait for queued marks so none stays mapped-pending when the next prefill copies into it."""
+        while queued:
+            await self.device.read_staging(queued.pop(0)[0], 4)
 
     async def decode(self, token: int) -> np.ndarray:
         return await self.forward([token])

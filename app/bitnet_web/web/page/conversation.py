@@ -12,7 +12,7 @@ from typing import Any
 import js
 
 from ..shared.failures import describe
-from ..shared.progress import cut_note, stats_line
+from ..shared.progress import cut_note, progress_text, stats_line
 from ..shared.prompts import turn_request
 from .chat_shell import Shell
 from .dom import Listeners, append_text, clear, el, set_text
@@ -28,6 +28,7 @@ class Conversation:
         self.listeners = Listeners()
         self.messages: list[dict[str, str]] = []
         self.chat_id = 0  # New chat increments it: a reply that ends later belongs to a discarded chat
+        self.pieces: list[str] = []  # of the reply streaming now (none yet: the prompt is being read)
 
     def bind(self) -> None:
         n, on = self.shell.n, self.listeners.on
@@ -89,18 +90,24 @@ class Conversation:
             reply.setAttribute("data-pieces", str(len(pieces)))
             self._scroll()
 
+        def on_event(msg: dict[str, Any]) -> None:
+            if msg["event"] == "piece":
+                on_piece(msg["text"])
+            elif msg["event"] == "progress" and not pieces and chat_id == self.chat_id:  # a long prompt
+                set_text(n["stats"], progress_text(msg["phase"], int(msg["done"]), msg.get("total"), None, None))
+
         shell.generating = True
         shell.state(busy="1")
         shell.set_busy_controls()
         set_text(n["stats"], "Reading the prompt…")
-        on_event = lambda m: on_piece(m["text"]) if m["event"] == "piece" else None  # noqa: E731
+        self.pieces = pieces
         try:
             if kind == "complete":  # the worker keeps the most recent text that fits the context
                 result = await client.request(
                     "complete", on_event, prompt=request, settings=settings, keep_recent=True, latest_chars=len(text)
                 )
             else:
-                result = await client.chat(request, settings, on_piece)
+                result = await client.request("chat", on_event, messages=request, settings=settings)
         finally:
             shell.generating = False
             shell.state(busy="0")
@@ -154,7 +161,10 @@ class Conversation:
     def stop(self) -> None:
         if self.shell.generating and self.shell.client is not None:
             self.shell.client.abort()
-            self.shell.status("Stopping after the current token…")
+            # while the prompt is read, the GPU finishes the part of it that it is on
+            self.shell.status(
+                "Stopping after the current token…" if self.pieces else "Stopping after this part of the prompt…"
+            )
 
     def new_chat(self) -> None:
         shell = self.shell

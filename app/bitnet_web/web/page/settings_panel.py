@@ -25,6 +25,9 @@ class SettingsPanel:
         box = self.shell.n["settings-fields"]
         clear(box)
         for f in FIELDS:
+            if f.kind is bool:
+                box.append(self._switch(f))
+                continue
             attrs = {
                 "id": field_id(f),
                 "name": f.name,
@@ -51,13 +54,27 @@ class SettingsPanel:
             )
         self.shell.n["system-prompt"].value = DEFAULT_SYSTEM_PROMPT
 
+    def _switch(self, f: Field) -> Any:
+        attrs = {"id": field_id(f), "name": f.name, "type": "checkbox", "aria-describedby": field_id(f) + "-hint"}
+        if f.default:
+            attrs["checked"] = ""
+        return el(
+            "label",
+            cls="switch",
+            children=[
+                el("input", attrs=attrs),
+                el("span", f.label),
+                el("small", f.hint, cls="muted", attrs={"id": field_id(f) + "-hint"}),
+            ],
+        )
+
     def read(self) -> dict[str, Any] | None:
         """The settings as the worker takes them, or None after showing what is wrong."""
         inputs = {f.name: by_id(field_id(f)) for f in FIELDS}
         for node in inputs.values():
             node.removeAttribute("aria-invalid")
         try:
-            settings = parse_form({name: str(node.value) for name, node in inputs.items()})
+            settings = parse_form({f.name: _form_text(f, inputs[f.name]) for f in FIELDS})
         except SettingsError as e:
             set_text(self.shell.n["settings-error"], str(e))
             by_id("settings-panel").open = True
@@ -77,3 +94,9 @@ class SettingsPanel:
         note = "Not used: this model has no chat format, it continues your text." if completion else ""
         box.title = note
         set_text(self.shell.n["system-note"], note)
+
+
+def _form_text(f: Field, node: Any) -> str:
+    if f.kind is bool:
+        return "true" if node.checked else "false"
+    return str(node.value)

@@ -12,6 +12,7 @@ PHASE_LABELS = {
     "parse": "Parsing",
     "convert": "Converting the checkpoint",
     "upload": "Uploading to the GPU",
+    "prefill": "Reading the prompt",  # a generation's first phase: done, total are prompt tokens
 }
 
 
@@ -69,6 +70,8 @@ class RateMeter:
 def progress_text(phase: str, done: int, total: int | None, rate: float | None, eta: float | None) -> str:
     """One line such as "Downloading 12.0 MB of 1.2 GB (1%), 8.0 MB/s, 2 min 28 s left"."""
     label = PHASE_LABELS.get(phase, phase.capitalize())
+    if phase == "prefill":
+        return f"{label}: {done:,} of {total or done:,} tokens"
     if phase == "parse" and total and total < 100_000:
         return f"Checking the model file: step {done} of {total}"
     if phase == "upload" and total and total < 100_000:
@@ -101,10 +104,10 @@ def stats_line(stats: dict[str, Any], reason: str | None = None) -> str:
     if speed:
         parts.append(f"{float(speed):.1f} tok/s")
     ttft = stats.get("ttft_s")
-    if ttft is not None:
+    if ttft is not None and n != 0:
         parts.append(f"first token after {float(ttft):.2f} s")
     if reason == "aborted":
-        parts.append("stopped")
+        parts.append("stopped while reading the prompt" if n == 0 else "stopped")
     if stats.get("n_dropped_messages"):
         k = int(stats["n_dropped_messages"])
         parts.append(f"{k} oldest message{'' if k == 1 else 's'} left out to fit the context")

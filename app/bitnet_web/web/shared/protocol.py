@@ -12,20 +12,22 @@ Page -> worker: {"op": ..., "id": int, ...}
                 (a checkpoint folder also has format "hf" and maybe allow_lossy_ternarization: shared/checkpoints.py)
   cancel_load                            (the running load ends with error kind "cancelled", in any phase;
                                           the model loaded before stays loaded)
-  chat          messages, settings, id   -> piece*, done | error
+  chat          messages, settings, id   -> progress* (phase "prefill"), piece*, done | error
                 (settings: shared/settings.py FIELDS; "speculate" K > 0 drafts K tokens per step, or logs
                 that this engine cannot and generates without drafts)
-  complete      prompt, settings, id     -> piece*, done | error
+  complete      prompt, settings, id     -> progress* (phase "prefill"), piece*, done | error
                 keep_recent, latest_chars (optional: keep the most recent text that fits the context,
                 the last latest_chars characters being the new message; error kind "too_long" if it
                 alone does not fit)
-  abort                                  (the running generation ends after its current token)
+  abort                                  (the running generation ends after its current token, or while
+                                          the prompt is read, after its current prefill chunk)
   reset                                  (forget the KV cache)
 
 Worker -> page: {"event": ..., "id": int | None, ...}
   ready     engine_available, engine_error, gpu {available, adapter, features, error}
   models    entries [{key,name,url,total,stored,complete,updated}], estimate {usage, quota}
-  progress  phase ("download"|"read"|"verify"|"convert"|"parse"|"upload"), done, total, note
+  progress  phase ("download"|"read"|"verify"|"convert"|"parse"|"upload"; "prefill": prompt tokens
+            read of those to compute, after each prefill chunk but the last), done, total, note
   header    info (from the GGUF header: name, arch, n_params, file_size, context_length, ...)
   loaded    info (engine.info when the engine is present), source ("network"|"cache"), offline_copy
             (the "network" fetch was answered by the service worker's offline copy), key

@@ -13,9 +13,12 @@ from typing import Any, NamedTuple
 
 
 class Field(NamedTuple):
+    """One setting. A new one is one line in FIELDS: the Settings panel shows it (a number field, or a
+    checkbox for kind bool), parse_form reads it, and the worker gets it in the settings dict."""
+
     name: str
     label: str
-    kind: type
+    kind: type  # int, float or bool
     default: Any
     low: float
     high: float
@@ -62,10 +65,18 @@ def format_number(value: float) -> str:
 
 def parse_value(name: str, text: str) -> Any:
     """Parse one form value; empty means the default. Raises SettingsError naming the field."""
-    f = FIELDS_BY_NAME[name]
+    return parse_field(FIELDS_BY_NAME[name], text)
+
+
+def parse_field(f: Field, text: str) -> Any:
+    """`parse_value` for a given Field (a checkbox's value is "true" or "false")."""
     text = text.strip()
     if text == "":
         return f.default
+    if f.kind is bool:
+        if text.lower() not in ("true", "false"):
+            raise SettingsError(f"{f.label}: {text!r} is not true or false", f.name)
+        return text.lower() == "true"
     try:
         value = f.kind(float(text)) if f.kind is int else f.kind(text)
         if f.kind is int and float(text) != int(float(text)):

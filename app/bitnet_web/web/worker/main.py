@@ -314,6 +314,7 @@ class EngineWorker:
         last = [0.0]
 
         def progress(done: int, total: int) -> None:
+            self._check_cancel()  # Cancel while reading from browser storage
             now = time.monotonic()
             if now - last[0] >= PROGRESS_EVERY_S or done == total:
                 last[0] = now
@@ -488,6 +489,13 @@ class EngineWorker:
         settings = to_engine_settings(settings_dict, sampler.SamplerSettings)
         max_tokens = int(settings_dict.get("max_tokens") or 256)
         sent = 0
+
+        def prefill_progress(done: int, total: int) -> None:
+            self.post({"event": "progress", "id": req_id, "phase": "prefill", "done": done, "total": total})
+            if self.abort_requested:
+                self.engine.abort()  # a Stop that came before the engine cleared its flag: end the prefill
+
+        self.engine.on_prefill = prefill_progress
         try:
             async for piece in start(self.engine, settings, max_tokens):
                 if piece:
