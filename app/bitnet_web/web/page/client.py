@@ -132,22 +132,23 @@ class EngineClient:
         return result
 
     async def chat(
-        self, messages: list[dict[str, str]], settings: dict[str, Any], on_piece: Callable[[str], None]
+        self,
+        messages: list[dict[str, str]],
+        settings: dict[str, Any],
+        on_piece: Callable[[str], None],
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
-        return await self.request(
-            "chat",
-            lambda m: on_piece(m["text"]) if m["event"] == "piece" else None,
-            messages=messages,
-            settings=settings,
-        )
+        """A chat turn; `on_progress` gets the prompt's "progress" events (phase "prefill")."""
+        return await self.request("chat", _events(on_piece, on_progress), messages=messages, settings=settings)
 
-    async def complete(self, prompt: str, settings: dict[str, Any], on_piece: Callable[[str], None]) -> dict[str, Any]:
-        return await self.request(
-            "complete",
-            lambda m: on_piece(m["text"]) if m["event"] == "piece" else None,
-            prompt=prompt,
-            settings=settings,
-        )
+    async def complete(
+        self,
+        prompt: str,
+        settings: dict[str, Any],
+        on_piece: Callable[[str], None],
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        return await self.request("complete", _events(on_piece, on_progress), prompt=prompt, settings=settings)
 
     async def list_models(self) -> dict[str, Any]:
         return await self.request("list_models")
@@ -163,6 +164,18 @@ class EngineClient:
 
     def reset(self) -> None:
         self.send("reset")
+
+
+def _events(
+    on_piece: Callable[[str], None], on_progress: Callable[[dict[str, Any]], None] | None
+) -> Callable[[dict[str, Any]], None]:
+    def on_event(msg: dict[str, Any]) -> None:
+        if msg["event"] == "piece":
+            on_piece(msg["text"])
+        elif msg["event"] == "progress" and on_progress is not None:
+            on_progress(msg)
+
+    return on_event
 
 
 _shared: dict[str, EngineClient] = {}

@@ -173,6 +173,9 @@ class ModelPanel:
         shell.state(model="loading", source="", loads=str(self.load_count), load="running")
         shell.set_busy_controls()
         self.meter.reset()
+        n["progress"].value = 0  # not the last load's full bar and phase
+        n["progress"].removeAttribute("data-phase")
+        set_text(n["progress-text"], "Starting…")
         show(n["progress"])
         show(n["cancel-load"])
         shell.status(f"Loading {model['name']}…")

@@ -140,6 +140,7 @@ class _Widget:
             self.client.loaded = None  # the GPU went away while idle: the next request loads it again
 
     def _on_load_event(self, msg: dict[str, Any]) -> None:
+        """Progress of a load, or of reading a request's prompt (phase "prefill")."""
         if msg["event"] == "progress":
             set_text(self.status, progress_text(msg["phase"], int(msg["done"]), msg.get("total"), None, None))
 
@@ -168,10 +169,21 @@ class _Widget:
                 if not await self._ensure_model():
                     return
                 set_text(self.status, busy_text)
-                if op == "chat":
-                    result = await self.client.chat(payload, greedy(max_tokens), on_piece)
-                else:
-                    result = await self.client.complete(payload, greedy(max_tokens), on_piece)
+                # a long text is read in parts: the status counts its tokens until the first piece
+                reading = [False]
+
+                def on_progress(msg: dict[str, Any]) -> None:
+                    reading[0] = True
+                    self._on_load_event(msg)
+
+                def piece(text: str) -> None:
+                    if reading[0]:
+                        reading[0] = False
+                        set_text(self.status, busy_text)
+                    on_piece(text)
+
+                run = self.client.chat if op == "chat" else self.client.complete
+                result = await run(payload, greedy(max_tokens), piece, on_progress)
         finally:
             self.busy = False
             self._set_running(False)

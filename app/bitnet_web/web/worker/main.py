@@ -358,7 +358,6 @@ class EngineWorker:
         new = self.engine_module.Engine(**self.engine_options)
         if old is not None and old.device is not None:
             new.device = old.device  # Engine._load reuses a device that is not lost
-        last = [0.0]
         hooks = testing_hooks()  # browser tests: hold the parse phase, or Cancel at an upload step
 
         def progress(phase: str, done: int, total: int) -> None:
@@ -367,10 +366,8 @@ class EngineWorker:
             self._check_cancel()  # raised inside the engine's upload loop: it releases what it uploaded
             if phase == "parse":  # the engine's checks (config, tensors, tokenizer): steps 2-3 of 3
                 done, total = 1 + int(done), 3
-            now = time.monotonic()
-            if now - last[0] >= PROGRESS_EVERY_S or done >= total:
-                last[0] = now
-                report({"event": "progress", "phase": phase, "done": int(done), "total": int(total)})
+            # every step (a layer at most): a small model's whole upload can take less than PROGRESS_EVERY_S
+            report({"event": "progress", "phase": phase, "done": int(done), "total": int(total)})
 
         report({"event": "progress", "phase": "parse", "done": 0, "total": 3})
         await asyncio.sleep(0)  # a Cancel sent during the download or read is handled here
