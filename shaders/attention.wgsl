@@ -38,13 +38,15 @@
 //   0 params   uniform StepParams
 //   1 q        main: [T, HQ * HD] f32 (vec4), rotated queries;
 //              main_rope: qkv [1, (HQ + 2 * HKV) * HD] f32 (vec4), fused projection (q, k, v heads)
-//   2 k_cache  [capacity, HKV * HD] f32 (vec4) (read_write only for main_rope's append)
-//   3 v_cache  [capacity, HKV * HD] f32 (vec4)
+//   2 k_cache  [capacity, HKV * HD] f16 pairs in u32, KVWord per 4 values (_kv.wgsl; f32 with
+//              KV_F32) (read_write only for main_rope's append)
+//   3 v_cache  [capacity, HKV * HD] likewise
 //   4 out      SPLIT: partial acc [MAX_TOKENS_SPLIT, HQ, MAX_SPLITS, HD] f32; else [T, HQ * HD] f32
 //   5 stats    SPLIT: partial (m, l) [MAX_TOKENS_SPLIT, HQ, MAX_SPLITS] vec2<f32>; else not written
 //   6 table    main_rope: [n_positions, ROPE_DIM / 2] (cos, sin) pairs, read as vec4 (two pairs)
 
 ${STEP_PARAMS}
+//#include _kv
 
 const HQ: u32 = ${HQ};
 const HKV: u32 = ${HKV};
@@ -69,8 +71,8 @@ const NEG: f32 = -3.0e38;           // "minus infinity" that stays finite throug
 
 @group(0) @binding(0) var<uniform> params: StepParams;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> k_cache: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> v_cache: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> k_cache: array<KVWord>;
+@group(0) @binding(3) var<storage, read_write> v_cache: array<KVWord>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> stats: array<vec2<f32>>;
 @group(0) @binding(6) var<storage, read> table: array<vec4<f32>>;
@@ -158,7 +160,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         }
         qs[tid] = value;
     }
-    attend(tid, wid, w, false, vec4<f32>(0.0), vec4<f32>(0.0));
+    attend(tid, wid, w, false, kv_zero(), kv_zero());
 }
 
 @compute @workgroup_size(WG)
@@ -170,9 +172,10 @@ fn main_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) w
     let kvh = wid.y;
     let pos = params.pos;
     // Row pos of this KV head: every invocation computes its own column (all loads independent), so
-    // the tile loads can take it from registers instead of waiting for the cache write.
-    let new_k = rope_vec4((HQ + kvh) * C4, tid % C4, pos);
-    let new_v = q[(HQ + HKV + kvh) * C4 + tid % C4];
+    // the tile loads can take it from registers instead of waiting for the cache write. Packed as
+    // stored, so this step sees the row exactly as later steps will read it.
+    let new_k = kv_pack(rope_vec4((HQ + kvh) * C4, tid % C4, pos));
+    let new_v = kv_pack(q[(HQ + HKV + kvh) * C4 + tid % C4]);
     if (tid < NQ * C4) {
         qs[tid] = rope_vec4((kvh * G + tid / C4) * C4, tid % C4, pos) * SCALE;
     }
@@ -187,7 +190,7 @@ fn main_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) w
 // The tile walk shared by both entry points; qs must be written (the first barrier orders it).
 // With `has_new`, cache row pos is taken as (new_k, new_v) (this invocation's column) instead of
 // being loaded.
-fn attend(tid: u32, wid: vec3<u32>, w: Work, has_new: bool, new_k: vec4<f32>, new_v: vec4<f32>) {
+fn attend(tid: u32, wid: vec3<u32>, w: Work, has_new: bool, new_k: KVWord, new_v: KVWord) {
     let kvh = wid.y;
     let n_tokens = params.n_tokens;
     let pos = params.pos;
@@ -223,10 +226,10 @@ fn attend(tid: u32, wid: vec3<u32>, w: Work, has_new: bool, new_k: vec4<f32>, ne
 
     for (var tile = tile_begin; tile < tile_end; tile++) {
         base = tile * TILE;
-        ks[lr * KS_ROW + lc] = k_a;
-        ks[(lr + LOAD_ROWS) * KS_ROW + lc] = k_b;
-        vs[lr * C4 + lc] = v_a;
-        vs[(lr + LOAD_ROWS) * C4 + lc] = v_b;
+        ks[lr * KS_ROW + lc] = kv_unpack(k_a);
+        ks[(lr + LOAD_ROWS) * KS_ROW + lc] = kv_unpack(k_b);
+        vs[lr * C4 + lc] = kv_unpack(v_a);
+        vs[(lr + LOAD_ROWS) * C4 + lc] = kv_unpack(v_b);
         workgroupBarrier();
 
         // Issue the next tile's loads now; they land while this tile is computed.

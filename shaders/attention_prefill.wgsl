@@ -17,8 +17,9 @@
 // Bindings:
 //   0 params   uniform StepParams
 //   1 q        [T, HQ * HD] f32 (vec4), rotated queries
-//   2 k_cache  [capacity, HKV * HD] f32 (vec4), rows 0 .. pos + n_tokens - 1 written
-//   3 v_cache  [capacity, HKV * HD] f32 (vec4)
+//   2 k_cache  [capacity, HKV * HD] KVWord (_kv.wgsl: f16 pairs, or f32 with KV_F32), rows
+//              0 .. pos + n_tokens - 1 written
+//   3 v_cache  [capacity, HKV * HD] likewise
 //   4 out      [T, HQ * HD] f32 (vec4)
 //
 // Workgroup: WG = 16 * NQP / RQ threads. Query row qi = b * G + g is token t0 + b, head kvh * G + g
@@ -27,6 +28,7 @@
 // blocks with the most keys start first.
 
 ${STEP_PARAMS}
+//#include _kv
 
 const HQ: u32 = ${HQ};
 const HKV: u32 = ${HKV};
@@ -52,8 +54,8 @@ const NEG: f32 = -3.0e38;           // "minus infinity" that stays finite throug
 
 @group(0) @binding(0) var<uniform> params: StepParams;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k_cache: array<KVWord>;
+@group(0) @binding(3) var<storage, read> v_cache: array<KVWord>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 
 var<workgroup> qs: array<vec4<f32>, NQP * C4>;   // queries * SCALE [NQP, C4]
@@ -112,13 +114,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let kc{{i}} = kvh * C4 + (lid + {{i}}u * WG) % C4;
     let ks{{i}} = kr{{i}} * KS_ROW + (lid + {{i}}u * WG) % C4;
     var kreg{{i}} = k_cache[min(kr{{i}}, last_row) * KV_ROW4 + kc{{i}}];
-    var vreg{{i}} = vec4<f32>(0.0);
+    var vreg{{i}} = kv_zero();
 //#endfor
 
     for (var tile = 0u; tile < n_tiles; tile++) {
         let base = tile * TK;
 //#for i in KV_ITEMS
-        kv[ks{{i}}] = kreg{{i}};
+        kv[ks{{i}}] = kv_unpack(kreg{{i}});
 //#endfor
         workgroupBarrier();
         // The V rows load while the scores are computed.
@@ -175,7 +177,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 //#endfor
         // Every K read of this tile is done (barrier above): the V rows take their place.
 //#for i in KV_ITEMS
-        kv[ks{{i}}] = vreg{{i}};
+        kv[ks{{i}}] = kv_unpack(vreg{{i}});
 //#endfor
         workgroupBarrier();
 

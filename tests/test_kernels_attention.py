@@ -1,4 +1,9 @@
-"""RoPE + KV cache + attention kernels against numpy references (runs on lavapipe or any adapter)."""
+"""RoPE + KV cache + attention kernels against numpy references (runs on lavapipe or any adapter).
+
+The cache stores f16 by default (float32 with dtype="f32"): the references attend over K/V rounded
+the same way, so every path is held to float32 accumulation error; what the rounding itself costs
+is measured on whole models in tests/test_kv_cache_accuracy.py.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import pytest
 from bitnet_web import gpu  # noqa: E402
 from bitnet_web.kernels.attention import MAX_SPLITS, Attention, AttentionScratch, tile_rows  # noqa: E402
 from bitnet_web.kernels.common import StepParams  # noqa: E402
-from bitnet_web.kernels.kv_cache import KVCache, KVCacheFullError  # noqa: E402
+from bitnet_web.kernels.kv_cache import KV_DTYPES, KVCache, KVCacheFullError, kv_bytes_per_token  # noqa: E402
 from bitnet_web.kernels.rope import RopeKV, RopeTable  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -54,6 +59,11 @@ def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: int) -> np.n
 # --- helpers ------------------------------------------------------------------------------------------
 
 
+def as_stored(x: np.ndarray, dtype: str) -> np.ndarray:
+    """x as the cache holds it (rounded to f16 for dtype 'f16'), in float32."""
+    return x.astype(KV_DTYPES[dtype]).astype(np.float32)
+
+
 def read_f32(device, buffer, count: int, offset: int = 0) -> np.ndarray:
     return device.read_sync(buffer, offset * 4, count * 4).view(np.float32)
 
@@ -65,8 +75,16 @@ def f32_buffer(device, array: np.ndarray | None, n_floats: int, label: str):
     return buffer
 
 
+def split_qkv(qkv, n_heads, n_kv_heads, head_dim):
+    n_tokens = qkv.shape[0]
+    q = qkv[:, : n_heads * head_dim].reshape(n_tokens, n_heads, head_dim)
+    k = qkv[:, n_heads * head_dim : (n_heads + n_kv_heads) * head_dim].reshape(n_tokens, n_kv_heads, head_dim)
+    v = qkv[:, (n_heads + n_kv_heads) * head_dim :].reshape(n_tokens, n_kv_heads, head_dim)
+    return q, k, v
+
+
 class Layer:
-    """One layer's buffers and ops, as model.py will wire them."""
+    """One layer's buffers and ops, as model/forward.py wires them."""
 
     def __init__(
         self,
@@ -82,41 +100,30 @@ class Layer:
         theta=10000.0,
         style="neox",
         initial_capacity=256,
-        n_layers=1,
         fused=False,
+        dtype="f16",
     ):
         self.device = device
+        self.n_heads = n_heads
         self.params = StepParams(device)
-        self.cache = KVCache(device, n_layers, n_kv_heads, head_dim, max_context, initial_capacity)
+        self.cache = KVCache(device, 1, n_kv_heads, head_dim, max_context, initial_capacity, dtype=dtype)
         self.table = RopeTable(device, rope_dim or head_dim, theta, max_context)
         width = (n_heads + 2 * n_kv_heads) * head_dim
         self.qkv = f32_buffer(device, None, max_tokens * width, "qkv")
         self.q = f32_buffer(device, None, max_tokens * n_heads * head_dim, "q")
         self.out = f32_buffer(device, None, max_tokens * n_heads * head_dim, "attn out")
         self.rope = RopeKV(
-            kernels,
-            self.params,
-            self.cache,
-            0,
-            self.table,
-            self.qkv,
-            self.q,
-            n_heads=n_heads,
-            style=style,
+            kernels, self.params, self.cache, 0, self.table, self.qkv, self.q, n_heads=n_heads, style=style,
             max_tokens=max_tokens,
-        )
+        )  # fmt: skip
         self.fused = fused
-        self.attention = Attention(
-            kernels,
-            self.params,
-            self.cache,
-            0,
-            self.q,
-            self.out,
-            n_heads=n_heads,
-            max_tokens=max_tokens,
-            rope=self.rope if fused else None,
-        )
+        self.attention = self.make_attention(kernels, max_tokens, rope=self.rope if fused else None)
+
+    def make_attention(self, kernels, max_tokens, **options) -> Attention:
+        return Attention(
+            kernels, self.params, self.cache, 0, self.q, self.out, n_heads=self.n_heads, max_tokens=max_tokens,
+            **options,
+        )  # fmt: skip
 
     def step(self, qkv: np.ndarray, pos: int, *, run_attention=True, pass_pos=True) -> None:
         """One model step: RoPE + KV append + attention (with `fused`, all recorded by Attention)."""
@@ -131,53 +138,69 @@ class Layer:
             self.attention.record(recorder, n_tokens, pos if pass_pos else None)
         recorder.submit()
 
+    def attend(self, q, k, v, pos: int, *, attention=None, pass_pos=True) -> np.ndarray:
+        """Attention alone over cache rows k/v (uploaded in the cache's type) for queries q at `pos`;
+        `out` is NaN-filled first, so every row must be written. Returns [T, n_heads, head_dim]."""
+        self.cache.write_rows(0, 0, k, v)
+        self.device.upload(self.q, 0, np.ascontiguousarray(q, dtype=np.float32))
+        self.device.upload(self.out, 0, np.full(q.size, np.nan, dtype=np.float32))
+        self.params.write(q.shape[0], pos, self.cache.capacity)
+        recorder = self.device.begin()
+        (attention or self.attention).record(recorder, q.shape[0], pos if pass_pos else None)
+        recorder.submit()
+        return read_f32(self.device, self.out, q.size).reshape(q.shape)
 
-def split_qkv(qkv, n_heads, n_kv_heads, head_dim):
-    n_tokens = qkv.shape[0]
-    q = qkv[:, : n_heads * head_dim].reshape(n_tokens, n_heads, head_dim)
-    k = qkv[:, n_heads * head_dim : (n_heads + n_kv_heads) * head_dim].reshape(n_tokens, n_kv_heads, head_dim)
-    v = qkv[:, (n_heads + n_kv_heads) * head_dim :].reshape(n_tokens, n_kv_heads, head_dim)
+    def output(self, n_tokens: int) -> np.ndarray:
+        return read_f32(self.device, self.out, n_tokens * self.n_heads * self.cache.head_dim).reshape(
+            n_tokens, self.n_heads, self.cache.head_dim
+        )
+
+    def cache_rows(self, kind: str, first: int, n: int) -> np.ndarray:
+        """Rows first..first+n-1 of the K ('k') or V ('v') cache as float32 [n, n_kv_heads, head_dim]."""
+        cache = self.cache
+        buffer = (cache.k if kind == "k" else cache.v)[0]
+        raw = self.device.read_sync(buffer, first * cache.row_bytes, n * cache.row_bytes)
+        return raw.view(cache.np_dtype).astype(np.float32).reshape(n, cache.n_kv_heads, cache.head_dim)
+
+
+def random_qkv(rng, n_tokens, rows, n_heads, n_kv_heads, head_dim, dtype, k_scale=2.0, q_scale=1.0):
+    """Queries [T, Hq, D] and cache rows K, V [rows, Hkv, D] (K, V as the cache stores them)."""
+    k = as_stored(rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32) * k_scale, dtype)
+    v = as_stored(rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32), dtype)
+    q = rng.standard_normal((n_tokens, n_heads, head_dim)).astype(np.float32) * q_scale
     return q, k, v
 
 
 # --- RoPE -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
 @pytest.mark.parametrize("style", ["neox", "interleaved"])
-@pytest.mark.parametrize("head_dim, rope_dim", [(64, 64), (128, 128), (64, 32)])
+@pytest.mark.parametrize("head_dim, rope_dim", [(64, 64), (128, 128), (64, 32), (64, 20)])
 @pytest.mark.parametrize("pos", [0, 3995])
-def test_rope_kv_matches_reference(device, kernels, style, head_dim, rope_dim, pos):
+def test_rope_kv_matches_reference(device, kernels, style, head_dim, rope_dim, pos, dtype):
     n_heads, n_kv_heads, n_tokens, theta = 4, 2, 5, 500000.0
     rng = np.random.default_rng(head_dim + rope_dim + pos)
     layer = Layer(
-        device,
-        kernels,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        head_dim=head_dim,
-        max_tokens=8,
-        max_context=4000,
-        rope_dim=rope_dim,
-        theta=theta,
-        style=style,
-        initial_capacity=16,
-    )
+        device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=8, max_context=4000,
+        rope_dim=rope_dim, theta=theta, style=style, initial_capacity=16, dtype=dtype,
+    )  # fmt: skip
     qkv = rng.standard_normal((n_tokens, (n_heads + 2 * n_kv_heads) * head_dim)).astype(np.float32)
     layer.step(qkv, pos, run_attention=False)
 
     q, k, v = split_qkv(qkv, n_heads, n_kv_heads, head_dim)
     positions = np.arange(pos, pos + n_tokens)
-    # f32 angles differ from float64 ones by ~position * 6e-8 rad.
+    # f32 angles differ from float64 ones by ~position * 6e-8 rad; f16 rounds to 2^-11 relative.
     atol = 2e-6 + 1.5e-7 * (pos + n_tokens)
+    k_rtol = 1e-5 if dtype == "f32" else 2.0**-10
     got_q = read_f32(device, layer.q, q.size).reshape(q.shape)
     np.testing.assert_allclose(got_q, ref_rope(q, positions, rope_dim, theta, style), atol=atol, rtol=1e-5)
-    row = head_dim * n_kv_heads
-    got_k = read_f32(device, layer.cache.k[0], n_tokens * row, pos * row).reshape(k.shape)
-    got_v = read_f32(device, layer.cache.v[0], n_tokens * row, pos * row).reshape(v.shape)
-    np.testing.assert_allclose(got_k, ref_rope(k, positions, rope_dim, theta, style), atol=atol, rtol=1e-5)
-    np.testing.assert_array_equal(got_v, v)
+    got_k = layer.cache_rows("k", pos, n_tokens)
+    np.testing.assert_allclose(got_k, ref_rope(k, positions, rope_dim, theta, style), atol=atol, rtol=k_rtol)
+    np.testing.assert_array_equal(layer.cache_rows("v", pos, n_tokens), as_stored(v, dtype))
     if rope_dim < head_dim:  # the unrotated tail is copied bit for bit
         np.testing.assert_array_equal(got_q[..., rope_dim:], q[..., rope_dim:])
+        np.testing.assert_array_equal(got_k[..., rope_dim:], as_stored(k[..., rope_dim:], dtype))
 
 
 def test_rope_styles_differ(device, kernels):
@@ -201,35 +224,23 @@ GQA_SHAPES = [  # (n_heads, n_kv_heads, head_dim): query heads per KV head 1, 2,
     (10, 2, 64),
     (10, 2, 128),
 ]
+# Every path over the f16 cache (decode split / direct, prefill split for few tokens, tiled prefill),
+# and the float32 cache on a few of them.
+ATTENTION_CASES = [
+    (*shape, n_tokens, pos, "f16") for shape in GQA_SHAPES for n_tokens in (1, 5, 33) for pos in (0, 7, 300)
+] + [(4, 2, 128, n_tokens, pos, "f32") for n_tokens, pos in ((1, 300), (5, 7), (33, 300))]
 
 
-@pytest.mark.parametrize("n_heads, n_kv_heads, head_dim", GQA_SHAPES)
-@pytest.mark.parametrize("n_tokens", [1, 5, 33])
-@pytest.mark.parametrize("pos", [0, 7, 300])
-def test_attention_matches_reference(device, kernels, n_heads, n_kv_heads, head_dim, n_tokens, pos):
+@pytest.mark.parametrize("n_heads, n_kv_heads, head_dim, n_tokens, pos, dtype", ATTENTION_CASES)
+def test_attention_matches_reference(device, kernels, n_heads, n_kv_heads, head_dim, n_tokens, pos, dtype):
     rng = np.random.default_rng(n_heads * 1000 + n_tokens * 10 + pos)
     rows = pos + n_tokens
     layer = Layer(
-        device,
-        kernels,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        head_dim=head_dim,
-        max_tokens=33,
-        max_context=512,
-        initial_capacity=rows,
-    )
-    k = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32) * 2.0
-    v = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32)
-    q = rng.standard_normal((n_tokens, n_heads, head_dim)).astype(np.float32)
-    device.upload(layer.cache.k[0], 0, k)
-    device.upload(layer.cache.v[0], 0, v)
-    device.upload(layer.q, 0, q)
-    layer.params.write(n_tokens, pos, layer.cache.capacity)
-    recorder = device.begin()
-    layer.attention.record(recorder, n_tokens, pos)
-    recorder.submit()
-    got = read_f32(device, layer.out, q.size).reshape(q.shape)
+        device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=33, max_context=512,
+        initial_capacity=rows, dtype=dtype,
+    )  # fmt: skip
+    q, k, v = random_qkv(rng, n_tokens, rows, n_heads, n_kv_heads, head_dim, dtype)
+    got = layer.attend(q, k, v, pos)
     np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
 
 
@@ -242,23 +253,15 @@ def test_prefill_attention_variants_match_reference(device, kernels, n_heads, n_
     rng = np.random.default_rng(n_heads + head_dim + len(str(config)))
     rows = pos + n_tokens
     layer = Layer(
-        device,
-        kernels,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        head_dim=head_dim,
-        max_tokens=n_tokens,
-        max_context=256,
-        initial_capacity=rows,
-    )
+        device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=n_tokens,
+        max_context=256, initial_capacity=rows,
+    )  # fmt: skip
     options = (
         {"tiled_prefill": False}
         if config == "legacy"
         else {"prefill_query_rows": config[0], "prefill_rows_per_thread": config[1]}
     )
-    attention = Attention(
-        kernels, layer.params, layer.cache, 0, layer.q, layer.out, n_heads=n_heads, max_tokens=n_tokens, **options
-    )
+    attention = layer.make_attention(kernels, n_tokens, **options)
     if (
         config != "legacy"
         and config[0] == 32
@@ -267,87 +270,53 @@ def test_prefill_attention_variants_match_reference(device, kernels, n_heads, n_
     ):
         pytest.skip("32 query rows of head_dim 128 need 37888 bytes of workgroup memory")
     assert (attention.tiled is None) == (config == "legacy")
-    k = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32) * 2.0
-    v = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32)
-    q = rng.standard_normal((n_tokens, n_heads, head_dim)).astype(np.float32)
-    for buffer, array in ((layer.cache.k[0], k), (layer.cache.v[0], v), (layer.q, q)):
-        device.upload(buffer, 0, array)
-    device.upload(layer.out, 0, np.full(q.size, np.nan, dtype=np.float32))  # every row must be written
-    layer.params.write(n_tokens, pos, layer.cache.capacity)
-    recorder = device.begin()
-    attention.record(recorder, n_tokens, pos)
-    recorder.submit()
-    got = read_f32(device, layer.out, q.size).reshape(q.shape)
+    q, k, v = random_qkv(rng, n_tokens, rows, n_heads, n_kv_heads, head_dim, "f16")
+    got = layer.attend(q, k, v, pos, attention=attention)
     np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
 
 
-def test_attention_sharp_scores_stay_finite(device, kernels):
+@pytest.mark.parametrize("n_tokens", [3, 1])  # prefill path, split decode path
+def test_attention_sharp_scores_stay_finite(device, kernels, n_tokens):
     """Large logits: the online softmax must subtract the running max (a naive exp overflows)."""
-    n_heads, n_kv_heads, head_dim, n_tokens, pos = 2, 1, 64, 3, 90
+    n_heads, n_kv_heads, head_dim, pos = 2, 1, 64, 90
     rng = np.random.default_rng(5)
     rows = pos + n_tokens
     layer = Layer(
-        device,
-        kernels,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        head_dim=head_dim,
-        max_tokens=4,
-        max_context=128,
+        device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=4, max_context=128,
         initial_capacity=128,
-    )
-    k = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32) * 12.0
-    v = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32)
-    q = rng.standard_normal((n_tokens, n_heads, head_dim)).astype(np.float32) * 12.0
-    for buffer, array in ((layer.cache.k[0], k), (layer.cache.v[0], v), (layer.q, q)):
-        device.upload(buffer, 0, array)
-    for t_count in (n_tokens, 1):  # prefill path, then the split decode path
-        layer.params.write(t_count, pos, layer.cache.capacity)
-        recorder = device.begin()
-        layer.attention.record(recorder, t_count, pos)
-        recorder.submit()
-        got = read_f32(device, layer.out, t_count * n_heads * head_dim).reshape(t_count, n_heads, head_dim)
-        assert np.isfinite(got).all()
-        np.testing.assert_allclose(got, ref_attention(q[:t_count], k, v, pos), atol=1e-4, rtol=1e-3)
+    )  # fmt: skip
+    q, k, v = random_qkv(rng, n_tokens, rows, n_heads, n_kv_heads, head_dim, "f16", k_scale=12.0, q_scale=12.0)
+    got = layer.attend(q, k, v, pos)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=1e-4, rtol=1e-3)
+
+
+def long_context_layer(device, kernels, dtype="f16", **options) -> Layer:
+    """2B-4T attention shapes (20 query heads, 5 KV heads, head_dim 128), one decoded token, context 4096."""
+    return Layer(
+        device, kernels, n_heads=20, n_kv_heads=5, head_dim=128, max_tokens=1, max_context=4096,
+        initial_capacity=4096, dtype=dtype, **options,
+    )  # fmt: skip
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pass_pos", [True, False])
-def test_long_context_decode_split(device, kernels, pass_pos):
-    """2B-4T shapes (20 query heads, 5 KV heads, head_dim 128) at position ~2000: more tiles than splits,
-    so each split workgroup walks two tiles, then the combine merges 63 partials.
+@pytest.mark.parametrize("pass_pos, dtype", [(True, "f16"), (False, "f16"), (True, "f32")])
+def test_long_context_decode_split(device, kernels, pass_pos, dtype):
+    """At position ~2000: more tiles than splits, so each split workgroup walks two tiles, then the
+    combine merges 63 partials.
 
     Without `pos` the dispatch covers the whole capacity and the surplus workgroups must not matter.
     """
-    n_heads, n_kv_heads, head_dim, pos = 20, 5, 128, 2011
+    pos = 2011
     rng = np.random.default_rng(2011)
-    rows = pos + 1
-    layer = Layer(
-        device,
-        kernels,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        head_dim=head_dim,
-        max_tokens=1,
-        max_context=4096,
-        initial_capacity=4096,
-    )
-    k = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32)
-    v = rng.standard_normal((rows, n_kv_heads, head_dim)).astype(np.float32)
+    layer = long_context_layer(device, kernels, dtype)
+    q, k, v = random_qkv(rng, 1, pos + 1, 20, 5, 128, dtype, k_scale=1.0)
     # Make a few distant rows dominate some heads, so every tile's partial matters in the combine.
-    q = rng.standard_normal((1, n_heads, head_dim)).astype(np.float32)
     for row in (3, 700, 1999):
-        k[row, 1] = q[0, 5] * 0.4
-    device.upload(layer.cache.k[0], 0, k)
-    device.upload(layer.cache.v[0], 0, v)
-    device.upload(layer.q, 0, q)
-    layer.params.write(1, pos, layer.cache.capacity)
-    recorder = device.begin()
-    layer.attention.record(recorder, 1, pos if pass_pos else None)
-    recorder.submit()
-    got = read_f32(device, layer.out, q.size).reshape(q.shape)
+        k[row, 1] = as_stored(q[0, 5] * 0.4, dtype)
+    got = layer.attend(q, k, v, pos, pass_pos=pass_pos)
     np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
-    assert -(-rows // tile_rows(head_dim)) > MAX_SPLITS
+    assert -(-(pos + 1) // tile_rows(128)) > MAX_SPLITS
 
 
 @pytest.mark.slow
@@ -358,37 +327,19 @@ def test_long_context_decode_with_fused_rope(device, kernels, style, pass_pos):
     k and plain v of row pos to the cache, and attends over the 2011 earlier rows plus that one."""
     n_heads, n_kv_heads, head_dim, pos, theta = 20, 5, 128, 2011, 500000.0
     rng = np.random.default_rng(11)
-    layer = Layer(
-        device,
-        kernels,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        head_dim=head_dim,
-        max_tokens=1,
-        max_context=4096,
-        theta=theta,
-        style=style,
-        initial_capacity=4096,
-        fused=True,
-    )
-    k = rng.standard_normal((pos + 1, n_kv_heads, head_dim)).astype(np.float32)
-    v = rng.standard_normal((pos + 1, n_kv_heads, head_dim)).astype(np.float32)
-    device.upload(layer.cache.k[0], 0, k[:pos])
-    device.upload(layer.cache.v[0], 0, v[:pos])
+    layer = long_context_layer(device, kernels, theta=theta, style=style, fused=True)
+    _, k, v = random_qkv(rng, 0, pos + 1, n_heads, n_kv_heads, head_dim, "f16", k_scale=1.0)
+    layer.cache.write_rows(0, 0, k[:pos], v[:pos])
     qkv = rng.standard_normal((1, (n_heads + 2 * n_kv_heads) * head_dim)).astype(np.float32)
     q_new, k_new, v_new = split_qkv(qkv, n_heads, n_kv_heads, head_dim)
-    k[pos] = ref_rope(k_new, np.array([pos]), head_dim, theta, style)[0]
-    v[pos] = v_new[0]
+    k[pos] = as_stored(ref_rope(k_new, np.array([pos]), head_dim, theta, style)[0], "f16")
+    v[pos] = as_stored(v_new[0], "f16")
     layer.step(qkv, pos, pass_pos=pass_pos)
     q_rot = ref_rope(q_new, np.array([pos]), head_dim, theta, style)
-    got = read_f32(device, layer.out, n_heads * head_dim).reshape(1, n_heads, head_dim)
-    np.testing.assert_allclose(got, ref_attention(q_rot, k, v, pos), atol=5e-5, rtol=1e-3)
-    row = n_kv_heads * head_dim
-    got_k = read_f32(device, layer.cache.k[0], row, pos * row).reshape(n_kv_heads, head_dim)
-    np.testing.assert_allclose(got_k, k[pos], atol=5e-4, rtol=1e-4)  # f32 table vs float64 angles
-    np.testing.assert_array_equal(
-        read_f32(device, layer.cache.v[0], row, pos * row).reshape(n_kv_heads, head_dim), v[pos]
-    )
+    np.testing.assert_allclose(layer.output(1), ref_attention(q_rot, k, v, pos), atol=5e-5, rtol=1e-3)
+    # f32 table vs float64 angles, then one f16 rounding
+    np.testing.assert_allclose(layer.cache_rows("k", pos, 1)[0], k[pos], atol=5e-4, rtol=2.0**-10)
+    np.testing.assert_array_equal(layer.cache_rows("v", pos, 1)[0], v[pos])
 
 
 # --- the chain and the cache ----------------------------------------------------------------------------
@@ -396,7 +347,8 @@ def test_long_context_decode_with_fused_rope(device, kernels, style, pass_pos):
 
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("style, rope_dim", [("neox", 64), ("interleaved", 64), ("neox", 32)])
-def test_prefill_then_decode_with_cache_growth(device, kernels, style, rope_dim, fused):
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+def test_prefill_then_decode_with_cache_growth(device, kernels, style, rope_dim, fused, dtype):
     """RopeKV + Attention in one recorder (or RoPE fused into the decode kernel): a 13-token prefill,
     then decode steps that grow the cache from 16 rows through 32 to 64; the rows written before each
     growth must survive the copy, and the rebound ops must use the new buffers."""
@@ -404,43 +356,36 @@ def test_prefill_then_decode_with_cache_growth(device, kernels, style, rope_dim,
     rng = np.random.default_rng(7)
     width = (n_heads + 2 * n_kv_heads) * head_dim
     layer = Layer(
-        device,
-        kernels,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        head_dim=head_dim,
-        max_tokens=13,
-        max_context=100,
-        rope_dim=rope_dim,
-        theta=theta,
-        style=style,
-        initial_capacity=16,
-        fused=fused,
-    )
+        device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=13, max_context=100,
+        rope_dim=rope_dim, theta=theta, style=style, initial_capacity=16, fused=fused, dtype=dtype,
+    )  # fmt: skip
     all_qkv = rng.standard_normal((40, width)).astype(np.float32)
     q, k, v = split_qkv(all_qkv, n_heads, n_kv_heads, head_dim)
     positions = np.arange(40)
     q_rot = ref_rope(q, positions, rope_dim, theta, style)
-    k_rot = ref_rope(k, positions, rope_dim, theta, style)
+    k_rot = as_stored(ref_rope(k, positions, rope_dim, theta, style), dtype)
+    v = as_stored(v, dtype)
+    # The GPU's f32 rotation may round a key to the neighbouring f16 value (a ~1e-4 relative change
+    # of a few keys moves outputs by ~1e-5).
+    atol = 3e-5 if dtype == "f32" else 6e-5
 
     layer.step(all_qkv[:13], 0)
-    got = read_f32(device, layer.out, 13 * n_heads * head_dim).reshape(13, n_heads, head_dim)
-    np.testing.assert_allclose(got, ref_attention(q_rot[:13], k_rot, v, 0), atol=3e-5, rtol=1e-4)
+    np.testing.assert_allclose(layer.output(13), ref_attention(q_rot[:13], k_rot, v, 0), atol=atol, rtol=1e-4)
 
     capacities = set()
     for p in range(13, 40):
         layer.step(all_qkv[p : p + 1], p, pass_pos=p % 2 == 0)
         capacities.add(layer.cache.capacity)
-        got = read_f32(device, layer.out, n_heads * head_dim).reshape(1, n_heads, head_dim)
         np.testing.assert_allclose(
-            got, ref_attention(q_rot[p : p + 1], k_rot, v, p), atol=3e-5, rtol=1e-4, err_msg=f"decode at position {p}"
-        )
+            layer.output(1), ref_attention(q_rot[p : p + 1], k_rot, v, p), atol=atol, rtol=1e-4,
+            err_msg=f"decode at position {p}",
+        )  # fmt: skip
     assert capacities == {16, 32, 64}
     assert layer.attention.fused_rope == fused
-    row = n_kv_heads * head_dim
     np.testing.assert_allclose(
-        read_f32(device, layer.cache.k[0], 40 * row).reshape(40, n_kv_heads, head_dim), k_rot, atol=1e-5, rtol=1e-5
+        layer.cache_rows("k", 0, 40), k_rot, atol=1e-5, rtol=1e-5 if dtype == "f32" else 2.0**-10
     )
+    np.testing.assert_array_equal(layer.cache_rows("v", 0, 40), v)
 
 
 def test_cache_growth_stops_at_context_length(device):
@@ -450,6 +395,15 @@ def test_cache_growth_stops_at_context_length(device):
     assert not cache.ensure_capacity(40)
     with pytest.raises(KVCacheFullError, match="41 tokens exceed the model's context length of 40"):
         cache.ensure_capacity(41)
+
+
+def test_f16_cache_takes_half_the_memory(device):
+    shape = dict(n_layers=2, n_kv_heads=5, head_dim=128, max_context=64, initial_capacity=64)
+    f16, f32 = KVCache(device, **shape, dtype="f16"), KVCache(device, **shape, dtype="f32")
+    assert 2 * f16.k[0].nbytes == f32.k[0].nbytes == 64 * 5 * 128 * 4
+    assert kv_bytes_per_token(2, 5, 128) == 2 * f16.row_bytes * 2 == kv_bytes_per_token(2, 5, 128, "f32") // 2
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        KVCache(device, **shape, dtype="bf16")
 
 
 # --- bad shapes -------------------------------------------------------------------------------------------

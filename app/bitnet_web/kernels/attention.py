@@ -70,7 +70,8 @@ class Attention:
 
     q   [max_tokens, n_heads * head_dim] f32 (rotated, from RopeKV)
     out [max_tokens, n_heads * head_dim] f32
-    K/V from `cache.k[layer]`, `cache.v[layer]`, rows 0 .. pos + n_tokens - 1 already written.
+    K/V from `cache.k[layer]`, `cache.v[layer]` (f16 or f32: `cache.defines`), rows 0 .. pos + n_tokens - 1
+    already written.
 
     With `rope` (the layer's RopeKV, writing into `q`), `record` runs the rotation too: for one token
     fused into the attention kernel (reading rope.qkv; one dispatch fewer), otherwise as rope's own
@@ -159,16 +160,19 @@ class Attention:
             ROPE_DIM=rope.table.rope_dim if rope is not None else head_dim,
             NEOX=rope.style == "neox" if rope is not None else True,
         )
-        self.prefill_pipeline = kernels.pipeline("attention", BQ=self.block_tokens, SPLIT=False, **shape)
+        kv = cache.defines  # the cache's element type (shaders/_kv.wgsl)
+        self.prefill_pipeline = kernels.pipeline("attention", defines=kv, BQ=self.block_tokens, SPLIT=False, **shape)
         self.tiled = None  # (pipeline, tokens per workgroup) of attention_prefill.wgsl, when it fits
         if tiled_prefill:
             self.tiled = _tiled_prefill_pipeline(
-                kernels, shape, group, prefill_query_rows, prefill_rows_per_thread or PREFILL_ROWS_PER_THREAD
+                kernels, shape, kv, group, prefill_query_rows, prefill_rows_per_thread or PREFILL_ROWS_PER_THREAD
             )
-        self.split_pipeline = kernels.pipeline("attention", BQ=1, SPLIT=True, **shape)
+        self.split_pipeline = kernels.pipeline("attention", defines=kv, BQ=1, SPLIT=True, **shape)
         if self.fused_rope:
-            self.rope_split_pipeline = kernels.pipeline("attention", "main_rope", BQ=1, SPLIT=True, **shape)
-            self.rope_direct_pipeline = kernels.pipeline("attention", "main_rope", BQ=1, SPLIT=False, **shape)
+            self.rope_split_pipeline = kernels.pipeline("attention", "main_rope", defines=kv, BQ=1, SPLIT=True, **shape)
+            self.rope_direct_pipeline = kernels.pipeline(
+                "attention", "main_rope", defines=kv, BQ=1, SPLIT=False, **shape
+            )
         self.combine_pipeline = kernels.pipeline(
             "attention_combine",
             STEP_PARAMS=STEP_PARAMS_WGSL,
@@ -243,7 +247,12 @@ class Attention:
 
 
 def _tiled_prefill_pipeline(
-    kernels: KernelCache, shape: dict, group: int, query_rows: int | None, rows_per_thread: int
+    kernels: KernelCache,
+    shape: dict,
+    defines: tuple[str, ...],
+    group: int,
+    query_rows: int | None,
+    rows_per_thread: int,
 ) -> tuple[gpu.Pipeline, int] | None:
     """attention_prefill.wgsl's pipeline and tokens per workgroup for these shapes, or None where it
     does not apply (head_dim not a multiple of 64, more query heads per KV head than rows, or too
@@ -267,6 +276,7 @@ def _tiled_prefill_pipeline(
         keep = ("STEP_PARAMS", "HQ", "HKV", "HD", "SCALE")
         pipeline = kernels.pipeline(
             "attention_prefill",
+            defines=defines,
             BQ=block,
             NQP=rows,
             RQ=rows_per_thread,

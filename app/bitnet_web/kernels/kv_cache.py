@@ -1,7 +1,11 @@
 """The KV cache: per-layer K and V buffers on the GPU that grow by doubling up to the context length.
 
-Layout of every buffer: token-major f32 `[capacity, n_kv_heads * head_dim]`; row p holds the (rotated)
-key or the value of the token at absolute position p, heads side by side.
+Layout of every buffer: token-major `[capacity, n_kv_heads * head_dim]`; row p holds the (rotated)
+key or the value of the token at absolute position p, heads side by side. Elements are f16 (IEEE
+half, little-endian: two per u32 word, the first in the low bits, as WGSL's pack2x16float writes
+them and numpy's float16 lays them out), which halves the memory and the attention's reads; `dtype="f32"`
+keeps float32 (the accuracy reference). Shaders read and write it through shaders/_kv.wgsl, selected
+by `defines`.
 
 Growth allocates new buffers, copies the old rows on the GPU, releases the old buffers and asks every
 op bound to the cache to `rebind()` (their bind groups name the old buffers). The model calls
@@ -12,9 +16,17 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
+
 from .. import gpu
 
 F32 = 4
+KV_DTYPES = {"f16": np.float16, "f32": np.float32}  # cache element type -> numpy dtype of its bytes
+
+
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype: str = "f16") -> int:
+    """Bytes of K and V one token occupies in the cache over all layers."""
+    return 2 * n_layers * n_kv_heads * head_dim * np.dtype(KV_DTYPES[dtype]).itemsize
 
 
 class KVCacheFullError(ValueError):
@@ -26,7 +38,8 @@ class CacheBoundOp(Protocol):
 
 
 class KVCache:
-    """K and V for every layer. `k[layer]`, `v[layer]`: [capacity, n_kv_heads * head_dim] f32 buffers."""
+    """K and V for every layer. `k[layer]`, `v[layer]`: [capacity, n_kv_heads * head_dim] buffers of
+    `dtype` ("f16" or "f32") elements."""
 
     def __init__(
         self,
@@ -36,7 +49,10 @@ class KVCache:
         head_dim: int,
         max_context: int,
         initial_capacity: int = 256,
+        dtype: str = "f16",
     ):
+        if dtype not in KV_DTYPES:
+            raise ValueError(f"KVCache: dtype must be one of {tuple(KV_DTYPES)}, got {dtype!r}")
         for name, value in (
             ("n_layers", n_layers),
             ("n_kv_heads", n_kv_heads),
@@ -51,8 +67,12 @@ class KVCache:
         self.n_kv_heads = n_kv_heads
         self.head_dim = head_dim
         self.max_context = max_context
-        self.row_floats = n_kv_heads * head_dim
-        self.row_bytes = self.row_floats * F32
+        self.dtype = dtype
+        self.np_dtype = np.dtype(KV_DTYPES[dtype])
+        # the shaders' switch for shaders/_kv.wgsl
+        self.defines: tuple[str, ...] = ("KV_F32",) if dtype == "f32" else ()
+        self.row_values = n_kv_heads * head_dim
+        self.row_bytes = self.row_values * self.np_dtype.itemsize
         if max_context * self.row_bytes > device.limits.max_binding:
             raise gpu.GPUOutOfMemoryError(
                 f"KVCache: a full context of {max_context} rows x {self.row_bytes} bytes per layer needs "
@@ -60,8 +80,8 @@ class KVCache:
                 f"{device.limits.max_binding} bytes"
             )
         self.capacity = min(initial_capacity, max_context)
-        self.k: list[gpu.Buffer] = []  # per layer, [capacity, n_kv_heads * head_dim] f32
-        self.v: list[gpu.Buffer] = []  # per layer, [capacity, n_kv_heads * head_dim] f32
+        self.k: list[gpu.Buffer] = []  # per layer, [capacity, n_kv_heads * head_dim] of dtype
+        self.v: list[gpu.Buffer] = []  # per layer, [capacity, n_kv_heads * head_dim] of dtype
         for layer in range(n_layers):
             self.k.append(self._new_buffer("k", layer, self.capacity))
             self.v.append(self._new_buffer("v", layer, self.capacity))
@@ -70,6 +90,18 @@ class KVCache:
 
     def _new_buffer(self, kind: str, layer: int, rows: int) -> gpu.Buffer:
         return self.device.buffer(rows * self.row_bytes, gpu.STORAGE_USAGE, f"kv cache {kind} layer {layer}")
+
+    def write_rows(self, layer: int, first_row: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Upload float K and V rows ([n, n_kv_heads, head_dim] or [n, n_kv_heads * head_dim]) from
+        `first_row` on, converted to the cache's element type (benchmarks and tests fill caches this way)."""
+        for buffers, rows, kind in ((self.k, k, "k"), (self.v, v, "v")):
+            rows = np.ascontiguousarray(rows, dtype=self.np_dtype).reshape(-1, self.row_values)
+            if first_row < 0 or first_row + rows.shape[0] > self.capacity:
+                raise ValueError(
+                    f"KVCache.write_rows: {kind} rows {first_row}..{first_row + rows.shape[0] - 1} are outside "
+                    f"the {self.capacity} allocated"
+                )
+            self.device.upload(buffers[layer], first_row * self.row_bytes, rows)
 
     def attach(self, op: CacheBoundOp) -> None:
         """Register an op whose bind groups name this cache's buffers; it is rebound after every growth."""

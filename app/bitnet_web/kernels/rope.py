@@ -51,7 +51,8 @@ class RopeKV:
 
     qkv   [max_tokens, (n_heads + 2 * n_kv_heads) * head_dim] f32: fused projection (q, k, v heads)
     q_out [max_tokens, n_heads * head_dim] f32
-    Cache rows written: pos .. pos + n_tokens - 1 (StepParams), in `cache.k[layer]` / `cache.v[layer]`.
+    Cache rows written: pos .. pos + n_tokens - 1 (StepParams), in `cache.k[layer]` / `cache.v[layer]`,
+    in the cache's element type.
     One dispatch per step.
     """
 
@@ -72,8 +73,8 @@ class RopeKV:
         n_kv_heads, head_dim = cache.n_kv_heads, cache.head_dim
         if style not in ROPE_STYLES:
             raise ValueError(f"RopeKV layer {layer}: rope style must be one of {ROPE_STYLES}, got {style!r}")
-        if head_dim % 2:
-            raise ValueError(f"RopeKV layer {layer}: head_dim must be even, got {head_dim}")
+        if head_dim % 4:
+            raise ValueError(f"RopeKV layer {layer}: head_dim must be a multiple of 4, got {head_dim}")
         if table.rope_dim > head_dim:
             raise ValueError(f"RopeKV layer {layer}: rope_dim {table.rope_dim} exceeds head_dim {head_dim}")
         if n_heads % n_kv_heads:
@@ -98,6 +99,7 @@ class RopeKV:
         self.style = style
         self.pipeline = kernels.pipeline(
             "rope",
+            defines=cache.defines,
             STEP_PARAMS=STEP_PARAMS_WGSL,
             HQ=n_heads,
             HKV=n_kv_heads,
@@ -106,7 +108,7 @@ class RopeKV:
             NEOX=style == "neox",
             WG=WORKGROUP,
         )
-        self.groups_x = -(-(n_heads + 2 * n_kv_heads) * head_dim // 2 // WORKGROUP)
+        self.groups_x = -(-(n_heads + 2 * n_kv_heads) * head_dim // 4 // WORKGROUP)
         self.bind_group: gpu.BindGroup
         self.rebind()
         cache.attach(self)

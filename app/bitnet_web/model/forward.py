@@ -69,9 +69,16 @@ class LayerOps:
 
 class BitNetModel(GPUDecodeLoop):
     def __init__(
-        self, device: gpu.Device, gguf: GGUFFile, config: ModelConfig, max_tokens: int = 64, int8_head: bool = False
+        self,
+        device: gpu.Device,
+        gguf: GGUFFile,
+        config: ModelConfig,
+        max_tokens: int = 64,
+        int8_head: bool = False,
+        kv_dtype: str = "f16",
     ):
         self.device = device
+        self.kv_dtype = kv_dtype  # KV cache elements: "f16" (half the memory and reads) or "f32" (reference)
         self.int8_head = int8_head  # the head reads an int8 per-row-scaled copy (approximate, faster)
         self.gguf = gguf
         self.config = config
@@ -95,7 +102,7 @@ class BitNetModel(GPUDecodeLoop):
         """Upload every weight, then build the ops (pipelines and bind groups) once. `ready`: the file
         is still being read into `gguf.data` (see upload_weights)."""
         cfg, device = self.config, self.device
-        check_device_limits(cfg, device.limits, self.max_tokens, self.gguf.source)
+        check_device_limits(cfg, device.limits, self.max_tokens, self.gguf.source, self.kv_dtype)
         weights = await upload_weights(
             device, self.gguf, cfg, self._buffers, int8_head=self.int8_head, progress=progress, ready=ready
         )
@@ -136,7 +143,9 @@ class BitNetModel(GPUDecodeLoop):
         self.logits_rows = min(rows, LOGITS_ROWS)
         self.logits = buf(4 * self.logits_rows * vocab_size, "logits")
         self.next_token = buf(16, "next token")  # (4,) u32: GPU argmax result
-        self.kv_cache = KVCache(device, self.config.n_layers, cfg.n_kv_heads, cfg.head_dim, context_length)
+        self.kv_cache = KVCache(
+            device, self.config.n_layers, cfg.n_kv_heads, cfg.head_dim, context_length, dtype=self.kv_dtype
+        )
         self.rope_table = RopeTable(device, self.config.rope_dim, self.config.rope_theta, context_length)
         # Verify steps of speculative decoding (up to SPECULATE_MAX + 1 rows) take the split path like a
         # decode step, as many rows as the partials' binding holds (more take the prefill path: slower

@@ -18,6 +18,7 @@ from ..formats.ggml import OUTPUT, OUTPUT_NORM, TOKEN_EMBD, GGMLType, block_pref
 from ..formats.gguf_reader import GGUFFile
 from ..formats.quants import i2s_encode, ternarize
 from ..kernels.embedding import F16Matrix, Int8Matrix
+from ..kernels.kv_cache import KV_DTYPES
 from ..kernels.linear import TernaryMatrix
 from .config import ModelConfig
 from .layout import gather, gather_index, gpu_layout
@@ -53,7 +54,9 @@ def ternary_rows(gguf: GGUFFile, name: str) -> tuple[np.ndarray, float]:
     return i2s_encode(values, scale)[: info.n_elements // 4], float(scale)
 
 
-def check_device_limits(config: ModelConfig, limits: gpu.GPULimits, max_tokens: int, source: str = "model") -> None:
+def check_device_limits(
+    config: ModelConfig, limits: gpu.GPULimits, max_tokens: int, source: str = "model", kv_dtype: str = "f16"
+) -> None:
     """Refuse, before anything is uploaded, a model with a buffer that one storage binding cannot hold.
 
     The F16 embedding and LM head are split into row shards (only one row must fit). Ternary weights,
@@ -65,6 +68,7 @@ def check_device_limits(config: ModelConfig, limits: gpu.GPULimits, max_tokens: 
     cfg, limit = gpu_layout(config), limits.max_binding
     qkv_rows = cfg.q_dim + 2 * cfg.kv_dim
     context_length, vocab_size, rope_dim = config.context_length, config.vocab_size, config.rope_dim
+    kv_item = np.dtype(KV_DTYPES[kv_dtype]).itemsize
     needs = {
         "blk.*.attn_q + attn_k + attn_v (fused ternary codes)": qkv_rows * cfg.dim // 4,
         "blk.*.attn_output (ternary codes)": cfg.dim * cfg.q_dim // 4,
@@ -73,7 +77,7 @@ def check_device_limits(config: ModelConfig, limits: gpu.GPULimits, max_tokens: 
         "one row of token_embd / output (F16)": 2 * cfg.dim,
         f"logits of {min(max_tokens, LOGITS_ROWS)} tokens (f32)": 4 * min(max_tokens, LOGITS_ROWS) * vocab_size,
         f"activations of {max_tokens} tokens (f32)": 4 * max_tokens * max(qkv_rows, cfg.ffn_dim, cfg.dim),
-        "one layer's K or V cache at the full context (f32)": 4 * context_length * cfg.kv_dim,
+        f"one layer's K or V cache at the full context ({kv_dtype})": kv_item * context_length * cfg.kv_dim,
         "attention split partials (f32)": 4 * cfg.n_heads * -(-context_length // 64) * cfg.head_dim,
         "RoPE cos/sin table (f32)": 4 * context_length * rope_dim,
     }
