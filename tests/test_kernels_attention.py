@@ -300,21 +300,25 @@ def long_context_layer(device, kernels, dtype="f16", **options) -> Layer:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pass_pos, dtype", [(True, "f16"), (False, "f16"), (True, "f32")])
-def test_long_context_decode_split(device, kernels, pass_pos, dtype):
-    """At position ~2000: more tiles than splits, so each split workgroup walks two tiles, then the
-    combine merges 63 partials.
+@pytest.mark.parametrize(
+    "pass_pos, dtype, max_splits", [(True, "f16", 64), (False, "f16", 64), (True, "f32", 64), (True, "f16", 256)]
+)
+def test_long_context_decode_split(device, kernels, pass_pos, dtype, max_splits):
+    """At position ~2000: more tiles than splits (with 64), so each split workgroup walks two tiles, then
+    the combine merges 63 partials (with 256: 126 partials of one tile, several per combine invocation).
 
     Without `pos` the dispatch covers the whole capacity and the surplus workgroups must not matter.
     """
     pos = 2011
     rng = np.random.default_rng(2011)
     layer = long_context_layer(device, kernels, dtype)
+    scratch = AttentionScratch(device, 20, 128, 4096, max_splits=max_splits)
+    attention = layer.make_attention(kernels, 1, scratch=scratch)
     q, k, v = random_qkv(rng, 1, pos + 1, 20, 5, 128, dtype, k_scale=1.0)
     # Make a few distant rows dominate some heads, so every tile's partial matters in the combine.
     for row in (3, 700, 1999):
         k[row, 1] = as_stored(q[0, 5] * 0.4, dtype)
-    got = layer.attend(q, k, v, pos, pass_pos=pass_pos)
+    got = layer.attend(q, k, v, pos, attention=attention, pass_pos=pass_pos)
     np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
     assert -(-(pos + 1) // tile_rows(128)) > MAX_SPLITS
 
@@ -452,6 +456,8 @@ def test_bad_shapes_are_refused(device, kernels):
             style="neox",
             max_tokens=1,
         )
+    with pytest.raises(ValueError, match="max_splits must be a power of two"):
+        AttentionScratch(device, 4, 64, 64, max_splits=48)
     with pytest.raises(ValueError, match="made for other shapes"):
         Attention(
             kernels, params, cache, 0, buf, buf, n_heads=4, max_tokens=1, scratch=AttentionScratch(device, 8, 64, 64)

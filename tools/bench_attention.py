@@ -7,6 +7,7 @@ per layer, in microseconds.
 
     python tools/bench_attention.py                 # H100-sized run
     python tools/bench_attention.py --quick         # seconds on lavapipe
+    python tools/bench_attention.py --kv-dtype f16,f32 --max-splits 64,256   # one table per combination
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "app"))
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
 from bitnet_web import gpu  # noqa: E402
-from bitnet_web.kernels.attention import Attention, AttentionScratch  # noqa: E402
+from bitnet_web.kernels.attention import MAX_SPLITS, Attention, AttentionScratch  # noqa: E402
 from bitnet_web.kernels.common import KernelCache, StepParams  # noqa: E402
 from bitnet_web.kernels.kv_cache import KVCache  # noqa: E402
 from bitnet_web.kernels.rope import RopeKV, RopeTable  # noqa: E402
@@ -42,6 +43,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="tiny sizes for a CPU adapter")
+    parser.add_argument("--kv-dtype", default="f16", help="KV cache element types, comma-separated (f16, f32)")
+    parser.add_argument("--max-splits", default=str(MAX_SPLITS), help="decode split counts, comma-separated")
     args = parser.parse_args()
     if args.quick:
         args.layers, args.context, args.positions, args.prefill_tokens = 2, 512, "16,300", 16
@@ -50,12 +53,18 @@ def main() -> None:
     device = gpu.open_device()
     print(f"adapter: {device.adapter_name}, features: {sorted(device.features)}")
     kernels = KernelCache(device)
+    for dtype in args.kv_dtype.split(","):
+        for max_splits in [int(n) for n in args.max_splits.split(",")]:
+            run(args, device, kernels, dtype, max_splits)
+
+
+def run(args: argparse.Namespace, device: gpu.Device, kernels: KernelCache, dtype: str, max_splits: int) -> None:
     params = StepParams(device)
     n_heads, n_kv, hd = args.heads, args.kv_heads, args.head_dim
     max_tokens = args.prefill_tokens
-    cache = KVCache(device, args.layers, n_kv, hd, args.context, initial_capacity=args.context)
+    cache = KVCache(device, args.layers, n_kv, hd, args.context, initial_capacity=args.context, dtype=dtype)
     table = RopeTable(device, hd, 500000.0, args.context)
-    scratch = AttentionScratch(device, n_heads, hd, args.context)
+    scratch = AttentionScratch(device, n_heads, hd, args.context, max_splits=max_splits)
     rng = np.random.default_rng(0)
     qkv = device.buffer(max_tokens * (n_heads + 2 * n_kv) * hd * 4, gpu.STORAGE_USAGE, "qkv")
     device.upload(qkv, 0, rng.standard_normal(max_tokens * (n_heads + 2 * n_kv) * hd).astype(np.float32))
@@ -63,8 +72,7 @@ def main() -> None:
     out = device.buffer(max_tokens * n_heads * hd * 4, gpu.STORAGE_USAGE, "out")
     row = rng.standard_normal((args.context, n_kv * hd)).astype(np.float32)
     for layer in range(args.layers):
-        device.upload(cache.k[layer], 0, row)
-        device.upload(cache.v[layer], 0, row)
+        cache.write_rows(layer, 0, row, row)
     ropes = [
         RopeKV(kernels, params, cache, i, table, qkv, q, n_heads=n_heads, style="neox", max_tokens=max_tokens)
         for i in range(args.layers)
@@ -119,8 +127,8 @@ def main() -> None:
         f"(spread over {args.reps * args.layers} layers per measurement)"
     )
     print(
-        f"shapes: {n_heads} q heads, {n_kv} kv heads, head_dim {hd}; {args.layers} layers x {args.reps} steps "
-        f"per measurement; us per layer (GPU submit..done | CPU encode)"
+        f"shapes: {n_heads} q heads, {n_kv} kv heads, head_dim {hd}; {dtype} KV cache, max_splits {max_splits}; "
+        f"{args.layers} layers x {args.reps} steps per measurement; us per layer (GPU submit..done | CPU encode)"
     )
     print(f"| {'step':<22} | {'pos':>5} | {'disp/layer':>10} | {'GPU us/layer':>12} | {'encode us/layer':>15} |")
     print(f"| {'-' * 22} | {'-' * 5}:| {'-' * 10}:| {'-' * 12}:| {'-' * 15}:|")
@@ -136,6 +144,9 @@ def main() -> None:
                 continue
             gpu_us, enc_us, disp = timed(n_tokens, pos, ops)
             print(f"| {label:<22} | {pos:>5} | {disp:>10} | {gpu_us:>12.1f} | {enc_us:>15.1f} |")
+    cache.release()
+    for buffer in (qkv, q, out, table.buffer, scratch.acc, scratch.stats, params.buffer):
+        device.release(buffer)
 
 
 if __name__ == "__main__":

@@ -117,8 +117,7 @@ def bench_attention_ops(bench: Bench, want, t_max: int, positions=(64, 1024, 400
     step = StepParams(device)
     cache = KVCache(device, 1, n_kv, hd, context, initial_capacity=context)
     rows = rng.standard_normal((context, n_kv * hd)).astype(np.float32)
-    device.upload(cache.k[0], 0, rows)
-    device.upload(cache.v[0], 0, rows)
+    cache.write_rows(0, 0, rows, rows)
     qkv = device.buffer(4 * t_max * (n_heads + 2 * n_kv) * hd, label="qkv")
     device.upload(qkv, 0, rng.standard_normal(t_max * (n_heads + 2 * n_kv) * hd).astype(np.float32))
     q = device.buffer(4 * t_max * n_heads * hd, label="q")
@@ -128,7 +127,7 @@ def bench_attention_ops(bench: Bench, want, t_max: int, positions=(64, 1024, 400
     rope = RopeKV(k, step, cache, 0, table, qkv, q, n_heads=n_heads, style="neox", max_tokens=t_max)
     plain = Attention(k, step, cache, 0, q, out, n_heads=n_heads, max_tokens=t_max, scratch=scratch)
     fused = Attention(k, step, cache, 0, q, out, n_heads=n_heads, max_tokens=t_max, scratch=scratch, rope=rope)
-    kv_row = 2 * 4 * n_kv * hd
+    kv_row = 2 * cache.row_bytes
     for pos in positions:
         step.write(1, pos, cache.capacity)
         if want(f"rope_kv T=1 pos={pos}"):

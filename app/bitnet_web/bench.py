@@ -297,7 +297,11 @@ async def measure_async(
     runs = runs or (1 if quick else 3)
     n_decode = 16 if quick else 128
     prefills = (128,) if quick else (128, 512)
+    vocab, context = engine.config.vocab_size, engine.config.context_length
+    # decode speeds at these cache fills (prompts are clipped to leave room for the decoded tokens)
     contexts = {"short": 16} if quick else {"short": 16, "1k": 1024}
+    if not quick and context >= 4096:
+        contexts["4k"] = 4096
     steps = [("warm-up", 128 * (3 if quick else 10), 0)]
     steps += [(f"prefill {n} tokens", (1 + runs) * n, 0) for n in prefills]
     steps += [
@@ -313,10 +317,12 @@ async def measure_async(
     report["decode_tokens_per_run"] = n_decode
     report["decode_batching"] = list(model.decode_batching())
     rng = np.random.default_rng(0)
-    vocab, context = engine.config.vocab_size, engine.config.context_length
+
+    def prompt_length(n: int) -> int:
+        return min(n, context - 200)
 
     def prompt(n: int) -> list[int]:
-        return rng.integers(0, vocab, size=min(n, context - 200)).tolist()
+        return rng.integers(0, vocab, size=prompt_length(n)).tolist()
 
     def keep(key: str, values: list[float]) -> None:
         report[key] = float(np.median(values))
@@ -362,6 +368,7 @@ async def measure_async(
             ("encode_ms_per_token", "python_encode_ms_per_token"),
         ):
             keep(f"decode_{label}_{name}", [stats[key] for stats in all_stats])
+        report[f"decode_{label}_context_tokens"] = prompt_length(ctx)
         progress.decode_s_per_token = report[f"decode_{label}_ms_per_token"] / 1000
         report["dispatches_per_token"] = all_stats[-1]["dispatches_per_token"]
         report["passes_per_token"] = all_stats[-1]["passes_per_token"]
@@ -448,6 +455,11 @@ def run_bench(
     floor_tok_s = bandwidth * 1e9 / report["bytes_read_per_token"]
     report["bandwidth_floor_tok_per_s"] = floor_tok_s
     report["fraction_of_floor"] = report["decode_short_tok_per_s"] / floor_tok_s
+    for label in ("1k", "4k"):
+        if f"decode_{label}_tok_per_s" in report:
+            report[f"decode_{label}_fraction_of_short"] = (
+                report[f"decode_{label}_tok_per_s"] / report["decode_short_tok_per_s"]
+            )
     engine.close()
     if workload_model is not None:
         report["speculation_workloads"] = workload_bench(workload_model, quick, log)

@@ -51,14 +51,25 @@ class AttentionScratch:
 
     acc   [max_tokens_split, n_heads, max_splits, head_dim] f32: unnormalized sum p * V per split
     stats [max_tokens_split, n_heads, max_splits] vec2<f32>: (max score, sum p) per split
-    The size does not depend on `max_context` (splits are capped at MAX_SPLITS, tiles dealt evenly).
+    The size does not depend on `max_context` (splits are capped at max_splits, tiles dealt evenly).
     """
 
-    def __init__(self, device: gpu.Device, n_heads: int, head_dim: int, max_context: int, max_tokens_split: int = 1):
+    def __init__(
+        self,
+        device: gpu.Device,
+        n_heads: int,
+        head_dim: int,
+        max_context: int,
+        max_tokens_split: int = 1,
+        max_splits: int = MAX_SPLITS,
+    ):
+        # attention_combine.wgsl reduces the partials' maxima in one tree over a workgroup
+        if max_splits & (max_splits - 1) or not 0 < max_splits <= WORKGROUP:
+            raise ValueError(f"AttentionScratch: max_splits must be a power of two up to {WORKGROUP}, got {max_splits}")
         self.n_heads = n_heads
         self.head_dim = head_dim
         self.max_tokens_split = max_tokens_split
-        self.max_splits = MAX_SPLITS
+        self.max_splits = max_splits
         slots = max_tokens_split * n_heads * self.max_splits
         self.acc = device.buffer(slots * head_dim * F32, gpu.STORAGE_USAGE, "attention split partials")
         self.stats = device.buffer(slots * 2 * F32, gpu.STORAGE_USAGE, "attention split stats")
@@ -219,12 +230,13 @@ class Attention:
         `pos` (tokens already cached) is optional: given, the decode dispatch covers the splits in use
         rounded up to a power of two (surplus ones exit at once), so the recorded command list, and
         with it the browser's replayed program, changes at a few sizes only, and a short context takes
-        a single dispatch; without it the dispatch covers MAX_SPLITS splits, valid for any position.
+        a single dispatch; without it the dispatch covers scratch.max_splits splits, valid for any position.
         """
         if not 0 < n_tokens <= self.max_tokens:
             raise ValueError(f"Attention layer {self.layer}: n_tokens {n_tokens} outside 1..{self.max_tokens}")
-        tiles = MAX_SPLITS if pos is None else -(-(pos + n_tokens) // self.tile)
-        splits = min(MAX_SPLITS, 1 << (tiles - 1).bit_length())
+        max_splits = self.scratch.max_splits
+        tiles = max_splits if pos is None else -(-(pos + n_tokens) // self.tile)
+        splits = min(max_splits, 1 << (tiles - 1).bit_length())
         if self.fused_rope and n_tokens == 1:
             if pos is not None and pos < DIRECT_MAX_TILES * self.tile:
                 recorder.dispatch(self.rope_direct_pipeline, self.rope_direct_group, 1, self.n_kv_heads, 1)
