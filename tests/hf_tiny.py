@@ -21,7 +21,7 @@ and `with_tokenizer=True` adds a byte-level BPE tokenizer.json trained offline o
 Usage:
     from hf_tiny import build_tiny_bitnet, load_tiny_bitnet
     folder = build_tiny_bitnet(tmp_path / "hf")
-    model = load_tiny_bitnet(folder)           # BitNetForCausalLM, eval mode, float32
+    model = load_tiny_bitnet(folder)           # BitNetForCausalLM, eval mode, float32, f16 K/V
     logits = model(torch.tensor([[1, 2, 3]])).logits
 
 TORCHDYNAMO_DISABLE=1 is set on import (transformers' BitNet helpers are wrapped in torch.compile,
@@ -152,12 +152,45 @@ def build_tiny_bitnet(
     return folder
 
 
-def load_tiny_bitnet(folder: str | os.PathLike):
-    """Reload with transformers (unpacks the uint8 weights); float32, eval mode."""
+def load_tiny_bitnet(folder: str | os.PathLike, f16_kv: bool = True):
+    """Reload with transformers (unpacks the uint8 weights); float32, eval mode; with `f16_kv`, K and V
+    rounded to f16 as the engine's KV cache stores them (see `round_kv_to_f16`)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(folder))
-    return model.eval()
+    model = AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+    return round_kv_to_f16(model) if f16_kv else model
+
+
+class _F16KV:
+    """Stands in for an attention layer's cache: K (rotated) and V are rounded to f16 on the way in, and
+    the attention then reads them back rounded, for the current tokens too, as the engine does."""
+
+    def __init__(self, cache):
+        self._cache = cache
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        k, v = key_states.half().float(), value_states.half().float()
+        return (k, v) if self._cache is None else self._cache.update(k, v, layer_idx, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+
+def round_kv_to_f16(model):
+    """Make a transformers BitNet / Llama model attend over K and V rounded to f16, exactly the values the
+    engine's f16 KV cache holds (app/bitnet_web/kernels/kv_cache.py), with or without a cache passed in:
+    the reference for its math, like the F16 rounding of the embedding. Each attention module's `cache`
+    argument is wrapped by a forward pre-hook; its float32 arithmetic is unchanged. Returns the model."""
+
+    def wrap_cache(module, args, kwargs):
+        return args, {**kwargs, "cache": _F16KV(kwargs.get("cache"))}
+
+    attentions = [m for m in model.modules() if type(m).__name__.endswith("Attention")]
+    if not attentions:
+        raise TypeError(f"round_kv_to_f16: no attention modules in {type(model).__name__}")
+    for module in attentions:
+        module.register_forward_pre_hook(wrap_cache, with_kwargs=True)
+    return model
 
 
 def unpacked_linear_weights(model) -> dict[str, tuple[np.ndarray, float, str]]:

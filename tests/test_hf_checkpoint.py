@@ -26,7 +26,7 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hf_tiny import LINEAR_NAMES, build_tiny_bitnet  # noqa: E402
+from hf_tiny import LINEAR_NAMES, build_tiny_bitnet, round_kv_to_f16  # noqa: E402
 from test_transformers_reference import (  # noqa: E402
     RELATIVE_TOLERANCE,
     SEQ_LEN,
@@ -107,6 +107,8 @@ def _online_reference(folder):
 
 
 def _round_embeddings(model):
+    """Embedding (and LM head) rounded to F16 as the GGUF stores them, K/V to f16 as the engine's cache does."""
+    round_kv_to_f16(model)
     with torch.no_grad():
         for weight in {
             id(w): w for w in (model.get_input_embeddings().weight, model.get_output_embeddings().weight)

@@ -4,8 +4,9 @@ Tiny random BitNet checkpoints are built with transformers' own packing (tests/h
 converted to GGUF I2_S by our converter, and run through the engine on lavapipe.
 
 Tolerance: both sides compute the same function in float32 (transformers' embedding is rounded to
-F16, as the GGUF stores it), but they sum in different orders, so an activation within rounding
-distance of an int8 .5 boundary can quantize one step apart. Such a flip changes that token's
+F16, as the GGUF stores it, and its K and V to f16, as the engine's KV cache stores them), but they
+sum in different orders, so an activation within rounding distance of an int8 .5 boundary can
+quantize one step apart. Such a flip changes that token's
 later activations and, through the KV cache, every later position a little. Measured on these
 shapes: positions before the first flip agree to ~1e-4; after it, up to 0.26% of the logit range
 (ranges are 400-600 with embedding std 1.0), and the mean over positions of the per-position max
