@@ -35,10 +35,16 @@ from bitnet_web.text.sampler import SamplerSettings  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-RELATIVE_TOLERANCE = 0.004  # of the reference's logit range (test_transformers_reference.py)
+# Of the reference's logit range: test_transformers_reference.py's 0.4%, widened for the f16 KV cache.
+# The reference rounds K and V to f16 as the engine does (hf_tiny.round_kv_to_f16), and most positions
+# agree to ~1e-4; but where the two sides' float32 key or value lies on either side of an f16 rounding
+# midpoint they round one f16 step apart, which can flip an int8 activation after attention: measured
+# up to 0.55% of the range on these one-layer models (1bitLLM-3B, Llama3-8B-1.58).
+RELATIVE_TOLERANCE = 0.007
 PROMPT = 12
 GREEDY_STEPS = 16
 SMALL_VOCAB = 515  # not a multiple of anything the kernels tile by
+EXTRA_WINDOWS = 24  # random 4-token prompts tried after the prompt's own windows for the greedy check
 
 BITNET = dict(model_type="bitnet")
 LLAMA = dict(model_type="llama", hidden_act="silu", tied=False)  # Falcon3-*-1.58bit, HF1BitLLM
@@ -120,16 +126,24 @@ def _check_against(engine: Engine, source: str, hf_model, ids: list[int], what: 
     if not greedy:
         return
 
-    # The prompt: the first 4-token window of `ids` after which transformers' 16 greedy steps have no
-    # near-tie (chosen from the reference alone; a near-tie may go either way on either side).
-    for start in range(len(ids) - 3):
-        prompt = ids[start : start + 4]
-        expected, chosen_from = _hf_greedy(hf_model, prompt, GREEDY_STEPS)
+    # The prompt: the first 4-token window (of `ids`, then random ones) after which transformers' 16
+    # greedy steps have no near-tie, else the one with the longest run before its first near-tie (chosen
+    # from the reference alone; a near-tie may go either way on either side). With the f16 KV cache the
+    # sides differ by up to ~0.6% of the range at some positions (RELATIVE_TOLERANCE), so the tie margin
+    # is wider and runs without a near-tie are shorter.
+    windows = [ids[start : start + 4] for start in range(len(ids) - 3)]
+    windows += np.random.default_rng(6).integers(0, hf_model.config.vocab_size, (EXTRA_WINDOWS, 4)).tolist()
+    best = None
+    for window in windows:
+        expected_here, chosen_from = _hf_greedy(hf_model, window, GREEDY_STEPS)
         gap = np.diff(np.sort(chosen_from, axis=1)[:, -2:], axis=1)[:, 0]
         near_tie = np.nonzero(gap <= tie)[0]
-        checked = int(near_tie[0]) if len(near_tie) else GREEDY_STEPS
-        if checked == GREEDY_STEPS:
+        run = int(near_tie[0]) if len(near_tie) else GREEDY_STEPS
+        if best is None or run > best[0]:
+            best = (run, window, expected_here)
+        if run == GREEDY_STEPS:
             break
+    checked, prompt, expected = best
     # (some random one-layer models, e.g. the 2B-4T shape, greedily repeat one token: the logits at
     # every position above are then the informative check)
     list(engine.generate(tokens=prompt, settings=SamplerSettings(temperature=0.0), max_tokens=GREEDY_STEPS))
