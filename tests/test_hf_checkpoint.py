@@ -35,6 +35,8 @@ from test_transformers_reference import (  # noqa: E402
 )
 from wrong_files import write_wrong_copy  # noqa: E402
 
+F16_KV_RELATIVE_TOLERANCE = 0.007  # test_published_shapes.RELATIVE_TOLERANCE
+
 from bitnet_web.cli import main as cli_main  # noqa: E402
 from bitnet_web.convert import hf_checkpoint  # noqa: E402
 from bitnet_web.convert.convert_hf import convert  # noqa: E402
@@ -335,7 +337,11 @@ def test_plain_llama_lossy_ternarization(engine, llama_folders, tmp_path):
     path = tmp_path / "lossy.gguf"
     convert(plain, path, allow_lossy_ternarization=True)  # the same model as a file, for _compare
     assert_same_model(gguf, open_gguf(str(path)))
-    result = _compare(engine, _online_reference(plain), path, IDS)
+    # Absmean ternarization of a plain Llama gives larger activations than a trained BitNet: where the
+    # two sides round a cached key or value one f16 step apart, an int8 activation flips downstream
+    # (max 0.46% of the logit range measured; the mean stays within MEAN_RELATIVE_TOLERANCE), as in
+    # test_published_shapes, whose bound this shares.
+    result = _compare(engine, _online_reference(plain), path, IDS, relative_tolerance=F16_KV_RELATIVE_TOLERANCE)
     assert result["close"], result
     assert result["greedy_agree_on_decisive"], result
     engine.load(str(plain), allow_lossy_ternarization=True)

@@ -77,13 +77,15 @@ def _hf_greedy(model, prompt: list[int], steps: int) -> list[int]:
     return ids[len(prompt) :]
 
 
-def _compare(engine: Engine, hf_model, gguf_path, ids: list[int]) -> dict:
+def _compare(
+    engine: Engine, hf_model, gguf_path, ids: list[int], relative_tolerance: float = RELATIVE_TOLERANCE
+) -> dict:
     engine.load(str(gguf_path))
     ours = engine.logits(ids)
     theirs = _hf_logits(hf_model, ids)
     diff = np.abs(ours - theirs)
     value_range = float(theirs.max() - theirs.min())
-    tolerance = RELATIVE_TOLERANCE * value_range
+    tolerance = relative_tolerance * value_range
     top2 = np.sort(theirs, axis=1)[:, -2:]
     decisive = (top2[:, 1] - top2[:, 0]) > 2 * tolerance
     agree = ours.argmax(1) == theirs.argmax(1)
