@@ -16,6 +16,14 @@ from .common import KernelCache, ceil_div
 
 SORT_WIDTH = 1024  # pairs sorted per workgroup (8 KB of workgroup memory)
 SAMPLE_WORKGROUP = 256  # >= GPU_TOP_K_MAX: the draw gives each candidate one thread
+# The _topk_sort snippet's constants, shared by sample_topk.wgsl and spec_sample.wgsl
+SORT_SHAPE = dict(
+    WG=SAMPLE_WORKGROUP,
+    N=SORT_WIDTH,
+    K=GPU_TOP_K_MAX,
+    PER=SORT_WIDTH // SAMPLE_WORKGROUP,
+    PAIRS=SORT_WIDTH // (2 * SAMPLE_WORKGROUP),
+)
 
 
 class GPUSampler:
@@ -41,13 +49,7 @@ class GPUSampler:
             )
         device = kernels.device
         self.device = device
-        shape = dict(
-            WG=SAMPLE_WORKGROUP,
-            N=SORT_WIDTH,
-            K=GPU_TOP_K_MAX,
-            PER=SORT_WIDTH // SAMPLE_WORKGROUP,
-            PAIRS=SORT_WIDTH // (2 * SAMPLE_WORKGROUP),
-        )
+        shape = SORT_SHAPE
         self.buffers: list[gpu.Buffer] = []
         self.dispatches: list[tuple[gpu.Pipeline, object, int]] = []
 

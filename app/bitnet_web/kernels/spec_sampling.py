@@ -17,7 +17,7 @@ import numpy as np
 from .. import gpu
 from ..text.sampler import GPU_PENALTY_WINDOW_MAX, GPU_TOP_K_MAX, SamplerSettings
 from .common import KernelCache, ceil_div
-from .sampling import SAMPLE_WORKGROUP, SORT_WIDTH, GPUSampler
+from .sampling import SORT_SHAPE, SORT_WIDTH, GPUSampler
 
 MAX_ROWS = 9  # verify rows: the last token and up to 8 drafted ones
 
@@ -61,13 +61,7 @@ class SpecSampleAccept(GPUSampler):
         device = kernels.device
         self.device = device
         self.max_rows = max_rows
-        shape = dict(
-            WG=SAMPLE_WORKGROUP,
-            N=SORT_WIDTH,
-            K=GPU_TOP_K_MAX,
-            PER=SORT_WIDTH // SAMPLE_WORKGROUP,
-            PAIRS=SORT_WIDTH // (2 * SAMPLE_WORKGROUP),
-        )
+        shape = SORT_SHAPE
         self.buffers: list[gpu.Buffer] = []
 
         def lists(n_pairs: int) -> gpu.Buffer:
