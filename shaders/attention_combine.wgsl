@@ -26,7 +26,9 @@ const WG: u32 = ${WG};
 const MAX_SPLITS: u32 = ${MAX_SPLITS};
 
 const C4: u32 = HD / 4u;
-const SLICES: u32 = WG / C4;
+const SLICES: u32 = ${SLICES};   // WG / C4
+const PER: u32 = ${PER};         // partials per invocation in main_slices, ceil(MAX_SPLITS / SLICES)
+const NEG: f32 = -3.0e38;
 
 @group(0) @binding(0) var<uniform> params: StepParams;
 @group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;
@@ -38,6 +40,7 @@ var<workgroup> weight: array<f32, MAX_SPLITS>;      // w_s, 0 past the last part
 var<workgroup> weighted_l: array<f32, MAX_SPLITS>;  // w_s * l_s
 var<workgroup> slice_acc: array<vec4<f32>, WG>;
 var<workgroup> slice_l: array<f32, WG>;
+var<workgroup> slice_ml: array<vec2<f32>, WG>;
 
 struct Parts8 {
     p0: vec4<f32>, p1: vec4<f32>, p2: vec4<f32>, p3: vec4<f32>,
@@ -135,5 +138,57 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             l += slice_l[k * C4 + tid];
         }
         out[t * (HQ * C4) + qh * C4 + tid] = acc / l;
+    }
+}
+
+// Entry point main_slices: one barrier, no reduction tree. Invocation (slice, col) loads column col and
+// the (m, l) of partials slice, slice + SLICES, ... (PER of them, all loads issued together), merges
+// them with its own maximum, and the SLICES results (acc, m, l) are merged in workgroup memory by
+// invocation col < C4, weighted by exp(m_slice - max). Dispatch as main.
+@compute @workgroup_size(WG)
+fn main_slices(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let qh = wid.x;
+    let t = wid.y;
+    if (t >= params.n_tokens) {
+        return;
+    }
+    let n_tiles = (params.pos + t + TILE) / TILE;
+    let per_split = (n_tiles + min(n_tiles, MAX_SPLITS) - 1u) / min(n_tiles, MAX_SPLITS);
+    let n_parts = (n_tiles + per_split - 1u) / per_split;
+    let first = (t * HQ + qh) * MAX_SPLITS;
+    let col = tid % C4;
+    let slice = tid / C4;
+    var mx = NEG;
+    //#for i in PER
+    let ok{{i}} = slice + {{i}}u * SLICES < n_parts;
+    let s{{i}} = min(slice + {{i}}u * SLICES, n_parts - 1u);
+    let p{{i}} = part[(first + s{{i}}) * C4 + col];
+    let st{{i}} = stats[first + s{{i}}];
+    mx = max(mx, select(NEG, st{{i}}.x, ok{{i}}));
+    //#endfor
+    var acc = vec4<f32>(0.0);
+    var l = 0.0;
+    //#for i in PER
+    let w{{i}} = select(0.0, exp(st{{i}}.x - mx), ok{{i}});
+    acc += w{{i}} * p{{i}};
+    l += w{{i}} * st{{i}}.y;
+    //#endfor
+    slice_acc[tid] = acc;
+    slice_ml[tid] = vec2<f32>(mx, l);
+    workgroupBarrier();
+    if (tid < C4) {
+        var m_all = NEG;
+        //#for k in SLICES
+        let ml{{k}} = slice_ml[{{k}}u * C4 + tid];
+        m_all = max(m_all, ml{{k}}.x);
+        //#endfor
+        var total = vec4<f32>(0.0);
+        var l_all = 0.0;
+        //#for k in SLICES
+        let u{{k}} = exp(ml{{k}}.x - m_all);
+        total += u{{k}} * slice_acc[{{k}}u * C4 + tid];
+        l_all += u{{k}} * ml{{k}}.y;
+        //#endfor
+        out[t * (HQ * C4) + qh * C4 + tid] = total / l_all;
     }
 }

@@ -26,7 +26,14 @@ from .rope import RopeKV
 WORKGROUP = 256  # invocations of the attention and combine workgroups (the WebGPU default maximum)
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)  # HD / 4 must divide WORKGROUP
 MAX_SPLITS = 64  # most workgroups one KV head's decode is split over (partials merged by the combine)
-DIRECT_MAX_TILES = 4  # fused decode up to this many tiles runs in one dispatch, without split + combine
+# Decode kernels: "chunked" (attention_decode.wgsl, CHUNK key rows per barrier) or "tiled" (attention.wgsl's
+# split path, 16-row tiles at head_dim 128); combines: "slices" (one barrier) or "tree" (reduction tree).
+DECODE_KERNELS = ("chunked", "tiled")
+DECODE_KERNEL = "chunked"
+DECODE_CHUNK = 64  # key rows per chunk of attention_decode.wgsl
+COMBINES = ("slices", "tree")
+COMBINE = "slices"
+DIRECT_MAX_ROWS = 64  # fused decode over at most this many cache rows runs in one dispatch, without split + combine
 # attention_prefill.wgsl: query rows per workgroup (tried largest first until workgroup memory fits) and
 # query rows per thread (the workgroup has 16 * rows / RQ threads).
 PREFILL_QUERY_ROWS = (32, 16)
@@ -106,6 +113,11 @@ class Attention:
         tiled_prefill: bool = True,
         prefill_query_rows: int | None = None,
         prefill_rows_per_thread: int | None = None,
+        decode: str = DECODE_KERNEL,
+        decode_chunk: int = DECODE_CHUNK,
+        decode_queries_per_thread: int | None = None,
+        combine: str = COMBINE,
+        direct_max_rows: int = DIRECT_MAX_ROWS,
     ):
         device = kernels.device
         n_kv_heads, head_dim = cache.n_kv_heads, cache.head_dim
@@ -125,6 +137,10 @@ class Attention:
                 )
         if rope is not None and (rope.cache is not cache or rope.layer != layer or rope.q_out is not q):
             raise ValueError(f"{what}: the RopeKV passed as `rope` must write this layer's cache and q buffer")
+        if decode not in DECODE_KERNELS:
+            raise ValueError(f"{what}: decode kernel must be one of {DECODE_KERNELS}, got {decode!r}")
+        if combine not in COMBINES:
+            raise ValueError(f"{what}: combine must be one of {COMBINES}, got {combine!r}")
         if scratch is None:
             scratch = AttentionScratch(device, n_heads, head_dim, cache.max_context)
         if (scratch.n_heads, scratch.head_dim) != (n_heads, head_dim):
@@ -178,20 +194,31 @@ class Attention:
             self.tiled = _tiled_prefill_pipeline(
                 kernels, shape, kv, group, prefill_query_rows, prefill_rows_per_thread or PREFILL_ROWS_PER_THREAD
             )
-        self.split_pipeline = kernels.pipeline("attention", defines=kv, BQ=1, SPLIT=True, **shape)
+        if decode == "chunked":
+            layout = decode_layout(group, head_dim, decode_chunk, limit, decode_queries_per_thread)
+            decode_shape = {k: v for k, v in shape.items() if k != "TILE"} | layout
+            self.decode_rows = decode_chunk  # key rows per unit of work dealt to the splits
+            name, keys = "attention_decode", decode_shape
+        else:
+            self.decode_rows = self.tile
+            name, keys = "attention", dict(shape, BQ=1)
+        self.direct_max_rows = direct_max_rows
+        self.split_pipeline = kernels.pipeline(name, defines=kv, SPLIT=True, **keys)
         if self.fused_rope:
-            self.rope_split_pipeline = kernels.pipeline("attention", "main_rope", defines=kv, BQ=1, SPLIT=True, **shape)
-            self.rope_direct_pipeline = kernels.pipeline(
-                "attention", "main_rope", defines=kv, BQ=1, SPLIT=False, **shape
-            )
+            self.rope_split_pipeline = kernels.pipeline(name, "main_rope", defines=kv, SPLIT=True, **keys)
+            self.rope_direct_pipeline = kernels.pipeline(name, "main_rope", defines=kv, SPLIT=False, **keys)
+        slices = WORKGROUP // (head_dim // 4)
         self.combine_pipeline = kernels.pipeline(
             "attention_combine",
+            "main_slices" if combine == "slices" else "main",
             STEP_PARAMS=STEP_PARAMS_WGSL,
             HQ=n_heads,
             HD=head_dim,
-            TILE=self.tile,
+            TILE=self.decode_rows,
             WG=WORKGROUP,
             MAX_SPLITS=scratch.max_splits,
+            SLICES=slices,
+            PER=-(-scratch.max_splits // slices),
         )
         self.combine_group = device.bind_group(
             self.combine_pipeline, [params.buffer, scratch.acc, scratch.stats, out], f"attention combine {layer}"
@@ -235,10 +262,10 @@ class Attention:
         if not 0 < n_tokens <= self.max_tokens:
             raise ValueError(f"Attention layer {self.layer}: n_tokens {n_tokens} outside 1..{self.max_tokens}")
         max_splits = self.scratch.max_splits
-        tiles = max_splits if pos is None else -(-(pos + n_tokens) // self.tile)
-        splits = min(max_splits, 1 << (tiles - 1).bit_length())
+        units = max_splits if pos is None else -(-(pos + n_tokens) // self.decode_rows)
+        splits = min(max_splits, 1 << (units - 1).bit_length())
         if self.fused_rope and n_tokens == 1:
-            if pos is not None and pos < DIRECT_MAX_TILES * self.tile:
+            if pos is not None and pos + 1 <= self.direct_max_rows:
                 recorder.dispatch(self.rope_direct_pipeline, self.rope_direct_group, 1, self.n_kv_heads, 1)
             else:
                 recorder.dispatch(self.rope_split_pipeline, self.rope_split_group, splits, self.n_kv_heads, 1)
@@ -300,6 +327,31 @@ def _tiled_prefill_pipeline(
         )
         return pipeline, block
     return None
+
+
+def decode_layout(
+    group: int, head_dim: int, chunk: int, limit: int, queries_per_thread: int | None = None
+) -> dict[str, int]:
+    """attention_decode.wgsl's shape constants for `group` query heads per KV head: score items per
+    invocation (SR), queries per value invocation (GV: the largest divisor of `group` whose workgroup
+    memory fits `limit`, unless given), value slices (S) and rows per value invocation (R)."""
+    c4 = head_dim // 4
+    if chunk & (chunk - 1) or not 4 <= chunk <= 256:
+        raise ValueError(f"attention decode chunk must be a power of two in 4..256, got {chunk}")
+    choices = [queries_per_thread] if queries_per_thread else [d for d in range(group, 0, -1) if group % d == 0]
+    for gv in choices:
+        if group % gv:
+            raise ValueError(f"attention decode: {gv} queries per thread do not divide {group} query heads")
+        slices = min(chunk, 1 << (WORKGROUP // (group // gv * c4)).bit_length() - 1)
+        # qs [G, C4 + 1] + k_new [C4] + merge_acc [S, G, C4] vec4 (f32 cache words at most), scores
+        # [2, G, chunk] f32, merge_ml [S, G] vec2
+        nbytes = 16 * (group * (c4 + 1) + c4 + slices * group * c4) + 8 * group * chunk + 8 * slices * group
+        if nbytes <= limit:
+            return dict(
+                G=group, C4=c4, C4_QUARTER=c4 // 4, CHUNK=chunk, WG=WORKGROUP, SR=-(-chunk * group // WORKGROUP),
+                GV=gv, S=slices, R=chunk // slices,
+            )  # fmt: skip
+    raise ValueError(f"attention decode: no layout of {group} query heads, chunk {chunk} fits {limit} bytes")
 
 
 def _workgroup_bytes(query_rows: int, head_dim: int) -> int:
