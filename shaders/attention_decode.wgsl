@@ -14,12 +14,14 @@
 //   SPLIT = false (direct): one workgroup walks every chunk and writes acc / l. Dispatch (1, HKV, n_tokens).
 //
 // Thread mapping, per chunk (one barrier):
-//   loads   score item i = tid + k * WG (k < SR), i < CHUNK * G, is (chunk row i / G, query i % G): its
-//           invocation loads that row's whole K head (C4 words). Value invocation tid < S * GQ * C4 is
+//   loads   score item i = tid + k * WG (k < SR), i < CHUNK * G * KS, is (chunk row i / (G * KS), query
+//           (i / KS) % G, part i % KS): its invocation loads part `part` of that row's K head (C4 / KS
+//           words). Value invocation tid < S * GQ * C4 is
 //           (slice, query group, column col): it loads column col of the chunk's V rows slice,
 //           slice + S, ... (R = CHUNK / S rows, coalesced across col). Every load of the chunk is
 //           issued before any arithmetic.
-//   scores  s = q . k (SCALE folded into q) into scores[chunk parity], then the barrier. The two
+//   scores  q . k over the part (SCALE folded into q) into scores[chunk parity], then the barrier; the
+//           value phase adds the KS parts and masks rows past kv_len. The two
 //           buffers let the next chunk's scores be written without a second barrier: its writes come
 //           after this chunk's barrier, which every reader of the other buffer has passed.
 //   values  each value invocation keeps its own online softmax (running max m, sum l, vec4 acc) for
@@ -57,10 +59,12 @@ const HQ: u32 = ${HQ};
 const HKV: u32 = ${HKV};
 const G: u32 = ${G};            // query heads per KV head
 const C4: u32 = ${C4};          // vec4 columns of one head (HD / 4)
-const C4_QUARTER: u32 = ${C4_QUARTER};
+const KS: u32 = ${KS};          // parts of a K row dotted by separate invocations
+const CK: u32 = C4 / KS;        // K words per score item
+const CKQ: u32 = ${CKQ};        // CK / 4
 const CHUNK: u32 = ${CHUNK};    // key rows per chunk
 const WG: u32 = ${WG};
-const SR: u32 = ${SR};          // score items per invocation, ceil(CHUNK * G / WG)
+const SR: u32 = ${SR};          // score items per invocation, ceil(CHUNK * G * KS / WG)
 const GV: u32 = ${GV};          // queries per value invocation
 const GQ: u32 = G / GV;         // query groups of the value phase
 const S: u32 = ${S};            // value slices, S * GQ * C4 <= WG
@@ -86,7 +90,7 @@ const NEG: f32 = -3.0e38;       // "minus infinity" that stays finite through su
 
 var<workgroup> qs: array<vec4<f32>, G * QS_ROW>;        // queries * SCALE [G, C4 (+1 pad)]
 var<workgroup> k_new: array<KVWord, C4>;                 // main_rope: row pos's k as stored
-var<workgroup> scores: array<f32, 2u * G * CHUNK>;       // [chunk parity, query, chunk row]
+var<workgroup> scores: array<f32, 2u * KS * G * CHUNK>;  // [chunk parity, part, query, chunk row]
 var<workgroup> merge_acc: array<vec4<f32>, S * G * C4>;  // [slice, query, column]
 var<workgroup> merge_ml: array<vec2<f32>, S * G>;        // (m, l) [slice, query]
 
@@ -205,37 +209,39 @@ fn attend(tid: u32, wid: vec3<u32>, w: Work, has_new: bool) {
 
     for (var chunk = w.chunk_begin; chunk < w.chunk_end; chunk++) {
         let base = chunk * CHUNK;
-        let buf = (chunk & 1u) * (G * CHUNK);
+        let buf = (chunk & 1u) * (KS * G * CHUNK);
         // This invocation's V rows, loaded before the scores are computed.
         //#for i in R
         let vr{{i}} = min(base + slice + {{i}}u * S, last_row);
         let vw{{i}} = select(v_cache[vr{{i}} * KV_ROW4 + head + col], v_new, vr{{i}} == new_row);
         //#endfor
 
-        // Scores: item (row, query) dots the query with the whole K row.
+        // Scores: item (row, query, part) dots the query with part `part` of the K row (CK words).
         //#for k in SR
         {
             let item = tid + {{k}}u * WG;
-            let row = base + item / G;
-            let kr = min(row, last_row);
-            let kb = kr * KV_ROW4 + head;
+            let part = item % KS;
+            let g = (item / KS) % G;
+            let row = item / (KS * G);
+            let kr = min(base + row, last_row);
+            let kb = kr * KV_ROW4 + head + part * CK;
+            let nb = part * CK;
             let fresh = kr == new_row;
             //#for a in 4
-            //#for c in C4_QUARTER
-            let k{{a}}_{{c}} = kv_unpack(select(k_cache[kb + {{a}}u * C4_QUARTER + {{c}}u],
-                                                k_new[{{a}}u * C4_QUARTER + {{c}}u], fresh));
+            //#for c in CKQ
+            let k{{a}}_{{c}} = kv_unpack(select(k_cache[kb + {{a}}u * CKQ + {{c}}u], k_new[nb + {{a}}u * CKQ + {{c}}u], fresh));
             //#endfor
             //#endfor
             // Four independent sums: a shorter dependent chain.
-            let qb = (item % G) * QS_ROW;
+            let qb = g * QS_ROW + part * CK;
             //#for a in 4
             var d{{a}} = 0.0;
-            //#for c in C4_QUARTER
-            d{{a}} += dot(qs[qb + {{a}}u * C4_QUARTER + {{c}}u], k{{a}}_{{c}});
+            //#for c in CKQ
+            d{{a}} += dot(qs[qb + {{a}}u * CKQ + {{c}}u], k{{a}}_{{c}});
             //#endfor
             //#endfor
-            if (item < G * CHUNK) {
-                scores[buf + (item % G) * CHUNK + item / G] = select(NEG, (d0 + d1) + (d2 + d3), row <= last_row);
+            if (item < KS * G * CHUNK) {
+                scores[buf + (part * G + g) * CHUNK + row] = (d0 + d1) + (d2 + d3);
             }
         }
         //#endfor
@@ -250,7 +256,13 @@ fn attend(tid: u32, wid: vec3<u32>, w: Work, has_new: bool) {
                 let sb = buf + (gq * GV + {{j}}u) * CHUNK + slice;
                 var mx = m{{j}};
                 //#for i in R
-                let s{{i}} = scores[sb + {{i}}u * S];
+                var s{{i}} = NEG;
+                if (base + slice + {{i}}u * S <= last_row) {  // causal mask and the context's end
+                    s{{i}} = 0.0;
+                    //#for p in KS
+                    s{{i}} += scores[sb + {{p}}u * G * CHUNK + {{i}}u * S];
+                    //#endfor
+                }
                 mx = max(mx, s{{i}});
                 //#endfor
                 let alpha = exp(m{{j}} - mx);

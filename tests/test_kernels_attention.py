@@ -298,6 +298,8 @@ DECODE_VARIANTS = [
     dict(decode="chunked", decode_chunk=16, combine="slices"),
     dict(decode="chunked", decode_chunk=32, decode_queries_per_thread=1, combine="tree"),
     dict(decode="chunked", decode_chunk=128, combine="slices"),
+    dict(decode="chunked", decode_chunk=32, decode_key_parts=2),
+    dict(decode="chunked", decode_chunk=64, decode_key_parts=4),
     dict(decode="tiled", combine="slices"),
     dict(decode="tiled", combine="tree"),
 ]

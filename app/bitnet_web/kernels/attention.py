@@ -116,6 +116,7 @@ class Attention:
         decode: str = DECODE_KERNEL,
         decode_chunk: int = DECODE_CHUNK,
         decode_queries_per_thread: int | None = None,
+        decode_key_parts: int = 1,
         combine: str = COMBINE,
         direct_max_rows: int = DIRECT_MAX_ROWS,
     ):
@@ -195,7 +196,7 @@ class Attention:
                 kernels, shape, kv, group, prefill_query_rows, prefill_rows_per_thread or PREFILL_ROWS_PER_THREAD
             )
         if decode == "chunked":
-            layout = decode_layout(group, head_dim, decode_chunk, limit, decode_queries_per_thread)
+            layout = decode_layout(group, head_dim, decode_chunk, limit, decode_queries_per_thread, decode_key_parts)
             decode_shape = {k: v for k, v in shape.items() if k != "TILE"} | layout
             self.decode_rows = decode_chunk  # key rows per unit of work dealt to the splits
             name, keys = "attention_decode", decode_shape
@@ -330,26 +331,29 @@ def _tiled_prefill_pipeline(
 
 
 def decode_layout(
-    group: int, head_dim: int, chunk: int, limit: int, queries_per_thread: int | None = None
+    group: int, head_dim: int, chunk: int, limit: int, queries_per_thread: int | None = None, key_parts: int = 1
 ) -> dict[str, int]:
-    """attention_decode.wgsl's shape constants for `group` query heads per KV head: score items per
-    invocation (SR), queries per value invocation (GV: the largest divisor of `group` whose workgroup
-    memory fits `limit`, unless given), value slices (S) and rows per value invocation (R)."""
+    """attention_decode.wgsl's shape constants for `group` query heads per KV head: K row parts per score
+    item (KS), score items per invocation (SR), queries per value invocation (GV: the largest divisor of
+    `group` whose workgroup memory fits `limit`, unless given), value slices (S) and rows per value
+    invocation (R)."""
     c4 = head_dim // 4
     if chunk & (chunk - 1) or not 4 <= chunk <= 256:
         raise ValueError(f"attention decode chunk must be a power of two in 4..256, got {chunk}")
+    if key_parts not in (1, 2, 4) or c4 % (4 * key_parts):
+        raise ValueError(f"attention decode: {key_parts} key parts do not split head_dim {head_dim} in multiples of 16")
     choices = [queries_per_thread] if queries_per_thread else [d for d in range(group, 0, -1) if group % d == 0]
     for gv in choices:
         if group % gv:
             raise ValueError(f"attention decode: {gv} queries per thread do not divide {group} query heads")
         slices = min(chunk, 1 << (WORKGROUP // (group // gv * c4)).bit_length() - 1)
         # qs [G, C4 + 1] + k_new [C4] + merge_acc [S, G, C4] vec4 (f32 cache words at most), scores
-        # [2, G, chunk] f32, merge_ml [S, G] vec2
-        nbytes = 16 * (group * (c4 + 1) + c4 + slices * group * c4) + 8 * group * chunk + 8 * slices * group
+        # [2, KS, G, chunk] f32, merge_ml [S, G] vec2
+        nbytes = 16 * (group * (c4 + 1) + c4 + slices * group * c4) + 8 * (key_parts * group * chunk + slices * group)
         if nbytes <= limit:
             return dict(
-                G=group, C4=c4, C4_QUARTER=c4 // 4, CHUNK=chunk, WG=WORKGROUP, SR=-(-chunk * group // WORKGROUP),
-                GV=gv, S=slices, R=chunk // slices,
+                G=group, C4=c4, KS=key_parts, CKQ=c4 // key_parts // 4, CHUNK=chunk, WG=WORKGROUP,
+                SR=-(-chunk * group * key_parts // WORKGROUP), GV=gv, S=slices, R=chunk // slices,
             )  # fmt: skip
     raise ValueError(f"attention decode: no layout of {group} query heads, chunk {chunk} fits {limit} bytes")
 
