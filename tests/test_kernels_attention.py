@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bitnet_web import gpu  # noqa: E402
-from bitnet_web.kernels.attention import MAX_SPLITS, Attention, AttentionScratch, tile_rows  # noqa: E402
+from bitnet_web.kernels.attention import Attention, AttentionScratch  # noqa: E402
 from bitnet_web.kernels.common import StepParams  # noqa: E402
 from bitnet_web.kernels.kv_cache import KV_DTYPES, KVCache, KVCacheFullError, kv_bytes_per_token  # noqa: E402
 from bitnet_web.kernels.rope import RopeKV, RopeTable  # noqa: E402
@@ -291,17 +291,16 @@ def test_attention_sharp_scores_stay_finite(device, kernels, n_tokens):
     np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=1e-4, rtol=1e-3)
 
 
-# Decode kernel variants (attention_decode.wgsl's chunk sizes and queries per value invocation, the
-# tiled kernel, both combines): positions that are not multiples of the chunk, chunks dealt several per
-# split (max_splits 2), and verify-style steps of 3 tokens through the split path.
+# attention_decode.wgsl's layouts (chunk sizes, queries per value invocation, K row parts) and the
+# combine: positions that are not multiples of the chunk, chunks dealt several per split (max_splits 2),
+# and verify-style steps of 3 tokens through the split path.
 DECODE_VARIANTS = [
-    dict(decode="chunked", decode_chunk=16, combine="slices"),
-    dict(decode="chunked", decode_chunk=32, decode_queries_per_thread=1, combine="tree"),
-    dict(decode="chunked", decode_chunk=128, combine="slices"),
-    dict(decode="chunked", decode_chunk=32, decode_key_parts=2),
-    dict(decode="chunked", decode_chunk=64, decode_key_parts=4),
-    dict(decode="tiled", combine="slices"),
-    dict(decode="tiled", combine="tree"),
+    dict(),
+    dict(decode_chunk=16),
+    dict(decode_chunk=32, decode_queries_per_thread=1),
+    dict(decode_chunk=128),
+    dict(decode_chunk=32, decode_key_parts=2),
+    dict(decode_chunk=64, decode_key_parts=4),
 ]
 
 
@@ -363,13 +362,13 @@ def long_context_layer(device, kernels, dtype="f16", **options) -> Layer:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "pass_pos, dtype, max_splits", [(True, "f16", 64), (False, "f16", 64), (True, "f32", 64), (True, "f16", 256)]
+    "pass_pos, dtype, max_splits", [(True, "f16", 64), (False, "f16", 64), (True, "f32", 64), (True, "f16", 16)]
 )
 def test_long_context_decode_split(device, kernels, pass_pos, dtype, max_splits):
-    """At position ~2000: more tiles than splits (with 64), so each split workgroup walks two tiles, then
-    the combine merges 63 partials (with 256: 126 partials of one tile, several per combine invocation).
+    """At position ~2000 the combine merges 32 partials of one chunk each (with 16 splits: 16 partials of
+    two chunks each, the second walked with the online softmax's rescaling).
 
-    Without `pos` the dispatch covers the whole capacity and the surplus workgroups must not matter.
+    Without `pos` the dispatch covers max_splits splits and the surplus workgroups must not matter.
     """
     pos = 2011
     rng = np.random.default_rng(2011)
@@ -382,7 +381,7 @@ def test_long_context_decode_split(device, kernels, pass_pos, dtype, max_splits)
         k[row, 1] = as_stored(q[0, 5] * 0.4, dtype)
     got = layer.attend(q, k, v, pos, attention=attention, pass_pos=pass_pos)
     np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
-    assert -(-(pos + 1) // tile_rows(128)) > MAX_SPLITS
+    assert -(-(pos + 1) // attention.decode_chunk) > 16
 
 
 @pytest.mark.slow
@@ -518,8 +517,8 @@ def test_bad_shapes_are_refused(device, kernels):
             style="neox",
             max_tokens=1,
         )
-    with pytest.raises(ValueError, match="decode kernel must be one of"):
-        Attention(kernels, params, cache, 0, buf, buf, n_heads=4, max_tokens=1, decode="flash")
+    with pytest.raises(ValueError, match="3 queries per thread do not divide 2"):
+        Attention(kernels, params, cache, 0, buf, buf, n_heads=4, max_tokens=1, decode_queries_per_thread=3)
     with pytest.raises(ValueError, match="chunk must be a power of two"):
         Attention(kernels, params, cache, 0, buf, buf, n_heads=4, max_tokens=1, decode_chunk=48)
     with pytest.raises(ValueError, match="max_splits must be a power of two"):

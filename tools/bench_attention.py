@@ -9,11 +9,11 @@ per layer, in microseconds.
     python tools/bench_attention.py --quick         # seconds on lavapipe
     python tools/bench_attention.py --kv-dtype f16,f32 --max-splits 64,256   # one table per combination
     python tools/bench_attention.py --steps fused,split,combine \
-        --variants "tiled,combine=tree;chunked,chunk=64,gv=2,splits=32"   # decode kernel variants
+        --variants "default;chunk=32,ks=2,splits=128;gv=2,direct=64"   # decode kernel variants
 
-A variant is a decode kernel (chunked, tiled) followed by options: chunk=N (key rows per chunk), gv=N
-(queries per value invocation), ks=N (K row parts per score invocation), combine=slices|tree, splits=N
-(max splits), direct=N (largest context decoded without split); "default" is the module's defaults.
+A variant is a list of options of attention_decode.wgsl: chunk=N (key rows per chunk), gv=N (queries per
+value invocation), ks=N (K row parts per score invocation), splits=N (max splits), direct=N (largest
+context decoded without split); "default" is the module's defaults.
 Steps "split" and "combine" time the fused decode's two dispatches alone (at positions where it splits).
 """
 
@@ -92,25 +92,21 @@ VARIANT_OPTIONS = {
     "chunk": "decode_chunk",
     "gv": "decode_queries_per_thread",
     "ks": "decode_key_parts",
-    "combine": "combine",
     "direct": "direct_max_rows",
     "splits": "max_splits",
 }
 
 
 def parse_variant(text: str) -> dict:
-    """'chunked,chunk=64,splits=32' -> Attention keyword arguments (and max_splits for the scratch)."""
-    words = [w for w in text.strip().split(",") if w]
+    """'chunk=64,splits=32' -> Attention keyword arguments (and max_splits for the scratch)."""
     options: dict = {}
-    if words and "=" not in words[0] and words[0] != "default":
-        options["decode"] = words.pop(0)
-    elif words and words[0] == "default":
-        words.pop(0)
-    for word in words:
+    for word in text.strip().split(","):
+        if word in ("", "default"):
+            continue
         key, _, value = word.partition("=")
         if key not in VARIANT_OPTIONS or not value:
             raise SystemExit(f"bad variant option {word!r} in {text!r}; options: {', '.join(VARIANT_OPTIONS)}")
-        options[VARIANT_OPTIONS[key]] = value if key == "combine" else int(value)
+        options[VARIANT_OPTIONS[key]] = int(value)
     return options
 
 
@@ -206,8 +202,8 @@ def run(
 
 def record_part(recorder: gpu.Recorder, attention: Attention, ops: str, pos: int) -> None:
     """One of the split decode's two dispatches (as Attention.record dispatches them at `pos`)."""
-    units = -(-(pos + 1) // attention.decode_rows)
-    splits = min(attention.scratch.max_splits, 1 << (units - 1).bit_length())
+    chunks = -(-(pos + 1) // attention.decode_chunk)
+    splits = min(attention.scratch.max_splits, 1 << (chunks - 1).bit_length())
     if "split" in ops:
         recorder.dispatch(attention.rope_split_pipeline, attention.rope_split_group, splits, attention.n_kv_heads, 1)
     else:

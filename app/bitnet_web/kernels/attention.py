@@ -1,17 +1,22 @@
-"""Causal grouped-query attention over the KV cache (shaders/attention.wgsl, attention_combine.wgsl).
+"""Causal grouped-query attention over the KV cache (shaders/attention_decode.wgsl, attention_prefill.wgsl).
+
+Shaders: attention_decode.wgsl + attention_combine.wgsl (decode), attention_prefill.wgsl and its fallback
+attention.wgsl (prefill).
 
 Two paths, both built at construction, chosen per step by the number of tokens:
-- decode (n_tokens <= scratch.max_tokens_split, normally 1): the sequence's tiles are dealt to up to
-  MAX_SPLITS workgroups per KV head, then a combine dispatch merges their partial softmaxes, so a 4k
-  context keeps 64 workgroups per KV head busy instead of one. Two dispatches.
+- decode (n_tokens <= scratch.max_tokens_split: 1, or a speculative verify step's k + 1):
+  attention_decode.wgsl deals the sequence's chunks of DECODE_CHUNK rows to up to MAX_SPLITS workgroups
+  per KV head (one chunk each up to 4k rows), then a combine dispatch merges their partial softmaxes.
+  Two dispatches.
 - prefill (more tokens): one workgroup per (BQ tokens, KV head) walks all visible rows with an
   online softmax and writes the output directly. One dispatch. `attention_prefill.wgsl` (32 query
   rows x 32 keys per tile, register-blocked) where the head dim and workgroup memory allow it, else
-  attention.wgsl's prefill path (8 query rows x 16 keys).
+  attention.wgsl (8 query rows x 16 keys).
 Built with `rope=` (the layer's RopeKV), a one-token step also folds RoPE + the KV append into the
-attention kernel, and runs in a single dispatch (no split) while pos < DIRECT_MAX_TILES tiles.
-Timings per layer on an H100 (2B-4T shapes, tools/bench_attention.py): ~7 us at pos < 64, ~12-16 us up
-to pos 1024, ~21 us at 2048, ~30 us at 4000; each dependent dispatch costs ~4 us there by itself.
+decode kernel, and runs in a single dispatch (one workgroup per KV head walking every chunk, no combine)
+while the context has at most DIRECT_MAX_ROWS rows.
+Measured per layer (2B-4T shapes, tools/bench_attention.py; history in docs/performance.md): ~7 us at
+pos 16, ~10 us at 64, ~12-16 us at 256-2048, ~21 us at 4000; a dependent dispatch costs ~4 us by itself.
 """
 
 from __future__ import annotations
@@ -26,14 +31,8 @@ from .rope import RopeKV
 WORKGROUP = 256  # invocations of the attention and combine workgroups (the WebGPU default maximum)
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)  # HD / 4 must divide WORKGROUP
 MAX_SPLITS = 64  # most workgroups one KV head's decode is split over (partials merged by the combine)
-# Decode kernels: "chunked" (attention_decode.wgsl, CHUNK key rows per barrier) or "tiled" (attention.wgsl's
-# split path, 16-row tiles at head_dim 128); combines: "slices" (one barrier) or "tree" (reduction tree).
-DECODE_KERNELS = ("chunked", "tiled")
-DECODE_KERNEL = "chunked"
-DECODE_CHUNK = 64  # key rows per chunk of attention_decode.wgsl
-COMBINES = ("slices", "tree")
-COMBINE = "slices"
-DIRECT_MAX_ROWS = 64  # fused decode over at most this many cache rows runs in one dispatch, without split + combine
+DECODE_CHUNK = 64  # key rows per chunk of attention_decode.wgsl (one barrier each)
+DIRECT_MAX_ROWS = 256  # fused decode over at most this many cache rows runs in one dispatch, without split + combine
 # attention_prefill.wgsl: query rows per workgroup (tried largest first until workgroup memory fits) and
 # query rows per thread (the workgroup has 16 * rows / RQ threads).
 PREFILL_QUERY_ROWS = (32, 16)
@@ -113,11 +112,9 @@ class Attention:
         tiled_prefill: bool = True,
         prefill_query_rows: int | None = None,
         prefill_rows_per_thread: int | None = None,
-        decode: str = DECODE_KERNEL,
         decode_chunk: int = DECODE_CHUNK,
         decode_queries_per_thread: int | None = None,
         decode_key_parts: int = 1,
-        combine: str = COMBINE,
         direct_max_rows: int = DIRECT_MAX_ROWS,
     ):
         device = kernels.device
@@ -138,10 +135,6 @@ class Attention:
                 )
         if rope is not None and (rope.cache is not cache or rope.layer != layer or rope.q_out is not q):
             raise ValueError(f"{what}: the RopeKV passed as `rope` must write this layer's cache and q buffer")
-        if decode not in DECODE_KERNELS:
-            raise ValueError(f"{what}: decode kernel must be one of {DECODE_KERNELS}, got {decode!r}")
-        if combine not in COMBINES:
-            raise ValueError(f"{what}: combine must be one of {COMBINES}, got {combine!r}")
         if scratch is None:
             scratch = AttentionScratch(device, n_heads, head_dim, cache.max_context)
         if (scratch.n_heads, scratch.head_dim) != (n_heads, head_dim):
@@ -181,41 +174,41 @@ class Attention:
             HQ=n_heads,
             HKV=n_kv_heads,
             HD=head_dim,
-            TILE=self.tile,
             WG=WORKGROUP,
-            MAX_SPLITS=scratch.max_splits,
             SCALE=float(1.0 / math.sqrt(head_dim)) if scale is None else float(scale),
-            ROPE_DIM=rope.table.rope_dim if rope is not None else head_dim,
-            NEOX=rope.style == "neox" if rope is not None else True,
         )
         kv = cache.defines  # the cache's element type (shaders/_kv.wgsl)
-        self.prefill_pipeline = kernels.pipeline("attention", defines=kv, BQ=self.block_tokens, SPLIT=False, **shape)
+        self.prefill_pipeline = kernels.pipeline("attention", defines=kv, BQ=self.block_tokens, TILE=self.tile, **shape)
         self.tiled = None  # (pipeline, tokens per workgroup) of attention_prefill.wgsl, when it fits
         if tiled_prefill:
             self.tiled = _tiled_prefill_pipeline(
                 kernels, shape, kv, group, prefill_query_rows, prefill_rows_per_thread or PREFILL_ROWS_PER_THREAD
             )
-        if decode == "chunked":
-            layout = decode_layout(group, head_dim, decode_chunk, limit, decode_queries_per_thread, decode_key_parts)
-            decode_shape = {k: v for k, v in shape.items() if k != "TILE"} | layout
-            self.decode_rows = decode_chunk  # key rows per unit of work dealt to the splits
-            name, keys = "attention_decode", decode_shape
-        else:
-            self.decode_rows = self.tile
-            name, keys = "attention", dict(shape, BQ=1)
+        self.decode_chunk = decode_chunk
         self.direct_max_rows = direct_max_rows
-        self.split_pipeline = kernels.pipeline(name, defines=kv, SPLIT=True, **keys)
+        decode_shape = shape | decode_layout(
+            group, head_dim, decode_chunk, limit, decode_queries_per_thread, decode_key_parts
+        )
+        decode_shape.update(
+            MAX_SPLITS=scratch.max_splits,
+            ROPE_DIM=rope.table.rope_dim if rope is not None else head_dim,
+            NEOX=rope.style == "neox" if rope is not None else True,
+        )
+        self.split_pipeline = kernels.pipeline("attention_decode", defines=kv, SPLIT=True, **decode_shape)
         if self.fused_rope:
-            self.rope_split_pipeline = kernels.pipeline(name, "main_rope", defines=kv, SPLIT=True, **keys)
-            self.rope_direct_pipeline = kernels.pipeline(name, "main_rope", defines=kv, SPLIT=False, **keys)
+            self.rope_split_pipeline = kernels.pipeline(
+                "attention_decode", "main_rope", defines=kv, SPLIT=True, **decode_shape
+            )
+            self.rope_direct_pipeline = kernels.pipeline(
+                "attention_decode", "main_rope", defines=kv, SPLIT=False, **decode_shape
+            )
         slices = WORKGROUP // (head_dim // 4)
         self.combine_pipeline = kernels.pipeline(
             "attention_combine",
-            "main_slices" if combine == "slices" else "main",
             STEP_PARAMS=STEP_PARAMS_WGSL,
             HQ=n_heads,
             HD=head_dim,
-            TILE=self.decode_rows,
+            CHUNK=decode_chunk,
             WG=WORKGROUP,
             MAX_SPLITS=scratch.max_splits,
             SLICES=slices,
@@ -232,7 +225,7 @@ class Attention:
         k, v = self.cache.k[self.layer], self.cache.v[self.layer]
         params, stats, label = self.params.buffer, self.scratch.stats, f"layer {self.layer}"
         self.prefill_group = self.device.bind_group(
-            self.prefill_pipeline, [params, self.q, k, v, self.out, stats], f"attention prefill {label}"
+            self.prefill_pipeline, [params, self.q, k, v, self.out], f"attention prefill {label}"
         )
         if self.tiled is not None:
             self.tiled_group = self.device.bind_group(
@@ -263,8 +256,8 @@ class Attention:
         if not 0 < n_tokens <= self.max_tokens:
             raise ValueError(f"Attention layer {self.layer}: n_tokens {n_tokens} outside 1..{self.max_tokens}")
         max_splits = self.scratch.max_splits
-        units = max_splits if pos is None else -(-(pos + n_tokens) // self.decode_rows)
-        splits = min(max_splits, 1 << (units - 1).bit_length())
+        chunks = max_splits if pos is None else -(-(pos + n_tokens) // self.decode_chunk)
+        splits = min(max_splits, 1 << (chunks - 1).bit_length())
         if self.fused_rope and n_tokens == 1:
             if pos is not None and pos + 1 <= self.direct_max_rows:
                 recorder.dispatch(self.rope_direct_pipeline, self.rope_direct_group, 1, self.n_kv_heads, 1)
