@@ -16,25 +16,24 @@
 // Thread mapping, per chunk (one barrier):
 //   loads   score item i = tid + k * WG (k < SR), i < CHUNK * G * KS, is (chunk row i / (G * KS), query
 //           (i / KS) % G, part i % KS): its invocation loads part `part` of that row's K head (C4 / KS
-//           words). Value invocation tid < S * GQ * C4 is
-//           (slice, query group, column col): it loads column col of the chunk's V rows slice,
-//           slice + S, ... (R = CHUNK / S rows, coalesced across col). Every load of the chunk is
-//           issued before any arithmetic.
+//           words). Value invocation tid < S * GQ * C4 is (slice, query group gq, column col): it loads
+//           column col of the chunk's V rows slice, slice + S, ... (R = CHUNK / S rows, coalesced
+//           across col). Every load of the chunk is issued before any arithmetic.
 //   scores  q . k over the part (SCALE folded into q) into scores[chunk parity], then the barrier; the
-//           value phase adds the KS parts and masks rows past kv_len. The two
-//           buffers let the next chunk's scores be written without a second barrier: its writes come
-//           after this chunk's barrier, which every reader of the other buffer has passed.
+//           value phase adds the KS parts and masks rows past kv_len. The two buffers let the next
+//           chunk's scores be written without a second barrier: its writes come after this chunk's
+//           barrier, which every reader of the other buffer has passed.
 //   values  each value invocation keeps its own online softmax (running max m, sum l, vec4 acc) for
 //           its GV queries over its own rows, reading only its R scores per query: no workgroup-wide
 //           max, at the price of each score being exponentiated by the C4 invocations of its row.
 // At the end the S slices' (acc, m, l) are merged in workgroup memory (one more barrier) by
 // invocation (query g, column c) for tid < G * C4.
-// Why this shape (measured on an H100 through wgpu/naga): decode attention is latency-bound (a 4k
-// context's K/V is ~3.5 us of HBM time per layer); per-tile barriers and loops that wait on each
-// iteration's loads were the cost. `//#for` unrolls every inner loop (naga's loops are not unrolled by
+// Why this shape (measured on an H100 and an H200 through wgpu/naga): decode attention is latency-bound
+// (a 4k context's K/V is ~3.5 us of HBM time per layer); per-tile barriers and loops that wait on each
+// iteration's loads were the cost. No subgroup operations, so nothing depends on the subgroup size. `//#for` unrolls every inner loop (naga's loops are not unrolled by
 // the driver), so each invocation keeps its loads in flight together.
 //
-// Entry points (as attention.wgsl's):
+// Entry points:
 //   main       queries from `q` (RoPE already applied, K/V rows already appended by rope.wgsl).
 //   main_rope  decode of one token with RoPE fused in: binding 1 is the fused projection qkv; the
 //              queries and row pos's k are rotated on load (as rope.wgsl does; needs ROPE_DIM % 8 == 0),
