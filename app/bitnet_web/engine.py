@@ -624,8 +624,10 @@ class Engine:
         a drafted token with probability p(token), else draws from p without it, so its distribution is
         plain sampling's (a seed gives other tokens than without drafts, the same ones run after run).
         Replies that copy from their input (code with repeated structure, summaries, edits) come several
-        tokens per pass. 0 turns it off; the default is `speculate_for`'s choice. CPU-sampled settings
-        are decoded one token per step. `last_stats` reports draft_proposed / draft_accepted."""
+        tokens per pass; where the reply stops repeating, `speculation_policy` switches to plain decode
+        steps until it repeats again. 0 turns it off; the default is `speculate_for`'s choice.
+        CPU-sampled settings are decoded one token per step. `last_stats` reports draft_proposed /
+        draft_accepted, verify_steps and plain_steps."""
         settings = settings or SamplerSettings()
         if messages is not None:
             ids = self.encode_chat(messages, max_tokens)
