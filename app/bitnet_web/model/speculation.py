@@ -72,10 +72,12 @@ class DraftIndex:
 
     def __init__(self, history: Sequence[int] = (), ngram_max: int = NGRAM_MAX):
         self.ngram_max = ngram_max
-        self.tokens: list[int] = []
+        self.tokens = [int(t) for t in history]
         self.starts: dict[tuple[int, ...], int] = {}  # n-gram -> start of its latest occurrence (see above)
-        for token in history:
-            self.append(token)
+        before_last = self.tokens[:-1]
+        for n in range(1, ngram_max + 1):  # in bulk (a long prompt): later starts overwrite earlier ones
+            grams = zip(*(before_last[j:] for j in range(n)))
+            self.starts.update(zip(grams, range(len(before_last))))
 
     def append(self, token: int) -> None:
         tokens, end = self.tokens, len(self.tokens) - 1
