@@ -192,36 +192,46 @@ async def verify_step_costs(model, ks: tuple[int, ...], n_steps: int, prompt: li
 
 
 async def speculation_workloads(engine, ks: tuple[int, ...], n_tokens: int, runs: int) -> dict:
-    """Acceptance and end-to-end greedy tokens/s with and without drafts on SPECULATION_WORKLOADS."""
+    """Acceptance and end-to-end greedy tokens/s with and without drafts on SPECULATION_WORKLOADS: each
+    k with a draft verified at every step (no SpeculationPolicy), and "default", the engine's default
+    draft size and policy."""
+    from .engine import SPECULATE_DEFAULT
     from .text.sampler import SamplerSettings
 
     greedy = SamplerSettings(temperature=0.0)
     report = {}
-    for name, text in SPECULATION_WORKLOADS.items():
-        ids = engine.encode_prompt(text)
-        rows, plain = {}, None
-        for k in (0, *ks):
-            rates = []
-            for _ in range(runs + 1):  # the first run warms pipelines and the cache's size
-                engine.model.truncate(0)
-                async for _ in engine.generate_tokens_async(ids, greedy, max_tokens=n_tokens, speculate=k):
-                    pass
-                rates.append(engine.last_stats.decode_tok_per_s)
-            stats, tokens = engine.last_stats, list(engine.generated_tokens)
-            plain = tokens if k == 0 else plain
-            row = {"tok_per_s": float(np.median(rates[1:])), "tokens": stats.n_generated}
-            if k:
-                steps = max(stats.verify_steps, 1)
-                row.update(
-                    draft_proposed=stats.draft_proposed,
-                    draft_accepted=stats.draft_accepted,
-                    acceptance=stats.draft_accepted / max(stats.draft_proposed, 1),
-                    tokens_per_verify_step=(steps + stats.draft_accepted) / steps,
-                    speedup=row["tok_per_s"] / rows["0"]["tok_per_s"],
-                    identical_to_plain=tokens == plain,
-                )
-            rows[str(k)] = row
-        report[name] = {"prompt_tokens": len(ids), "by_speculate": rows}
+    policy = engine.speculation_policy
+    try:
+        for name, text in SPECULATION_WORKLOADS.items():
+            ids = engine.encode_prompt(text)
+            rows, plain = {}, None
+            for k in (0, *ks, SPECULATE_DEFAULT):
+                rates = []
+                engine.speculation_policy = policy if k == SPECULATE_DEFAULT else None
+                for _ in range(runs + 1):  # the first run warms pipelines and the cache's size
+                    engine.model.truncate(0)
+                    async for _ in engine.generate_tokens_async(ids, greedy, max_tokens=n_tokens, speculate=k):
+                        pass
+                    rates.append(engine.last_stats.decode_tok_per_s)
+                stats, tokens = engine.last_stats, list(engine.generated_tokens)
+                plain = tokens if k == 0 else plain
+                row = {"tok_per_s": float(np.median(rates[1:])), "tokens": stats.n_generated}
+                if k == SPECULATE_DEFAULT:
+                    row.update(speculate=stats.speculate, plain_steps=stats.plain_steps)
+                if k:
+                    steps = max(stats.verify_steps, 1)
+                    row.update(
+                        draft_proposed=stats.draft_proposed,
+                        draft_accepted=stats.draft_accepted,
+                        acceptance=stats.draft_accepted / max(stats.draft_proposed, 1),
+                        tokens_per_verify_step=(steps + stats.draft_accepted) / steps,
+                        speedup=row["tok_per_s"] / rows["0"]["tok_per_s"],
+                        identical_to_plain=tokens == plain,
+                    )
+                rows["default" if k == SPECULATE_DEFAULT else str(k)] = row
+            report[name] = {"prompt_tokens": len(ids), "by_speculate": rows}
+    finally:
+        engine.speculation_policy = policy
     return report
 
 
