@@ -296,23 +296,30 @@ def test_bad_speculate_is_a_clear_error(engine, tiny_path):
         narrow.close()
 
 
-def test_sampled_replies_draft_too_and_repeat_for_a_seed(engine, tiny_path):
+@pytest.mark.parametrize(("window", "max_tokens"), [(SpeculationPolicy.WINDOW, 30), (3, 70)])
+def test_sampled_replies_draft_too_and_repeat_for_a_seed(engine, tiny_path, window, max_tokens):
     """Settings sampled on the GPU go through the speculative sampling rule (its distribution is tested
-    in tests/test_spec_sampling.py): a seed gives the same reply and counts again, drafts are made and
-    some accepted, max_tokens holds, and the cache it leaves serves a follow-up as a fresh engine would."""
+    in tests/test_spec_sampling.py): a seed gives the same reply, counts and policy switches again,
+    drafts are made and some accepted, max_tokens holds, and the cache it leaves serves a follow-up as
+    a fresh engine would. Window 3: the policy switches to plain steps and back in the reply."""
     sampled = SamplerSettings(temperature=0.7, top_k=10, seed=4)
     runs = []
-    for _ in range(2):
-        engine.reset()
-        list(engine.generate(tokens=PROMPT, settings=sampled, speculate=4, max_tokens=30))
-        stats = engine.last_stats
-        runs.append((list(engine.generated_tokens), stats.draft_proposed, stats.draft_accepted))
-        assert stats.speculate == 4 and stats.token_choice == "gpu_sample" and stats.n_generated == 30
-    assert runs[0] == runs[1] and runs[0][1] > 0
+    with policy_of(engine, window=window) as policies:
+        for _ in range(2):
+            engine.reset()
+            list(engine.generate(tokens=PROMPT, settings=sampled, speculate=4, max_tokens=max_tokens))
+            stats = engine.last_stats
+            runs.append((list(engine.generated_tokens), stats.draft_proposed, stats.draft_accepted, stats.plain_steps))
+            assert stats.speculate == 4 and stats.token_choice == "gpu_sample"
+    assert runs[0] == runs[1] and runs[0][1] > 0 and policies[0].switches == policies[1].switches
+    if window == 3:
+        assert {on for _, on in policies[0].switches} == {False, True}, policies[0].switches
     reply = runs[0][0]
-    assert engine.model.cached_tokens[: len(PROMPT) + 29] == PROMPT + reply[:29]
+    assert len(reply) == max_tokens or engine.last_stats.stop_reason == "eos"
+    assert engine.model.cached_tokens[: len(PROMPT) + len(reply) - 1] == PROMPT + reply[:-1]
     follow_up = PROMPT + reply + [7]
     list(engine.generate(tokens=follow_up, settings=GREEDY, speculate=0, max_tokens=5))
+    assert engine.last_stats.n_reused_tokens == len(PROMPT) + len(reply) - 1
     fresh = Engine(prefill_chunk=16)
     try:
         fresh.load(tiny_path)
@@ -376,32 +383,6 @@ def test_sampled_steps_continue_the_draw_stream_across_switches(engine):
     assert len(phases) >= 4  # verify, plain, verify again, ..., the context end
     assert engine._run(run())[:2] == (tokens, phases)
     op.release(model.device)
-
-
-def test_sampled_reply_with_switches_repeats_for_a_seed(engine, tiny_path):
-    """Engine.generate with sampling and a policy that switches both ways: the same reply and counts for
-    a seed, and a cache that serves a follow-up as a fresh engine would."""
-    sampled = SamplerSettings(temperature=0.7, top_k=10, seed=4)
-    runs = []
-    with policy_of(engine, window=3) as policies:
-        for _ in range(2):
-            engine.reset()
-            list(engine.generate(tokens=PROMPT, settings=sampled, speculate=4, max_tokens=70))
-            stats = engine.last_stats
-            runs.append((list(engine.generated_tokens), stats.draft_proposed, stats.draft_accepted, stats.plain_steps))
-    assert runs[0] == runs[1] and policies[0].switches == policies[1].switches
-    assert {on for _, on in policies[0].switches} == {False, True}, policies[0].switches
-    reply = runs[0][0]
-    assert engine.model.cached_tokens[: len(PROMPT) + len(reply) - 1] == PROMPT + reply[:-1]
-    follow_up = PROMPT + reply + [7]
-    list(engine.generate(tokens=follow_up, settings=GREEDY, speculate=0, max_tokens=5))
-    assert engine.last_stats.n_reused_tokens == len(PROMPT) + len(reply) - 1
-    fresh = Engine(prefill_chunk=16)
-    try:
-        fresh.load(tiny_path)
-        assert engine.generated_tokens == generate(fresh, follow_up, 0, max_tokens=5)
-    finally:
-        fresh.close()
 
 
 @pytest.mark.slow

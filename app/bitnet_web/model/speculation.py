@@ -112,7 +112,8 @@ class SpeculationPolicy:
 
     Over the last `window` counted steps, `rate` = tokens per step. Verify steps stop when the rate
     falls below `verify_cost`, the cost of a verify step in decode steps, and resume when it reaches
-    verify_cost + `resume_margin`. The decode loop switches only once every queued step was read.
+    verify_cost + `resume_margin`. The decode loop switches once the steps already queued are read
+    (how many tokens that takes depends on its batching, a setting, not on timing).
     """
 
     # A verify step over k + 1 rows costs about 1 + VERIFY_ROW_COST * k decode steps (2B-4T shape,
