@@ -76,8 +76,8 @@ class DraftIndex:
         self.starts: dict[tuple[int, ...], int] = {}  # n-gram -> start of its latest occurrence (see above)
         before_last = self.tokens[:-1]
         for n in range(1, ngram_max + 1):  # in bulk (a long prompt): later starts overwrite earlier ones
-            grams = zip(*(before_last[j:] for j in range(n)))
-            self.starts.update(zip(grams, range(len(before_last))))
+            grams = zip(*(before_last[j:] for j in range(n)), strict=False)  # the shortest slice ends them
+            self.starts.update(zip(grams, range(len(before_last)), strict=False))
 
     def append(self, token: int) -> None:
         tokens, end = self.tokens, len(self.tokens) - 1
@@ -108,7 +108,7 @@ class SpeculationPolicy:
     with, plus one. While verifying, for greedy replies, these are the real verify steps; during plain
     steps they say what verifying would have gained, so the policy turns verify steps back on as soon
     as the text starts to repeat. (For sampled replies a drafted token is kept with probability p(x),
-    the probability that plain sampling draws it: the same expected count.)
+    the probability that plain sampling draws it, so the count estimates the real steps' tokens.)
 
     Over the last `window` counted steps, `rate` = tokens per step. Verify steps stop when the rate
     falls below `verify_cost`, the cost of a verify step in decode steps, and resume when it reaches
@@ -120,9 +120,9 @@ class SpeculationPolicy:
     # H100, with the small-T kernels: 1.18 at k = 1, 1.29 at 2, 1.80 at 4, 2.61 at 8; docs/performance.md,
     # "Speculative decoding"); the round figure errs on the side of plain steps at small k.
     VERIFY_ROW_COST = 0.2
-    # Steps the rate is taken over: enough that one lucky step does not decide (a reply that does
-    # not repeat, ~1.05 tokens per step, reaches 1.4 at k = 2 only with 3 accepted drafts in 8), few
-    # enough that a reply that stops repeating costs at most ~8 verify steps (~2 decode steps at k = 2).
+    # Steps the rate is taken over: enough that one lucky step does not decide (at k = 2, 8 steps
+    # reach 1.4 tokens per step only with 4 drafted tokens accepted), few enough that a reply that
+    # stops repeating costs at most ~8 verify steps (~2.3 decode steps at k = 2 and 1.29x per step).
     WINDOW = 8
     # Each switch empties the GPU queue once (a readback's latency with the GPU idle): without a gap
     # between the thresholds a rate near the break-even point would switch every few tokens.
