@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bitnet_web.model.speculation import accept_greedy, accept_sampled, prompt_lookup_draft
+from bitnet_web.model.speculation import (
+    DraftIndex,
+    SpeculationPolicy,
+    accept_greedy,
+    accept_sampled,
+    prompt_lookup_draft,
+)
 
 
 def brute_force_draft(history: list[int], k: int, ngram_max: int) -> list[int]:
@@ -77,3 +83,102 @@ def test_sampled_acceptance_keeps_the_distribution() -> None:
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 20.5  # 5 degrees of freedom: p = 0.001
     assert abs(accepted / n - p[2]) < 4 * np.sqrt(p[2] * (1 - p[2]) / n)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_draft_index_is_prompt_lookup_draft(seed: int) -> None:
+    """The incremental index drafts what prompt_lookup_draft drafts, after every appended token."""
+    rng = np.random.default_rng(seed)
+    alphabet = [2, 3, 6, 40, 400, 5][seed]
+    history = rng.integers(0, alphabet, size=int(rng.integers(1, 60))).tolist()  # indexed in bulk
+    index = DraftIndex(history)
+    for _ in range(120):
+        for k in (1, 2, 5):
+            assert index.draft(k) == prompt_lookup_draft(history, k), (history, k)
+        token = int(rng.integers(0, alphabet))
+        history.append(token)
+        index.append(token)
+
+
+def greedy_verify_steps(history: list[int], reply: list[int], k: int) -> list[int]:
+    """Tokens emitted by each verify step of greedy speculative decoding whose reply is `reply` (its
+    first token already fed), with prompt_lookup_draft: the steps the policy counts."""
+    text, i, emitted = list(history), 0, []
+    while i < len(reply):
+        draft = prompt_lookup_draft(text, k)
+        n = 0
+        while n < len(draft) and i + n < len(reply) and draft[n] == reply[i + n]:
+            n += 1
+        if i + n >= len(reply):
+            break  # the step is not over when the reply ends
+        text += reply[i : i + n + 1]
+        emitted.append(n + 1)
+        i += n + 1
+    return emitted
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_policy_counts_the_greedy_verify_steps(k: int) -> None:
+    """With a window as long as the reply, the policy's rate is the mean tokens per verify step of a
+    host simulation of greedy speculative decoding over the same text."""
+    rng = np.random.default_rng(k)
+    prompt = rng.integers(0, 5, size=12).tolist()
+    reply = rng.integers(0, 5, size=200).tolist()
+    policy = SpeculationPolicy(k, window=10**6)
+    policy.start(prompt)
+    for token in reply:
+        policy.push(token)
+    steps = greedy_verify_steps(prompt, reply, k)
+    assert list(policy.emitted) == steps and policy.rate == pytest.approx(np.mean(steps))
+    assert max(steps) > 1 and policy.speculating  # drafts were accepted; no window was full to switch
+
+
+def test_policy_switches_off_on_new_text_and_back_on_when_it_repeats() -> None:
+    """A reply of fresh tokens (nothing to copy) turns verify steps off within a window of steps; a
+    reply that then repeats a stretch of its prompt turns them back on, within about a window."""
+    rng = np.random.default_rng(0)
+    prompt = rng.permutation(1000)[:200].tolist()
+    fresh = (1000 + rng.permutation(5000)[:300]).tolist()  # never seen: every draft is wrong or empty
+    policy = SpeculationPolicy(2)
+    policy.start(prompt)
+    for i, token in enumerate(fresh):
+        policy.push(token)
+        if i >= policy.window:
+            assert not policy.speculating, i
+    assert policy.switches == [(policy.window, False)] and policy.rate < 1.1
+    for token in prompt[:150]:  # copies the prompt: drafts of 2 accepted each step
+        policy.push(token)
+    assert policy.speculating and policy.rate == pytest.approx(3.0)
+    on_at = policy.switches[-1][0] - len(fresh)
+    assert policy.switches[-1][1] and on_at <= 3 * (policy.window + 1)
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.25])
+def test_policy_switches_at_its_thresholds(margin: float) -> None:
+    """Text near the break-even point (random tokens of 3 kinds: ~1.4 tokens per step at k = 2): off
+    only below verify_cost, on only at verify_cost + resume_margin; a margin means fewer switches."""
+    rng = np.random.default_rng(1)
+    policy = SpeculationPolicy(2, window=4, verify_cost=1.4, resume_margin=margin)
+    policy.start([0, 1, 2])
+    changes = []
+    for token in rng.integers(0, 3, size=600).tolist():
+        before = policy.speculating
+        policy.push(token)
+        if policy.speculating != before:
+            changes.append((policy.speculating, policy.rate))
+    assert sum(on for on, _ in changes) >= 3 and len(changes) == len(policy.switches)
+    for on, rate in changes:
+        assert rate >= 1.4 + margin if on else rate < 1.4
+    if margin:
+        no_margin = SpeculationPolicy(2, window=4, verify_cost=1.4, resume_margin=0.0)
+        no_margin.start([0, 1, 2])
+        for token in np.random.default_rng(1).integers(0, 3, size=600).tolist():
+            no_margin.push(token)
+        assert len(policy.switches) < len(no_margin.switches)
+
+
+def test_policy_rejects_bad_parameters() -> None:
+    with pytest.raises(ValueError, match="k and window must be >= 1"):
+        SpeculationPolicy(0)
+    with pytest.raises(ValueError, match="k and window must be >= 1"):
+        SpeculationPolicy(2, window=0)

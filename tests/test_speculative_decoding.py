@@ -8,6 +8,7 @@ accepts, so a GPU loop that drafted from the wrong history, or counted wrongly, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -19,7 +20,8 @@ import pytest
 from bitnet_web.engine import Engine, EngineError
 from bitnet_web.kernels.spec_sampling import SpecSampleAccept
 from bitnet_web.kernels.speculative import GreedyAccept, SpecBuffers, SpecDraft
-from bitnet_web.model.speculation import NGRAM_MAX, accept_greedy, prompt_lookup_draft
+from bitnet_web.model.decode import SpeculativeSampling
+from bitnet_web.model.speculation import NGRAM_MAX, SpeculationPolicy, accept_greedy, prompt_lookup_draft
 from bitnet_web.text.sampler import Sampler, SamplerSettings
 
 pytestmark = pytest.mark.gpu
@@ -68,6 +70,33 @@ def generate(engine: Engine, prompt: list[int], speculate: int, **kwargs) -> lis
     engine.reset()
     list(engine.generate(tokens=prompt, settings=GREEDY, speculate=speculate, **kwargs))
     return list(engine.generated_tokens)
+
+
+@contextlib.contextmanager
+def policy_of(engine: Engine, **parameters):
+    """Speculative replies under SpeculationPolicy(k, **parameters) (None: every step verifies); yields
+    the list of the policies built."""
+    saved, built = engine.speculation_policy, []
+
+    def make(k: int) -> SpeculationPolicy:
+        built.append(SpeculationPolicy(k, **parameters))
+        return built[-1]
+
+    engine.speculation_policy = make
+    try:
+        yield built
+    finally:
+        engine.speculation_policy = saved
+
+
+@contextlib.contextmanager
+def fixed_k(engine: Engine):
+    """Every verify step that fits runs (no policy): what `simulate` counts."""
+    saved, engine.speculation_policy = engine.speculation_policy, None
+    try:
+        yield
+    finally:
+        engine.speculation_policy = saved
 
 
 def read(device, buffer, n: int) -> list[int]:
@@ -157,33 +186,65 @@ def test_speculative_greedy_equals_plain_greedy_with_host_counts(engine, batchin
     assert engine.last_stats.stop_reason == "context_full"
     engine.model.DECODE_BATCHING = batching
     try:
-        for k in (1, 4, 8):
-            assert generate(engine, PROMPT, k, max_tokens=CONTEXT) == plain, k
-            stats = engine.last_stats
-            assert stats.stop_reason == "context_full" and engine.model.n_cached == CONTEXT
-            assert engine.model.cached_tokens == PROMPT + plain[:-1]
-            assert (stats.draft_proposed, stats.draft_accepted) == simulate(PROMPT, plain, k), k
-            assert stats.speculate == k
+        with fixed_k(engine):
+            for k in (1, 4, 8):
+                assert generate(engine, PROMPT, k, max_tokens=CONTEXT) == plain, k
+                stats = engine.last_stats
+                assert stats.stop_reason == "context_full" and engine.model.n_cached == CONTEXT
+                assert engine.model.cached_tokens == PROMPT + plain[:-1]
+                assert (stats.draft_proposed, stats.draft_accepted) == simulate(PROMPT, plain, k), k
+                assert stats.speculate == k
         assert 0 < simulate(PROMPT, plain, 4)[1]  # the reply repeats itself: drafts were accepted
     finally:
         del engine.model.DECODE_BATCHING
 
 
-def test_stops_are_exact_and_the_next_reply_is_a_fresh_engines(engine, tiny_path):
+@pytest.mark.parametrize("batching", [(1, 2), (3, 2)])
+def test_policy_switching_both_ways_keeps_greedy_output(engine, batching):
+    """A policy with a short window turns verify steps off while the reply does not repeat and back on
+    when it does, several times: the reply, stop reason and cache are plain decoding's, every token is
+    counted once (first token + verified + plain), and the draft history the GPU kept across the
+    switches (uploaded only in part on resuming) is the text."""
+    plain = generate(engine, PROMPT, 0, max_tokens=CONTEXT)
+    engine.model.DECODE_BATCHING = batching
+    try:
+        with policy_of(engine, window=2) as policies:
+            assert generate(engine, PROMPT, 4, max_tokens=CONTEXT) == plain
+        stats, model = engine.last_stats, engine.model
+        switches = [on for _, on in policies[-1].switches]
+        assert switches.count(False) >= 2 and switches.count(True) >= 2, policies[-1].switches
+        assert stats.stop_reason == "context_full" and model.cached_tokens == PROMPT + plain[:-1]
+        assert 1 + stats.verify_steps + stats.draft_accepted + stats.plain_steps == stats.n_generated
+        assert stats.verify_steps > 0 and stats.plain_steps > 0
+        folded = model._spec_history_folded
+        assert read(model.device, model.speculation_buffers(4).history, folded) == (PROMPT + plain)[:folded]
+    finally:
+        del engine.model.DECODE_BATCHING
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_stops_are_exact_and_the_next_reply_is_a_fresh_engines(engine, tiny_path, window):
     """max_tokens ending inside a verify step's accepted run, a stop string, an end-of-text token: the
     reply ends where plain decoding's does, the cache keeps prompt + reply (minus its last token), and a
-    follow-up reusing that cache equals a fresh engine's reply to the same tokens."""
-    plain = generate(engine, PROMPT, 0, max_tokens=40)
-    proposed, accepted = simulate(PROMPT, plain, 4)
+    follow-up reusing that cache equals a fresh engine's reply to the same tokens. window None: every
+    step verifies (the draft counts are the host simulation's); 2: a policy that switches between
+    verify and plain steps several times in the reply, so the stops also fall after switches."""
+    plain = generate(engine, PROMPT, 0, max_tokens=60)
+    proposed, accepted = simulate(PROMPT, plain[:40], 4)
     assert accepted >= 4  # several accepted runs for max_tokens to cut
     fresh = Engine(prefill_chunk=16)
     fresh.load(tiny_path)
     engine.model.DECODE_BATCHING = (2, 2)
+    cuts = (2, 5, 9, 14, 23) if window is None else (2, 9, 23, 37, 44, 51, 57)
+    policies = contextlib.ExitStack()
+    built = policies.enter_context(fixed_k(engine) if window is None else policy_of(engine, window=window))
     try:
-        for max_tokens in (2, 5, 9, 14, 23):
+        for max_tokens in cuts:
             got = generate(engine, PROMPT, 4, max_tokens=max_tokens)
             assert got == plain[:max_tokens]
-            assert (engine.last_stats.draft_proposed, engine.last_stats.draft_accepted) == simulate(PROMPT, got, 4)
+            if window is None:
+                counts = (engine.last_stats.draft_proposed, engine.last_stats.draft_accepted)
+                assert counts == simulate(PROMPT, got, 4)
             cached = engine.model.cached_tokens
             assert cached[: len(PROMPT) + max_tokens - 1] == PROMPT + got[:-1]
             follow_up = PROMPT + got + [7]
@@ -196,7 +257,7 @@ def test_stops_are_exact_and_the_next_reply_is_a_fresh_engines(engine, tiny_path
         saved = tokenizer.stop_ids
         tokenizer.stop_ids = saved | {eos}
         try:
-            got = generate(engine, PROMPT, 4, max_tokens=40)
+            got = generate(engine, PROMPT, 4, max_tokens=60)
             assert engine.last_stats.stop_reason == "eos"
             assert got == plain[: plain.index(eos)]
         finally:
@@ -206,14 +267,17 @@ def test_stops_are_exact_and_the_next_reply_is_a_fresh_engines(engine, tiny_path
         stop = tokenizer.decode(plain[20:22])
         engine.reset()
         pieces = "".join(
-            engine.generate(tokens=PROMPT, settings=GREEDY, speculate=4, stop_strings=[stop], max_tokens=40)
+            engine.generate(tokens=PROMPT, settings=GREEDY, speculate=4, stop_strings=[stop], max_tokens=60)
         )
         assert engine.last_stats.stop_reason == "stop_string"
         assert pieces == text[: text.index(stop)]
         follow_up = PROMPT + engine.generated_tokens + [9]
         list(engine.generate(tokens=follow_up, settings=GREEDY, speculate=4, max_tokens=6))
         assert engine.generated_tokens == generate(fresh, follow_up, 0, max_tokens=6)
+        if window is not None:
+            assert {on for policy in built for _, on in policy.switches} == {False, True}
     finally:
+        policies.close()
         del engine.model.DECODE_BATCHING
         fresh.close()
 
@@ -232,23 +296,30 @@ def test_bad_speculate_is_a_clear_error(engine, tiny_path):
         narrow.close()
 
 
-def test_sampled_replies_draft_too_and_repeat_for_a_seed(engine, tiny_path):
+@pytest.mark.parametrize(("window", "max_tokens"), [(SpeculationPolicy.WINDOW, 30), (3, 70)])
+def test_sampled_replies_draft_too_and_repeat_for_a_seed(engine, tiny_path, window, max_tokens):
     """Settings sampled on the GPU go through the speculative sampling rule (its distribution is tested
-    in tests/test_spec_sampling.py): a seed gives the same reply and counts again, drafts are made and
-    some accepted, max_tokens holds, and the cache it leaves serves a follow-up as a fresh engine would."""
+    in tests/test_spec_sampling.py): a seed gives the same reply, counts and policy switches again,
+    drafts are made and some accepted, max_tokens holds, and the cache it leaves serves a follow-up as
+    a fresh engine would. Window 3: the policy switches to plain steps and back in the reply."""
     sampled = SamplerSettings(temperature=0.7, top_k=10, seed=4)
     runs = []
-    for _ in range(2):
-        engine.reset()
-        list(engine.generate(tokens=PROMPT, settings=sampled, speculate=4, max_tokens=30))
-        stats = engine.last_stats
-        runs.append((list(engine.generated_tokens), stats.draft_proposed, stats.draft_accepted))
-        assert stats.speculate == 4 and stats.token_choice == "gpu_sample" and stats.n_generated == 30
-    assert runs[0] == runs[1] and runs[0][1] > 0
+    with policy_of(engine, window=window) as policies:
+        for _ in range(2):
+            engine.reset()
+            list(engine.generate(tokens=PROMPT, settings=sampled, speculate=4, max_tokens=max_tokens))
+            stats = engine.last_stats
+            runs.append((list(engine.generated_tokens), stats.draft_proposed, stats.draft_accepted, stats.plain_steps))
+            assert stats.speculate == 4 and stats.token_choice == "gpu_sample"
+    assert runs[0] == runs[1] and runs[0][1] > 0 and policies[0].switches == policies[1].switches
+    if window == 3:
+        assert {on for _, on in policies[0].switches} == {False, True}, policies[0].switches
     reply = runs[0][0]
-    assert engine.model.cached_tokens[: len(PROMPT) + 29] == PROMPT + reply[:29]
+    assert len(reply) == max_tokens or engine.last_stats.stop_reason == "eos"
+    assert engine.model.cached_tokens[: len(PROMPT) + len(reply) - 1] == PROMPT + reply[:-1]
     follow_up = PROMPT + reply + [7]
     list(engine.generate(tokens=follow_up, settings=GREEDY, speculate=0, max_tokens=5))
+    assert engine.last_stats.n_reused_tokens == len(PROMPT) + len(reply) - 1
     fresh = Engine(prefill_chunk=16)
     try:
         fresh.load(tiny_path)
@@ -257,36 +328,60 @@ def test_sampled_replies_draft_too_and_repeat_for_a_seed(engine, tiny_path):
         fresh.close()
 
 
-def test_sampled_acceptance_op_plugs_into_the_loop(engine):
-    """kernels/spec_sampling.SpecSampleAccept on speculation_buffers(k) decides the verify steps, then
-    plain sampled steps continue its draw counter up to the context end: a seed gives the same tokens
-    again, every token is in the vocabulary and the op's own counts equal the loop's."""
+def test_sampled_steps_continue_the_draw_stream_across_switches(engine):
+    """kernels/spec_sampling.SpecSampleAccept on speculation_buffers(k) decides the verify steps, and
+    the GPU sampler the plain ones (near the context end, and where a short-window policy turns verify
+    steps off): at every switch the next phase starts at the draw the previous one stopped at on the
+    GPU (the host counts two per verified token, one per plain one), a seed gives the same tokens
+    again, and every token is in the vocabulary."""
     model, k = engine.model, 3
     buffers = model.speculation_buffers(k)
     op = SpecSampleAccept(model.kernels, model.logits, buffers.draft, buffers.state, buffers.out, TINY["vocab_size"], 4)
     settings = SamplerSettings(temperature=0.8, top_k=20, seed=11)
+    choosers = {"verify": op, "plain": model.gpu_sampler}
 
-    async def run() -> tuple[list[int], tuple[int, int], bool]:
+    def counter(name: str) -> int:
+        return int(model.device.read_sync(choosers[name].state, 0, 4).view(np.uint32)[0])
+
+    async def run() -> tuple[list[int], list[tuple[str, int, int | None]], SpeculationPolicy]:
         model.truncate(0)
         sampler = Sampler(settings)
         tokens = [sampler.sample(await model.prefill(PROMPT), PROMPT)]
-        op.configure(settings, sampler.seed, sampler.draws, PROMPT + tokens)
-        handed_over = []
+        history = PROMPT + tokens
+        phases = []  # (phase, its first draw, the previous phase's counter on the GPU)
 
-        async def plain(last: int, limit: int | None):
-            counter = int((await model.device.read(op.state, 0, 4)).view(np.uint32)[0])
-            handed_over.append(counter)
-            return model.decode_sampled(last, settings, sampler.seed, counter, PROMPT + tokens, limit)
+        def watch(name: str):
+            configure = choosers[name].configure
 
-        async for token in model.decode_speculative(tokens[0], k, accept=op, plain=plain):
-            tokens.append(token)
-        return tokens, (model.draft_proposed, model.draft_accepted), bool(handed_over)
+            def configured(settings, seed, first_draw, history=()):
+                phases.append((name, first_draw, counter(phases[-1][0]) if phases else None))
+                configure(settings, seed, first_draw, history)
 
-    tokens, counts, handed_over = engine._run(run())
-    assert handed_over and model.n_cached == CONTEXT and len(tokens) == CONTEXT - len(PROMPT) + 1
+            return configured
+
+        for name in choosers:
+            choosers[name].configure = watch(name)
+        policy = SpeculationPolicy(k, window=3)
+        sampling = SpeculativeSampling(op, settings, sampler.seed, sampler.draws, history)
+        try:
+            async for token in model.decode_speculative(tokens[0], k, sampling=sampling, policy=policy):
+                tokens.append(token)
+                history.append(token)
+        finally:
+            for chooser in choosers.values():
+                del chooser.configure
+        phases.append(("end", sampling.draw, counter(phases[-1][0])))
+        return tokens, phases, policy
+
+    tokens, phases, policy = engine._run(run())
+    assert model.n_cached == CONTEXT and len(tokens) == CONTEXT - len(PROMPT) + 1
     assert all(0 <= t < TINY["vocab_size"] for t in tokens) and len(set(tokens)) > 5
-    assert counts == op.totals() and counts[0] > 0
-    assert engine._run(run())[:2] == (tokens, counts)
+    assert [name for name, _, _ in phases[:2]] == ["verify", "plain"] and phases[-2][0] == "plain"
+    for _, first_draw, previous_counter in phases[1:]:
+        assert first_draw == previous_counter
+    assert [on for _, on in policy.switches][:2] == [False, True], policy.switches
+    assert len(phases) >= 4  # verify, plain, verify again, ..., the context end
+    assert engine._run(run())[:2] == (tokens, phases)
     op.release(model.device)
 
 
@@ -304,7 +399,8 @@ def test_bundled_model_completes_code_identically_with_drafts():
             '    {"name": "carol",'
         )
         plain = generate(engine, prompt, 0, max_tokens=24)
-        got = generate(engine, prompt, 4, max_tokens=24)
+        with fixed_k(engine):
+            got = generate(engine, prompt, 4, max_tokens=24)
         assert got == plain
         stats = engine.last_stats
         assert (stats.draft_proposed, stats.draft_accepted) == simulate(prompt, plain, 4, 512)
@@ -325,7 +421,13 @@ def test_cli_speculate_json(tiny_path):
     assert on.returncode == 0 == off.returncode, on.stderr + off.stderr
     on, off = json.loads(on.stdout), json.loads(off.stdout)
     assert on["tokens"] == off["tokens"] and on["text"] == off["text"]
-    assert (on["draft_proposed"], on["draft_accepted"]) == simulate(PROMPT, on["tokens"], 4)
+    # the default policy may turn verify steps off, so the counts are checked by their sum: the first
+    # token, then each verify step's own token and accepted drafts, and the plain steps' tokens (the
+    # last verify step may be cut by max_tokens after its accepted drafts)
+    stats = on["stats"]
+    counted = 1 + stats["verify_steps"] + on["draft_accepted"] + stats["plain_steps"]
+    assert len(on["tokens"]) <= counted <= len(on["tokens"]) + 1 and stats["verify_steps"] > 0
+    assert on["draft_accepted"] <= on["draft_proposed"] == stats["draft_proposed"]
     assert off["draft_proposed"] == off["draft_accepted"] == 0
     bad = run("--speculate", "9")
     assert bad.returncode == 2 and "--speculate takes 0 (off) to 8" in bad.stderr

@@ -192,36 +192,100 @@ async def verify_step_costs(model, ks: tuple[int, ...], n_steps: int, prompt: li
 
 
 async def speculation_workloads(engine, ks: tuple[int, ...], n_tokens: int, runs: int) -> dict:
-    """Acceptance and end-to-end greedy tokens/s with and without drafts on SPECULATION_WORKLOADS."""
+    """Acceptance and end-to-end greedy tokens/s with and without drafts on SPECULATION_WORKLOADS: each
+    k with a draft verified at every step (no SpeculationPolicy), and "default", the engine's default
+    draft size and policy."""
+    from .engine import SPECULATE_DEFAULT
     from .text.sampler import SamplerSettings
 
     greedy = SamplerSettings(temperature=0.0)
     report = {}
-    for name, text in SPECULATION_WORKLOADS.items():
-        ids = engine.encode_prompt(text)
-        rows, plain = {}, None
-        for k in (0, *ks):
-            rates = []
-            for _ in range(runs + 1):  # the first run warms pipelines and the cache's size
-                engine.model.truncate(0)
-                async for _ in engine.generate_tokens_async(ids, greedy, max_tokens=n_tokens, speculate=k):
-                    pass
-                rates.append(engine.last_stats.decode_tok_per_s)
-            stats, tokens = engine.last_stats, list(engine.generated_tokens)
-            plain = tokens if k == 0 else plain
-            row = {"tok_per_s": float(np.median(rates[1:])), "tokens": stats.n_generated}
-            if k:
-                steps = max(stats.verify_steps, 1)
-                row.update(
-                    draft_proposed=stats.draft_proposed,
-                    draft_accepted=stats.draft_accepted,
-                    acceptance=stats.draft_accepted / max(stats.draft_proposed, 1),
-                    tokens_per_verify_step=(steps + stats.draft_accepted) / steps,
-                    speedup=row["tok_per_s"] / rows["0"]["tok_per_s"],
-                    identical_to_plain=tokens == plain,
-                )
-            rows[str(k)] = row
-        report[name] = {"prompt_tokens": len(ids), "by_speculate": rows}
+    policy = engine.speculation_policy
+    try:
+        for name, text in SPECULATION_WORKLOADS.items():
+            ids = engine.encode_prompt(text)
+            rows, plain = {}, None
+            for k in (0, *ks, SPECULATE_DEFAULT):
+                rates = []
+                engine.speculation_policy = policy if k == SPECULATE_DEFAULT else None
+                for _ in range(runs + 1):  # the first run warms pipelines and the cache's size
+                    engine.model.truncate(0)
+                    async for _ in engine.generate_tokens_async(ids, greedy, max_tokens=n_tokens, speculate=k):
+                        pass
+                    rates.append(engine.last_stats.decode_tok_per_s)
+                stats, tokens = engine.last_stats, list(engine.generated_tokens)
+                plain = tokens if k == 0 else plain
+                row = {"tok_per_s": float(np.median(rates[1:])), "tokens": stats.n_generated}
+                if k == SPECULATE_DEFAULT:
+                    row.update(speculate=stats.speculate, plain_steps=stats.plain_steps)
+                if k:
+                    steps = max(stats.verify_steps, 1)
+                    row.update(
+                        draft_proposed=stats.draft_proposed,
+                        draft_accepted=stats.draft_accepted,
+                        acceptance=stats.draft_accepted / max(stats.draft_proposed, 1),
+                        tokens_per_verify_step=(steps + stats.draft_accepted) / steps,
+                        speedup=row["tok_per_s"] / rows["0"]["tok_per_s"],
+                        identical_to_plain=tokens == plain,
+                    )
+                rows["default" if k == SPECULATE_DEFAULT else str(k)] = row
+            report[name] = {"prompt_tokens": len(ids), "by_speculate": rows}
+    finally:
+        engine.speculation_policy = policy
+    return report
+
+
+async def speculation_policy_bench(engine, prompt_ids: list[int], n_tokens: int, runs: int) -> dict:
+    """Tokens/s of sampled and greedy replies with plain steps (speculate 0), with verify steps of the
+    default draft size at every step (no SpeculationPolicy: what drafting cost before the policy), and
+    with the engine's default (the policy on). `sampled_t1`: temperature 1, where a random-weight
+    model's reply does not repeat, so drafts are rejected: the loss the policy must avoid. `greedy`:
+    the synthetic model's greedy reply repeats itself, so drafts pay. `sampled_top1`: the same tokens
+    drawn through the sampled path (top-k 1), i.e. the speculative sampling kernels where drafts pay."""
+    from .engine import SPECULATE_DEFAULT
+    from .kernels.speculative import SPECULATE_GPU
+    from .text.sampler import SamplerSettings
+
+    workloads = {
+        "sampled_t1": SamplerSettings(temperature=1.0, top_k=40, top_p=1.0, seed=5),
+        "greedy": SamplerSettings(temperature=0.0),
+        "sampled_top1": SamplerSettings(temperature=1.0, top_k=1, seed=5),
+    }
+    modes = {"plain": (0, False), "every_step": (SPECULATE_GPU, False), "policy": (SPECULATE_DEFAULT, True)}
+    saved = engine.speculation_policy
+    report: dict = {"prompt_tokens": len(prompt_ids), "max_tokens": n_tokens}
+    try:
+        for name, settings in workloads.items():
+            rows: dict = {}
+            for mode, (speculate, with_policy) in modes.items():
+                engine.speculation_policy = saved if with_policy else None
+                rates = []
+                for _ in range(runs + 1):  # the first run warms pipelines
+                    engine.model.truncate(0)
+                    async for _ in engine.generate_tokens_async(prompt_ids, settings, n_tokens, speculate=speculate):
+                        pass
+                    rates.append(engine.last_stats.decode_tok_per_s)
+                stats = engine.last_stats
+                rows[mode] = {
+                    "tok_per_s": float(np.median(rates[1:])),
+                    "tok_per_s_runs": [round(r, 1) for r in rates[1:]],
+                    "speculate": stats.speculate,
+                    "tokens": stats.n_generated,
+                    "verify_steps": stats.verify_steps,
+                    "plain_steps": stats.plain_steps,
+                    "draft_proposed": stats.draft_proposed,
+                    "draft_accepted": stats.draft_accepted,
+                    "same_tokens_as_plain": list(engine.generated_tokens) == rows.get("plain", {}).get("ids"),
+                    "ids": list(engine.generated_tokens),
+                }
+            for mode in modes:
+                rows[mode]["speedup"] = rows[mode]["tok_per_s"] / rows["plain"]["tok_per_s"]
+            for row in rows.values():
+                del row["ids"]
+            rows["plain"]["same_tokens_as_plain"] = True
+            report[name] = rows
+    finally:
+        engine.speculation_policy = saved
     return report
 
 
@@ -312,6 +376,7 @@ async def measure_async(
         for label, n in (("greedy", runs), ("sampled", runs), ("sampled_cpu", 1))
     ]
     steps += [("verify steps", 16 * 9, 16 * 9 if quick else 32 * 9 * 2)]
+    steps += [("speculation policy", 16 * 9 * (runs + 1), 9 * (runs + 1) * n_decode)]
     progress = _Progress(log, steps)
     report: dict = {"device": device.adapter_name, "gpu_bytes_allocated": device.bytes_allocated, "runs": runs}
     report["decode_tokens_per_run"] = n_decode
@@ -405,6 +470,8 @@ async def measure_async(
     progress.step("verify steps")
     ks = (1, 4) if quick else SPECULATE_KS
     report["speculation_costs"] = await verify_step_costs(model, ks, 4 if quick else 32, prompt(16))
+    progress.step("speculation policy")
+    report["speculation_policy"] = await speculation_policy_bench(engine, prompt(16), n_decode, runs)
     return report
 
 
@@ -495,6 +562,17 @@ def log_speculation(report: dict, log: Callable[[str], None]) -> None:
     """The speculative-decoding figures as a few readable lines (the JSON has them all)."""
     costs = report["speculation_costs"]["verify_cost_relative"]
     log("bench: verify step cost / decode step: " + ", ".join(f"k={k} {v:.2f}x" for k, v in costs.items()))
+    for name, rows in report["speculation_policy"].items():
+        if isinstance(rows, dict):
+            log(
+                f"bench: speculation policy, {name}: "
+                + "; ".join(
+                    f"{mode} {row['tok_per_s']:.0f} tok/s ({row['speedup']:.2f}x, k={row['speculate']}, "
+                    f"{row['verify_steps']} verify steps, {row['plain_steps']} plain tokens"
+                    f"{'' if row['same_tokens_as_plain'] or name == 'sampled_t1' else ', DIFFERENT'})"
+                    for mode, row in rows.items()
+                )
+            )
     bundled = report.get("speculation_workloads")
     if bundled is None:
         return

@@ -26,6 +26,7 @@ from .formats.gguf_reader import GGUFFile, open_gguf
 from .kernels.speculative import SPECULATE_GPU, SPECULATE_MAX
 from .model.config import ModelConfig, config_from_gguf
 from .model.forward import BitNetModel
+from .model.speculation import SpeculationPolicy
 from .model.weights import ReadyCallback
 from .text.chat import ChatTemplate, render_tokens
 from .text.sampler import Sampler, SamplerSettings
@@ -62,6 +63,7 @@ class GenerationStats:
     draft_proposed: int = 0  # tokens drafted by prompt lookup in the verify steps whose output was used
     draft_accepted: int = 0  # of those, tokens the model agreed with (each saved a forward pass)
     verify_steps: int = 0  # forward passes that verified a draft (each emits 1 + its accepted tokens)
+    plain_steps: int = 0  # tokens of plain decode steps in a speculative reply (SpeculationPolicy, context end)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -138,6 +140,10 @@ class Engine:
         self.gpu_sampling = gpu_sampling
         # An approximation for speed: the LM head reads an int8 per-row-scaled copy (kernels Int8Matrix).
         self.int8_head = int8_head
+        # Builds the policy of a speculative reply from its draft size: plain decode steps where
+        # drafts are not accepted often enough to pay (model/speculation.py). None: every step that
+        # fits verifies a draft (benchmarks of a fixed k, tests of the verify steps alone).
+        self.speculation_policy: Callable[[int], SpeculationPolicy] | None = SpeculationPolicy
         self.device: gpu.Device | None = None
         self.gguf: GGUFFile | None = None
         self.config: ModelConfig | None = None
@@ -304,6 +310,9 @@ class Engine:
                 f"is {rows}: lower speculate or raise prefill_chunk"
             )
         return speculate
+
+    def _speculation_policy(self, k: int) -> SpeculationPolicy | None:
+        return None if self.speculation_policy is None else self.speculation_policy(k)
 
     def abort(self) -> None:
         """Stop the running generation after the token being computed."""
@@ -476,15 +485,19 @@ class Engine:
         stats = self.last_stats
         if settings.temperature == 0 and settings.repetition_penalty == 1.0:
             if speculate > 0:
-                on_gpu, stats.speculate = model.decode_speculative(first, speculate, max_tokens - 1), speculate
+                policy = self._speculation_policy(speculate)
+                on_gpu = model.decode_speculative(first, speculate, max_tokens - 1, policy=policy)
+                stats.speculate = speculate
             else:
                 on_gpu = model.decode_greedy(first, max_tokens - 1)
             stats.token_choice = "gpu_argmax"
         elif self.gpu_sampling and sampler.gpu_supported():
             seed, draws = sampler.seed, sampler.draws
             if speculate > 0:
-                limit = max_tokens - 1
-                on_gpu = model.decode_speculative_sampled(first, speculate, settings, seed, draws, history, limit)
+                limit, policy = max_tokens - 1, self._speculation_policy(speculate)
+                on_gpu = model.decode_speculative_sampled(
+                    first, speculate, settings, seed, draws, history, limit, policy
+                )
                 stats.speculate = speculate
             else:
                 on_gpu = model.decode_sampled(first, settings, seed, draws, history, max_tokens - 1)
@@ -499,7 +512,7 @@ class Engine:
                 await on_gpu.aclose()
                 if stats.speculate:
                     stats.draft_proposed, stats.draft_accepted = model.draft_proposed, model.draft_accepted
-                    stats.verify_steps = model.verify_steps
+                    stats.verify_steps, stats.plain_steps = model.verify_steps, model.plain_steps
             return
         token = first
         while model.n_cached < model.config.context_length:  # else this token cannot be fed back
@@ -611,8 +624,10 @@ class Engine:
         a drafted token with probability p(token), else draws from p without it, so its distribution is
         plain sampling's (a seed gives other tokens than without drafts, the same ones run after run).
         Replies that copy from their input (code with repeated structure, summaries, edits) come several
-        tokens per pass. 0 turns it off; the default is `speculate_for`'s choice. CPU-sampled settings
-        are decoded one token per step. `last_stats` reports draft_proposed / draft_accepted."""
+        tokens per pass; where the reply stops repeating, `speculation_policy` switches to plain decode
+        steps until it repeats again. 0 turns it off; the default is `speculate_for`'s choice.
+        CPU-sampled settings are decoded one token per step. `last_stats` reports draft_proposed /
+        draft_accepted, verify_steps and plain_steps."""
         settings = settings or SamplerSettings()
         if messages is not None:
             ids = self.encode_chat(messages, max_tokens)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -23,7 +24,7 @@ from ..kernels.sampling import GPUSampler
 from ..kernels.spec_sampling import SpecSampleAccept
 from ..kernels.speculative import SPECULATE_MAX, GreedyAccept, SpecBuffers, SpecDraft
 from ..text.sampler import SamplerSettings
-from .speculation import NGRAM_MAX
+from .speculation import NGRAM_MAX, SpeculationPolicy
 
 
 class Acceptance(Protocol):
@@ -32,8 +33,18 @@ class Acceptance(Protocol):
     def record(self, recorder: gpu.Recorder, n_rows: int) -> None: ...
 
 
-# decode_speculative's plain steps past the last verify step: (last token, limit) -> token stream
-PlainSteps = Callable[[int, int | None], Awaitable[AsyncIterator[int]]]
+@dataclass
+class SpeculativeSampling:
+    """What decode_speculative samples with: the acceptance op of verify steps (on speculation_buffers),
+    the settings and the draw stream for both kinds of step, and `history`, the tokens so far (the
+    repetition penalty's window; the caller appends each token yielded). `draw`: the next draw."""
+
+    op: SpecSampleAccept
+    settings: SamplerSettings
+    seed: int
+    draw: int
+    history: list[int]
+
 
 MAX_STEPS_PER_SUBMIT = 16  # decode steps one submit may hold (rows of the model's step_rows)
 
@@ -44,8 +55,10 @@ class GPUDecodeLoop:
     _staging: list[gpu.Buffer] | None = None  # ring of host-readable buffers for the chosen ids
     _speculation: dict[int, tuple[SpecBuffers, SpecDraft, GreedyAccept]] | None = None  # per draft size
     _spec_samplers: dict[int, SpecSampleAccept] | None = None  # sampled acceptance, per draft size
-    # of the last speculative decode: drafted tokens, those yielded, and verify steps whose output was read
-    draft_proposed = draft_accepted = verify_steps = 0
+    # of the last speculative decode: drafted tokens, those yielded, verify steps whose output was read,
+    # and tokens of plain decode steps
+    draft_proposed = draft_accepted = verify_steps = plain_steps = 0
+    _spec_history_folded = 0  # the draft history's length on the GPU after the last verify phase
     encode_seconds = 0.0  # time spent recording decode steps (Python's share of a token)
 
     # Decode steps recorded into one submit, and such submits queued on the GPU at once (see
@@ -108,14 +121,20 @@ class GPUDecodeLoop:
         return self._decode_on_gpu(first_token, self.gpu_sampler, limit)
 
     async def _decode_on_gpu(
-        self, first_token: int, chooser: Argmax | GPUSampler, limit: int | None = None
+        self,
+        first_token: int,
+        chooser: Argmax | GPUSampler,
+        limit: int | None = None,
+        until: Callable[[], bool] | None = None,
     ) -> AsyncIterator[int]:
         """The next token id never leaves the GPU: each step's choice is the next step's input. Steps
         go to the GPU `steps` to a submit, `in_flight` submits queued at once (decode_batching), and
         the host reads each submit's ids with one readback: in a browser every await of a readback
         costs far more than a step's GPU work (docs/performance.md), so the host must not wait once
         per token. The ids are yielded one by one and the queue is refilled after a submit's ids are
-        all yielded, so a stop wastes at most the steps already queued.
+        all yielded, so a stop wastes at most the steps already queued. `until()` true (asked when
+        the queue is refilled): no further step is queued, and the stream ends once the queued steps'
+        ids are yielded, every submitted step read (decode_speculative switches there).
 
         Invariant: `cached_tokens` holds the inputs of the submitted steps that the host knows (step
         0's is `first_token`, step j's is step j-1's output once read); so stopping at any yield
@@ -131,6 +150,8 @@ class GPUDecodeLoop:
         submitted = launched = 0
 
         def room() -> int:  # steps the next submit should hold (<= 0: none is needed now)
+            if until is not None and until():
+                return 0
             n = min(steps, context - start - submitted)
             return n if limit is None else min(n, limit - submitted)
 
@@ -161,8 +182,8 @@ class GPUDecodeLoop:
                     self.cached_tokens.append(token)  # it is already the input of a submitted step
                 yield token
             if not queued:  # nothing submitted consumes the last token read
-                if start + submitted >= context:
-                    return  # the context is full
+                if start + submitted >= context or (until is not None and until()):
+                    return  # the context is full, or the caller's next phase is due
                 self.cached_tokens.append(token)
                 launch(max(1, room()))
             while len(queued) < in_flight and room() > 0:
@@ -204,13 +225,14 @@ class GPUDecodeLoop:
         first_draw: int,
         history: list[int],
         limit: int | None = None,
+        policy: SpeculationPolicy | None = None,
     ) -> AsyncIterator[int]:
         """decode_speculative with the speculative sampling rule (kernels/spec_sampling.py: a drafted
         token is kept with probability p(x), else one is drawn from p without it), so the tokens are
         distributed as decode_sampled's under `settings`; seeded runs repeat. Draws first_draw.. of
-        stream `seed` (two per verify row: a different sequence from decode_sampled's). `history`: the
-        tokens so far including `first_token`, the caller appending each one yielded (the repetition
-        penalty's window, also for the plain sampled steps near the context end)."""
+        stream `seed`: two per token a verify step emits, one per plain step's token (a different
+        sequence from decode_sampled's). `history`: the tokens so far including `first_token`, the
+        caller appending each one yielded (the repetition penalty's window)."""
         if self._spec_samplers is None:
             self._spec_samplers = {}
         op = self._spec_samplers.get(k)
@@ -220,13 +242,8 @@ class GPUDecodeLoop:
             op = SpecSampleAccept(self.kernels, self.logits, buffers.draft, buffers.state, buffers.out, vocab, k + 1)
             self._buffers.extend(op.buffers)
             self._spec_samplers[k] = op
-        op.configure(settings, seed, first_draw, history)
-
-        async def plain(last: int, remaining: int | None) -> AsyncIterator[int]:
-            counter = int((await self.device.read(op.state, 0, 4)).view(np.uint32)[0])  # the op's next draw
-            return self.decode_sampled(last, settings, seed, counter, history, remaining)
-
-        return self.decode_speculative(first_token, k, limit, accept=op, plain=plain)
+        sampling = SpeculativeSampling(op, settings, seed, first_draw, history)
+        return self.decode_speculative(first_token, k, limit, sampling, policy)
 
     def _record_verify_steps(
         self, k: int, n_steps: int, staging: gpu.Buffer, pos_bound: int, accept: Acceptance | None = None
@@ -253,44 +270,104 @@ class GPUDecodeLoop:
         first_token: int,
         k: int,
         limit: int | None = None,
-        accept: Acceptance | None = None,
-        plain: PlainSteps | None = None,
+        sampling: SpeculativeSampling | None = None,
+        policy: SpeculationPolicy | None = None,
     ) -> AsyncIterator[int]:
-        """Greedy decoding, `first_token` first fed, with each step verifying a prompt-lookup draft of
-        up to `k` tokens (model/speculation.py's rules, run on the GPU): the same tokens as
-        decode_greedy, 1..k+1 of them per forward pass. Drafting, acceptance and the history stay on
-        the GPU, so verify steps queue like decode steps (decode_batching); the host reads each
-        submit's emitted tokens once. `limit` as in decode_greedy. Near the context end, where a
-        verify step's k + 1 rows would not fit, the remaining tokens come from plain greedy steps.
+        """Greedy decoding, `first_token` first fed, with steps that verify a prompt-lookup draft of up
+        to `k` tokens (model/speculation.py's rules, run on the GPU): the same tokens as decode_greedy,
+        1..k+1 of them per forward pass. `limit` as in decode_greedy. `sampling`: the speculative
+        sampling rule in place of greedy acceptance (decode_speculative_sampled).
 
-        `accept`: another acceptance op on speculation_buffers(k) and `self.logits` (the sampled one,
-        configured; same `out` layout) in place of greedy acceptance; `plain(last_token, limit)` then
-        gives the plain steps near the context end (awaited once, after every verify step was read;
-        default: decode_greedy's), e.g. decode_sampled continuing the op's draw counter.
+        The reply alternates phases: verify steps (_verify_phase) and plain decode steps
+        (_decode_on_gpu), each queued without readbacks. Plain steps run where `policy` (fed every
+        token) says verifying does not pay, and near the context end, where a verify step's k + 1 rows
+        no longer fit; without a policy every step that fits verifies. A phase queues no step once the
+        next phase is due and ends when its queued steps are read, so a switch finds every submitted
+        step read: `cached_tokens` then holds the text up to the last token, the next phase's input
+        (the invariant of _decode_on_gpu, which both phases keep), and the draw counter of a sampled
+        reply is known on the host (two draws per verified token, one per plain one).
 
         `draft_proposed` / `draft_accepted` count the drafted tokens of the verify steps whose output
-        was yielded, and those of them yielded (each step's last token is the model's own choice).
-
-        Invariant as in _decode_on_gpu: `cached_tokens` holds the tokens whose KV rows are computed
-        by submitted steps and known to the host; a verify step computes the rows of its input token
-        and of every accepted draft token, its last emitted token is the next step's input. Rows of
-        rejected drafts lie past `n_cached` and are overwritten later.
+        was yielded, and those of them yielded (each step's last token is the model's own choice);
+        `verify_steps` those steps, `plain_steps` the tokens of plain steps.
         """
+        self.draft_proposed = self.draft_accepted = self.verify_steps = self.plain_steps = 0
+        self._speculation_ops(k)  # a bad k fails here, before any step
+        context = self.config.context_length
+        if policy is not None:
+            policy.start(self.cached_tokens + [first_token])
+        last, emitted = first_token, 0  # the next phase's input; tokens yielded
+        on_gpu_history = 0  # tokens of the draft history this call's verify steps left on the GPU
+
+        def verify_fits() -> bool:  # at a switch point: n_cached is the next step's position
+            return self.n_cached + k + 1 <= context
+
+        while self.n_cached < context:
+            remaining = None if limit is None else max(0, limit - emitted)
+            verifying = verify_fits() and (policy is None or policy.speculating)
+            if verifying:
+                if sampling is not None:
+                    sampling.op.configure(sampling.settings, sampling.seed, sampling.draw, sampling.history)
+                accept = sampling.op if sampling is not None else None
+                until = None if policy is None else (lambda: not policy.speculating)
+                steps = self._verify_phase(last, k, remaining, on_gpu_history, accept, until)
+            else:
+                chooser: Argmax | GPUSampler = self.argmax
+                if sampling is not None:
+                    chooser = self.gpu_sampler
+                    chooser.configure(sampling.settings, sampling.seed, sampling.draw, sampling.history)
+                until = None if policy is None else (lambda: policy.speculating and verify_fits())
+                steps = self._decode_on_gpu(last, chooser, remaining, until)
+            try:
+                async for token in steps:
+                    last, emitted = token, emitted + 1
+                    if sampling is not None:
+                        sampling.draw += 2 if verifying else 1
+                    if not verifying:
+                        self.plain_steps += 1
+                    if policy is not None:
+                        policy.push(token)
+                    yield token
+            finally:
+                await steps.aclose()
+            if verifying:
+                on_gpu_history = self._spec_history_folded
+
+    async def _verify_phase(
+        self,
+        first_token: int,
+        k: int,
+        limit: int | None,
+        on_gpu_history: int,
+        accept: Acceptance | None,
+        until: Callable[[], bool] | None,
+    ) -> AsyncIterator[int]:
+        """Verify steps from `first_token` (the n_cached'th token) while they fit in the context: the
+        host reads each submit's emitted tokens once. `on_gpu_history`: tokens at the start of the
+        draft history already on the GPU (left there by this reply's earlier verify steps; the rest is
+        uploaded). `until()` true: no further step is queued, and the phase ends once the queued ones
+        are read. Sets `_spec_history_folded`: the history's length on the GPU at the end.
+
+        A verify step computes the KV rows of its input token and of every accepted draft token, its
+        last emitted token is the next step's input; rows of rejected drafts lie past `n_cached` and
+        are overwritten later."""
         buffers, _, _ = self._speculation_ops(k)
-        self.draft_proposed = self.draft_accepted = self.verify_steps = 0
         steps, in_flight = self.decode_batching()
         stride = k + 3
         ring = self._staging_ring(in_flight + 1, 4 * stride * steps)
         context = self.config.context_length
         pos = self.n_cached  # the next verify step's position (exact: every submitted step is read)
         emitted = 0  # tokens yielded (first_token not counted)
-        buffers.start(self.cached_tokens + [first_token], self.kv_cache.capacity)
+        buffers.start(self.cached_tokens + [first_token], self.kv_cache.capacity, on_gpu_history)
+        self._spec_history_folded = pos + 1
         queued: deque[tuple[gpu.Buffer, int]] = deque()  # submitted, not read: (staging, steps)
         pending = 0  # verify steps submitted and not read
         launched = 0
         last = first_token  # the input of the next step, not in cached_tokens until a step computes it
 
         def room() -> int:  # verify steps the next submit may hold: each takes <= k + 1 rows, emits >= 1
+            if until is not None and until():
+                return 0
             n = min(steps, (context - pos) // (k + 1) - pending)
             return n if limit is None else min(n, limit - emitted - pending)
 
@@ -309,7 +386,7 @@ class GPUDecodeLoop:
             pending += n
             launched += 1
 
-        while queued or pos + k + 1 <= context:
+        while queued or (pos + k + 1 <= context and not (until is not None and until())):
             if not queued:
                 launch(max(1, room()))
                 if len(self.cached_tokens) == pos:
@@ -322,6 +399,7 @@ class GPUDecodeLoop:
                 pending -= 1
                 row = raw[stride * j : stride * (j + 1)].tolist()
                 n_emitted, tokens, draft_len = row[0], row[1 : 1 + row[0]], row[k + 2]
+                self._spec_history_folded = pos + 1  # the draft kernel folded the text up to this step's input
                 pos += n_emitted
                 last = tokens[-1]
                 self.draft_proposed += draft_len
@@ -334,13 +412,3 @@ class GPUDecodeLoop:
                     elif pending:
                         self.cached_tokens.append(token)  # the input of a submitted step
                     yield token
-        # A verify step no longer fits: plain steps from here (every submitted step has been read).
-        if pos >= context:
-            return  # the context is full
-        remaining = None if limit is None else max(0, limit - emitted)
-        steps = await plain(last, remaining) if plain else self._decode_on_gpu(last, self.argmax, remaining)
-        try:
-            async for token in steps:
-                yield token
-        finally:
-            await steps.aclose()

@@ -4,11 +4,13 @@ A draft needs no second model: the tokens that followed the most recent earlier 
 text's last n-gram (n = NGRAM_MAX down to 1) are proposed as the next tokens. One forward pass over
 [last token, draft...] (k + 1 rows) then scores every drafted position at once. These functions are
 the reference the GPU kernels are tested against and what the acceptance statistics are computed
-with; they import only numpy and the standard library.
+with; they import only numpy and the standard library. `SpeculationPolicy` decides, from the text,
+when verify steps pay and when plain decode steps are faster.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -61,3 +63,116 @@ def accept_sampled(draft_token: int, p: np.ndarray, u_accept: float, u_draw: flo
         return True, int(draft_token)
     cdf = np.cumsum(residual / total)
     return False, int(min(np.searchsorted(cdf, u_draw, side="right"), len(p) - 1))
+
+
+class DraftIndex:
+    """prompt_lookup_draft over a history that grows a token at a time, in O(ngram_max) per token: the
+    start of the most recent occurrence of every n-gram (n <= ngram_max) that ends before the last
+    token, which is the occurrence prompt_lookup_draft finds scanning backwards."""
+
+    def __init__(self, history: Sequence[int] = (), ngram_max: int = NGRAM_MAX):
+        self.ngram_max = ngram_max
+        self.tokens = [int(t) for t in history]
+        self.starts: dict[tuple[int, ...], int] = {}  # n-gram -> start of its latest occurrence (see above)
+        before_last = self.tokens[:-1]
+        for n in range(1, ngram_max + 1):  # in bulk (a long prompt): later starts overwrite earlier ones
+            grams = zip(*(before_last[j:] for j in range(n)), strict=False)  # the shortest slice ends them
+            self.starts.update(zip(grams, range(len(before_last)), strict=False))
+
+    def append(self, token: int) -> None:
+        tokens, end = self.tokens, len(self.tokens) - 1
+        for n in range(1, min(self.ngram_max, end + 1) + 1):  # the old last token is no longer last
+            self.starts[tuple(tokens[end - n + 1 : end + 1])] = end - n + 1
+        tokens.append(int(token))
+
+    def draft(self, k: int) -> list[int]:
+        """prompt_lookup_draft(history, k, ngram_max)."""
+        tokens, length = self.tokens, len(self.tokens)
+        if k <= 0:
+            return []
+        for n in range(min(self.ngram_max, length - 1), 0, -1):
+            start = self.starts.get(tuple(tokens[length - n :]))
+            if start is not None:
+                return tokens[start + n : min(start + n + k, length)]
+        return []
+
+
+class SpeculationPolicy:
+    """Whether the next steps of a speculative reply should verify drafts of `k` tokens or decode one
+    token each: verify steps cost more than a decode step and pay only where the text repeats.
+
+    Decided from the text alone, never from timing, so a seeded sampled reply repeats: the decode loop
+    pushes every token of the reply in order, and the policy follows the verify steps that greedy
+    speculative decoding would run over that text (DraftIndex drafts as the GPU does), counting the
+    tokens each would emit: a step emits its drafted tokens up to the first one the text disagrees
+    with, plus one. While verifying, for greedy replies, these are the real verify steps; during plain
+    steps they say what verifying would have gained, so the policy turns verify steps back on as soon
+    as the text starts to repeat. (For sampled replies a drafted token is kept with probability p(x),
+    the probability that plain sampling draws it, so the count estimates the real steps' tokens.)
+
+    Over the last `window` counted steps, `rate` = tokens per step. Verify steps stop when the rate
+    falls below `verify_cost`, the cost of a verify step in decode steps, and resume when it reaches
+    verify_cost + `resume_margin`. The decode loop switches once the steps already queued are read
+    (how many tokens that takes depends on its batching, a setting, not on timing).
+    """
+
+    # A verify step over k + 1 rows costs about 1 + VERIFY_ROW_COST * k decode steps (2B-4T shape,
+    # H100, with the small-T kernels: 1.18 at k = 1, 1.29 at 2, 1.80 at 4, 2.61 at 8; docs/performance.md,
+    # "Speculative decoding"); the round figure errs on the side of plain steps at small k.
+    VERIFY_ROW_COST = 0.2
+    # Steps the rate is taken over: enough that one lucky step does not decide (at k = 2, 8 steps
+    # reach 1.4 tokens per step only with 4 drafted tokens accepted), few enough that a reply that
+    # stops repeating costs at most ~8 verify steps (~2.3 decode steps at k = 2 and 1.29x per step).
+    WINDOW = 8
+    # Each switch empties the GPU queue once (a readback's latency with the GPU idle): without a gap
+    # between the thresholds a rate near the break-even point would switch every few tokens.
+    RESUME_MARGIN = 0.25
+
+    def __init__(
+        self,
+        k: int,
+        window: int = WINDOW,
+        verify_cost: float | None = None,
+        resume_margin: float = RESUME_MARGIN,
+        ngram_max: int = NGRAM_MAX,
+    ):
+        if k < 1 or window < 1:
+            raise ValueError(f"speculation policy: k and window must be >= 1, got k={k}, window={window}")
+        self.k, self.window, self.resume_margin, self.ngram_max = k, window, resume_margin, ngram_max
+        self.verify_cost = 1.0 + self.VERIFY_ROW_COST * k if verify_cost is None else verify_cost
+        self.start([])
+
+    def start(self, history: Sequence[int]) -> None:
+        """A new reply: `history` is the text so far, ending with the first verify step's input token."""
+        self.index = DraftIndex(history, self.ngram_max)
+        self.draft = self.index.draft(self.k)  # the counted step's drafted tokens
+        self.matched = 0  # of them, those the text agreed with so far
+        self.emitted: deque[int] = deque(maxlen=self.window)  # tokens of the last counted steps
+        self.speculating = True  # optimistic until a window of steps says otherwise
+        self.pushed = 0  # tokens of the reply pushed
+        self.switches: list[tuple[int, bool]] = []  # (tokens pushed, speculating) at each change
+
+    @property
+    def rate(self) -> float:
+        """Tokens per counted verify step over the window (0 until one step is counted)."""
+        return sum(self.emitted) / len(self.emitted) if self.emitted else 0.0
+
+    def push(self, token: int) -> None:
+        """The next token of the reply."""
+        self.pushed += 1
+        self.index.append(token)
+        if self.matched < len(self.draft) and token == self.draft[self.matched]:
+            self.matched += 1  # an accepted drafted token: the counted step goes on
+            return
+        self.emitted.append(self.matched + 1)  # the step's own token ends it
+        self.draft, self.matched = self.index.draft(self.k), 0
+        if len(self.emitted) < self.window:
+            return
+        rate = self.rate
+        if self.speculating and rate < self.verify_cost:
+            self.speculating = False
+        elif not self.speculating and rate >= self.verify_cost + self.resume_margin:
+            self.speculating = True
+        else:
+            return
+        self.switches.append((self.pushed, self.speculating))
