@@ -143,7 +143,7 @@ class Engine:
         # Builds the policy of a speculative reply from its draft size: plain decode steps where
         # drafts are not accepted often enough to pay (model/speculation.py). None: every step that
         # fits verifies a draft (benchmarks of a fixed k, tests of the verify steps alone).
-        self.speculation_policy: Callable[[int], SpeculationPolicy] | None = SpeculationPolicy
+        self.speculation_policy: Callable[[int], SpeculationPolicy] | None = self._backend_policy
         self.device: gpu.Device | None = None
         self.gguf: GGUFFile | None = None
         self.config: ModelConfig | None = None
@@ -310,6 +310,9 @@ class Engine:
                 f"is {rows}: lower speculate or raise prefill_chunk"
             )
         return speculate
+
+    def _backend_policy(self, k: int) -> SpeculationPolicy:
+        return SpeculationPolicy.for_backend(k, self.device.backend if self.device is not None else "")
 
     def _speculation_policy(self, k: int) -> SpeculationPolicy | None:
         return None if self.speculation_policy is None else self.speculation_policy(k)

@@ -120,6 +120,10 @@ class SpeculationPolicy:
     # H100, with the small-T kernels: 1.18 at k = 1, 1.29 at 2, 1.80 at 4, 2.61 at 8; docs/performance.md,
     # "Speculative decoding"); the round figure errs on the side of plain steps at small k.
     VERIFY_ROW_COST = 0.2
+    # What a verify step costs on top of that where the backend pays more per extra dispatch: in
+    # Chromium on the H100 a verify step cost ~1.8 decode steps at k = 1..3 (docs/performance.md,
+    # "Session 4 integration check"), natively 1.18-1.55.
+    BACKEND_VERIFY_COST = {"browser": 0.6}
     # Steps the rate is taken over: enough that one lucky step does not decide (at k = 2, 8 steps
     # reach 1.4 tokens per step only with 4 drafted tokens accepted), few enough that a reply that
     # stops repeating costs at most ~8 verify steps (~2.3 decode steps at k = 2 and 1.29x per step).
@@ -141,6 +145,12 @@ class SpeculationPolicy:
         self.k, self.window, self.resume_margin, self.ngram_max = k, window, resume_margin, ngram_max
         self.verify_cost = 1.0 + self.VERIFY_ROW_COST * k if verify_cost is None else verify_cost
         self.start([])
+
+    @classmethod
+    def for_backend(cls, k: int, backend: str) -> SpeculationPolicy:
+        """The policy for drafts of `k` tokens on a GPU backend (gpu.Device.backend): its verify-step
+        cost estimated for that backend."""
+        return cls(k, verify_cost=1.0 + cls.BACKEND_VERIFY_COST.get(backend, 0.0) + cls.VERIFY_ROW_COST * k)
 
     def start(self, history: Sequence[int]) -> None:
         """A new reply: `history` is the text so far, ending with the first verify step's input token."""
