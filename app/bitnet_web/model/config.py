@@ -50,8 +50,24 @@ class ModelConfigError(GGUFError):
     """The GGUF does not describe a model this engine can run; the message lists every problem."""
 
 
+class HeadWidths:
+    """The attention projections' widths, for a dataclass with n_heads, n_kv_heads and head_dim."""
+
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(HeadWidths):
     arch: str
     vocab_size: int  # rows of token_embd (the logits width)
     context_length: int
@@ -68,14 +84,6 @@ class ModelConfig:
     rope_style: str  # 'neox' (pairs i, i + d/2) | 'interleaved' (pairs 2i, 2i+1)
     tied_embeddings: bool  # LM head is token_embd (no output.weight)
     has_sub_norms: bool  # attn_sub_norm before attn_output, ffn_sub_norm before ffn_down
-
-    @property
-    def q_dim(self) -> int:
-        return self.n_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_heads * self.head_dim
 
 
 def layer_tensor_names(i: int) -> dict[str, str]:
