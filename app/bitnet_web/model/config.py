@@ -168,12 +168,12 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     vocab_size = None
     embd = tensors.get(TOKEN_EMBD)
     if embd is None:
-        problems.append("missing tensor token_embd.weight")
+        problems.append(f"missing tensor {TOKEN_EMBD}")
     else:
         if embd.ggml_type not in FLOAT_TYPES:
-            problems.append(f"token_embd.weight has type {embd.ggml_type.name}, expected F16/F32/BF16")
+            problems.append(f"{TOKEN_EMBD} has type {embd.ggml_type.name}, expected F16/F32/BF16")
         if len(embd.shape) != 2 or (dim and embd.shape[1] != dim):
-            problems.append(f"token_embd.weight has shape {list(embd.shape)}, expected [n_vocab, {dim}]")
+            problems.append(f"{TOKEN_EMBD} has shape {list(embd.shape)}, expected [n_vocab, {dim}]")
         else:
             vocab_size = embd.shape[0]
     key_vocab = gguf.metadata.get(k(Keys.VOCAB_SIZE))
@@ -182,7 +182,7 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         vocab_size = len(tokens)
     if vocab_size is not None:
         if isinstance(key_vocab, int) and key_vocab != vocab_size:
-            problems.append(f"{k(Keys.VOCAB_SIZE)} is {key_vocab} but token_embd.weight has {vocab_size} rows")
+            problems.append(f"{k(Keys.VOCAB_SIZE)} is {key_vocab} but {TOKEN_EMBD} has {vocab_size} rows")
         if isinstance(tokens, list) and len(tokens) > vocab_size:
             problems.append(f"tokenizer has {len(tokens)} tokens but the embedding only {vocab_size} rows")
 
@@ -191,9 +191,9 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     tied = output is None
     if output is not None:
         if output.ggml_type not in FLOAT_TYPES:
-            problems.append(f"output.weight has type {output.ggml_type.name}, expected F16/F32/BF16")
+            problems.append(f"{OUTPUT} has type {output.ggml_type.name}, expected F16/F32/BF16")
         if vocab_size and dim and tuple(output.shape) != (vocab_size, dim):
-            problems.append(f"output.weight has shape {list(output.shape)}, expected [{vocab_size}, {dim}]")
+            problems.append(f"{OUTPUT} has shape {list(output.shape)}, expected [{vocab_size}, {dim}]")
     _check_tensor(tensors, OUTPUT_NORM, (dim,), FLOAT_TYPES[:1], problems)
 
     # Per-layer tensors. Expected shapes are (out, in) in numpy order.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import gpu
-from ..formats.ggml import OUTPUT, OUTPUT_NORM, TOKEN_EMBD, GGMLType, block_prefix
+from ..formats.ggml import OUTPUT, OUTPUT_NORM, TOKEN_EMBD, GGMLType, block_prefix, block_tensor
 from ..formats.gguf_reader import GGUFFile
 from ..formats.quants import i2s_encode, ternarize
 from ..kernels.embedding import F16Matrix, Int8Matrix
@@ -164,27 +164,22 @@ async def upload_weights(
         return matrix
 
     def layer(i: int) -> LayerWeights:
-        p = block_prefix(i)
+        p = block_prefix(i)  # GPU buffer labels: "blk.{i}.qkv", ...
+
+        def t(short: str) -> str:
+            return block_tensor(i, short)
+
         return LayerWeights(
-            attn_norm=f32(p + "attn_norm.weight", f"{p}attn_norm"),
-            qkv=ternary(
-                [
-                    (p + "attn_q.weight", "q", "dim"),
-                    (p + "attn_k.weight", "kv", "dim"),
-                    (p + "attn_v.weight", "kv", "dim"),
-                ],
-                f"{p}qkv",
-            ),
-            attn_sub_norm=(f32(p + "attn_sub_norm.weight", f"{p}attn_sub_norm", "q") if cfg.has_sub_norms else None),
-            wo=ternary([(p + "attn_output.weight", "dim", "q")], f"{p}attn_output"),
-            ffn_norm=f32(p + "ffn_norm.weight", f"{p}ffn_norm"),
+            attn_norm=f32(t("attn_norm"), f"{p}attn_norm"),
+            qkv=ternary([(t("attn_q"), "q", "dim"), (t("attn_k"), "kv", "dim"), (t("attn_v"), "kv", "dim")], f"{p}qkv"),
+            attn_sub_norm=(f32(t("attn_sub_norm"), f"{p}attn_sub_norm", "q") if cfg.has_sub_norms else None),
+            wo=ternary([(t("attn_output"), "dim", "q")], f"{p}attn_output"),
+            ffn_norm=f32(t("ffn_norm"), f"{p}ffn_norm"),
             gate_up=ternary(
-                [(p + "ffn_gate.weight", "ffn", "dim"), (p + "ffn_up.weight", "ffn", "dim")],
-                f"{p}gate_up",
-                pair_rows=True,
+                [(t("ffn_gate"), "ffn", "dim"), (t("ffn_up"), "ffn", "dim")], f"{p}gate_up", pair_rows=True
             ),
-            ffn_sub_norm=(f32(p + "ffn_sub_norm.weight", f"{p}ffn_sub_norm", "ffn") if cfg.has_sub_norms else None),
-            down=ternary([(p + "ffn_down.weight", "dim", "ffn")], f"{p}ffn_down"),
+            ffn_sub_norm=(f32(t("ffn_sub_norm"), f"{p}ffn_sub_norm", "ffn") if cfg.has_sub_norms else None),
+            down=ternary([(t("ffn_down"), "dim", "ffn")], f"{p}ffn_down"),
         )
 
     def embedding(name: str) -> np.ndarray:  # columns padded to the GPU's hidden width
