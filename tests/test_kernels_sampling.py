@@ -8,20 +8,14 @@ with the draw and the cuts nudged both ways, and any of those answers is accepte
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-
 from gpu_helpers import upload
 
-from bitnet_web import gpu  # noqa: E402
-from bitnet_web.kernels.embedding import Argmax  # noqa: E402
-from bitnet_web.kernels.sampling import GPUSampler  # noqa: E402
-from bitnet_web.text.sampler import (  # noqa: E402
+from bitnet_web import gpu
+from bitnet_web.kernels.embedding import Argmax
+from bitnet_web.kernels.sampling import GPUSampler
+from bitnet_web.text.sampler import (
     GPU_PENALTY_WINDOW_MAX,
     GPU_TOP_K_MAX,
     Sampler,
