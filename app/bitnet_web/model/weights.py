@@ -20,7 +20,7 @@ from ..formats.quants import i2s_encode, ternarize
 from ..kernels.embedding import F16Matrix, Int8Matrix
 from ..kernels.kv_cache import KV_DTYPES
 from ..kernels.linear import TernaryMatrix
-from .config import ModelConfig
+from .config import FLOAT_TYPES, TERNARY_TYPES, ModelConfig
 from .layout import gather, gather_index, gpu_layout
 
 ProgressCallback = Callable[[str, int, int], None]
@@ -43,15 +43,21 @@ def ternary_rows(gguf: GGUFFile, name: str) -> tuple[np.ndarray, float]:
     if info.ggml_type == GGMLType.I2_S:
         raw = gguf.tensor_bytes(name)
         return raw[: info.n_elements // 4], gguf.i2s_scale(name)
-    if info.ggml_type in (GGMLType.TQ1_0, GGMLType.TQ2_0):
-        values, scale = gguf.ternary(name)
-    elif info.ggml_type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
-        values, scale = ternarize(np.asarray(gguf.tensor(name), dtype=np.float32))
-    else:
-        raise ModelLoadError(
-            f"{gguf.source}: tensor {name!r} has type {info.ggml_type.name}, which cannot be used as a ternary weight"
-        )
+    values, scale = ternary_values(gguf, name)
     return i2s_encode(values, scale)[: info.n_elements // 4], float(scale)
+
+
+def ternary_values(gguf: GGUFFile, name: str) -> tuple[np.ndarray, float]:
+    """A ternary weight's values (-1, 0, +1; int8, the tensor's shape) and scale: decoded from
+    I2_S / TQ1_0 / TQ2_0, or ternarized from float master weights."""
+    ggml_type = gguf.tensors[name].ggml_type
+    if ggml_type in TERNARY_TYPES:
+        return gguf.ternary(name)
+    if ggml_type in FLOAT_TYPES:
+        return ternarize(np.asarray(gguf.tensor(name), dtype=np.float32))
+    raise ModelLoadError(
+        f"{gguf.source}: tensor {name!r} has type {ggml_type.name}, which cannot be used as a ternary weight"
+    )
 
 
 def check_device_limits(
@@ -149,10 +155,7 @@ async def upload_weights(
         if rows is None and cols is None:
             codes, scale = ternary_rows(gguf, name)
             return codes, scale, shape
-        if gguf.tensors[name].ggml_type in (GGMLType.I2_S, GGMLType.TQ1_0, GGMLType.TQ2_0):
-            values, scale = gguf.ternary(name)
-        else:
-            values, scale = ternarize(np.asarray(gguf.tensor(name), dtype=np.float32))
+        values, scale = ternary_values(gguf, name)
         values = gather(np.asarray(values, dtype=np.int8).reshape(shape), rows, cols)
         return i2s_encode(values, float(scale))[: values.size // 4], float(scale), values.shape
 
