@@ -87,7 +87,6 @@ fn reduce_best(bv: f32, bi: u32, lid: u32, sg_size: u32, sg_lane: u32) -> vec2<u
 //#endif
 }
 
-//#if !COMBINE
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(local_invocation_index) lid: u32,
@@ -100,6 +99,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let sg_size = 1u;
     let sg_lane = 0u;
 //#endif
+//#if !COMBINE
     let base = wid.x * SPAN + lid;
     let row = ROW + wid.y;
 //#for i in PER
@@ -118,20 +118,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     if (lid == 0u) {
         partials[wid.y * GROUPS + wid.x] = best;
     }
-}
 //#else
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32,
-//#if SUBGROUPS
-        @builtin(subgroup_size) sg_size: u32,
-        @builtin(subgroup_invocation_id) sg_lane: u32,
-//#endif
-) {
-//#if !SUBGROUPS
-    let sg_size = 1u;
-    let sg_lane = 0u;
-//#endif
     var bv = 0.0;
     var bi = NO_INDEX;
     for (var it = 0u; it < COMBINE_ITERS; it++) {  // partials in index order: ties keep the first
@@ -148,5 +135,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     if (lid == 0u) {
         out_ids[SLOT + wid.x] = select(best.y, 0u, best.y == NO_INDEX);
     }
-}
 //#endif
+}

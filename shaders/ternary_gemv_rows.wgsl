@@ -68,26 +68,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#for t in TOK
     {
         let t = {{t}}u;
-        var xsum = 0i;
-//#for r in ROWS
-        var a{{r}} = 0i;
-//#endfor
 //#for it in ITERS
         let x{{it}}_0 = xq[t * XROW + xb{{it}}];
         let x{{it}}_1 = xq[t * XROW + xb{{it}} + 2u];
         let x{{it}}_2 = xq[t * XROW + xb{{it}} + 4u];
         let x{{it}}_3 = xq[t * XROW + xb{{it}} + 6u];
-        if (live{{it}}) {
-            xsum += word_sum(x{{it}}_0) + word_sum(x{{it}}_1) + word_sum(x{{it}}_2) + word_sum(x{{it}}_3);
-//#for r in ROWS
-            a{{r}} += block_dot(w{{it}}_{{r}}, x{{it}}_0, x{{it}}_1, x{{it}}_2, x{{it}}_3);
 //#endfor
-        }
-//#endfor
+//#include _row_dots
 //#if SUBGROUPS
-//#for r in ROWS
-        let s{{r}} = subgroupAdd(a{{r}} - xsum);
-//#endfor
         if (sg_lane == 0u) {
 //#for r in ROWS
             atomicAdd(&acc_rows[t * ROWS + {{r}}u], s{{r}});

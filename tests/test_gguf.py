@@ -6,6 +6,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from shapes import SMALL_SHAPE
 
 from bitnet_web.convert.synthetic import synthetic_vocab_metadata, write_random_bitnet
 from bitnet_web.formats.ggml import (
@@ -232,7 +233,7 @@ def test_custom_alignment(tmp_path):
 
 def test_parse_header_incremental(tmp_path):
     path = tmp_path / "m.gguf"
-    write_random_bitnet(str(path), dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256, vocab_size=300)
+    write_random_bitnet(str(path), **SMALL_SHAPE)
     data = path.read_bytes()
     full = open_gguf(str(path))
     for total in (len(data), None):

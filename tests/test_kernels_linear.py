@@ -5,6 +5,7 @@ Run on whatever adapter wgpu finds (lavapipe in CI). Sizes stay small except one
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -330,10 +331,7 @@ def test_rows_gemv_matches_numpy(device, kernels, parts, k, t, epilogue, kwargs)
 @pytest.mark.parametrize("variant", ["no-subgroups", "no-dot4"])
 def test_rows_gemv_fallbacks(device, variant):
     kernels = KernelCache(device)
-    features = device.features
-    try:
-        if variant == "no-subgroups":
-            device.features = features - {"subgroups"}
+    with without_subgroups(device, variant == "no-subgroups"):
         rng = np.random.default_rng(1515)
         op, out_buf, expected = linear_case(
             device, kernels, rng, [40, 40], 640, 5, "gate_silu", use_dot4=variant != "no-dot4"
@@ -341,8 +339,6 @@ def test_rows_gemv_fallbacks(device, variant):
         recorder = device.begin()
         op.record_rows(recorder, 5)
         recorder.submit()
-    finally:
-        device.features = features
     check_linear(device, op, out_buf, expected)
 
 
@@ -456,6 +452,36 @@ def small_binding_device():
 
 def random_table(rng, v: int, d: int) -> np.ndarray:
     return (rng.standard_normal((v, d)) * 0.5).astype(np.float16)
+
+
+def norm_head_case(device, rng, t: int, d: int, v: int) -> tuple:
+    """The final norm -> LM head -> argmax chain's data: x (t, d), norm weight w, table (v, d), and
+    buffers (x, w, xq, x scales, y, logits, ids)."""
+    x = random_activations(rng, t, d)
+    w = rng.uniform(0.5, 1.5, d).astype(np.float32)
+    table = random_table(rng, v, d)
+    buffers = (
+        upload(device, x, "x"),
+        upload(device, w, "w"),
+        device.buffer(t * d, label="xq"),
+        device.buffer(4 * t, label="xs"),
+        device.buffer(4 * t * d, label="y"),
+        device.buffer(4 * t * v, label="logits"),
+        device.buffer(16, label="ids"),
+    )
+    return x, w, table, buffers
+
+
+@contextlib.contextmanager
+def without_subgroups(device, active: bool = True):
+    """Build kernels inside as for an adapter without subgroups (the workgroup-memory fallbacks)."""
+    features = device.features
+    if active:
+        device.features = features - {"subgroups"}
+    try:
+        yield
+    finally:
+        device.features = features
 
 
 def test_embedding_lookup_uses_every_shard(small_binding_device):
@@ -611,19 +637,12 @@ def test_greedy_step_stays_on_gpu(device, kernels):
 def test_reductions_without_subgroups(device):
     """The workgroup-memory fallbacks (adapters without subgroups) of the norm, LM head and argmax."""
     kernels = KernelCache(device)
-    features = device.features
-    rng = np.random.default_rng(50)
     t, d, v = 3, 640, 120
-    x = random_activations(rng, t, d)
-    w = rng.uniform(0.5, 1.5, d).astype(np.float32)
-    table = random_table(rng, v, d)
-    x_buf, w_buf = upload(device, x, "x"), upload(device, w, "w")
-    xq_buf, xs_buf = device.buffer(t * d, label="xq"), device.buffer(4 * t, label="xs")
-    y_buf, logits_buf = device.buffer(4 * t * d, label="y"), device.buffer(4 * t * v, label="logits")
-    ids_buf = device.buffer(16, label="ids")
+    x, w, table, (x_buf, w_buf, xq_buf, xs_buf, y_buf, logits_buf, ids_buf) = norm_head_case(
+        device, np.random.default_rng(50), t, d, v
+    )
     step = step_params(device, t)
-    try:
-        device.features = features - {"subgroups"}
+    with without_subgroups(device):
         matrix = F16Matrix.upload(device, table, "head")
         ops = [
             (RMSNormQuant(kernels, x_buf, w_buf, xq_buf, xs_buf, step, d, EPS), (t,), {}),
@@ -631,8 +650,6 @@ def test_reductions_without_subgroups(device):
             (LMHead(kernels, matrix, y_buf, logits_buf, step), (t,), {}),
             (Argmax(kernels, logits_buf, ids_buf, v, row=2), (), {}),
         ]
-    finally:
-        device.features = features
     assert all("SUBGROUPS" not in op.pipeline.label for op, _, _ in ops[:1])
     run(device, *ops)
     normed = ref_rmsnorm(x, w, EPS)
@@ -868,14 +885,8 @@ def test_kernels_match_numpy_in_chromium():
         recorder.submit()
         checks.append((f"norm linear {parts} K={k} {epilogue}", out_buf, (expected, tie), "norm_linear"))
     t, d, v = 3, 640, 120
-    x = random_activations(rng, t, d)
-    w = rng.uniform(0.5, 1.5, d).astype(np.float32)
-    table = random_table(rng, v, d)
-    x_buf, w_buf = upload(device, x, "x"), upload(device, w, "w")
-    xq_buf, xs_buf = device.buffer(t * d, label="xq"), device.buffer(4 * t, label="xs")
-    y_buf, logits_buf = device.buffer(4 * t * d, label="y"), device.buffer(4 * t * v, label="logits")
+    x, w, table, (x_buf, w_buf, xq_buf, xs_buf, y_buf, logits_buf, ids_buf) = norm_head_case(device, rng, t, d, v)
     last_buf = device.buffer(4 * d, label="last")
-    ids_buf = device.buffer(16, label="ids")
     step = step_params(device, t)
     device.limits = gpu.GPULimits(50000, 50000, 32768, 256, 65535, 256)  # 120 x 640 F16 -> 4 shards
     matrix = F16Matrix.upload(device, table, "head")
@@ -1058,16 +1069,11 @@ def test_norm_linear_record_matches_numpy(device, kernels, t):
 @pytest.mark.parametrize("variant", ["no-subgroups", "no-dot4"])
 def test_norm_linear_fallbacks(device, variant):
     kernels = KernelCache(device)
-    features = device.features
-    try:
-        if variant == "no-subgroups":
-            device.features = features - {"subgroups"}
+    with without_subgroups(device, variant == "no-subgroups"):
         rng = np.random.default_rng(80)
         op, out_buf, expected, tie = norm_linear_case(
             device, kernels, rng, [40, 40], 2560, 2, "gate_relu2", use_dot4=variant != "no-dot4", row_groups=2
         )
-    finally:
-        device.features = features
     recorder = device.begin()
     op.record_fused(recorder, 2)
     recorder.submit()

@@ -8,19 +8,14 @@ with the draw and the cuts nudged both ways, and any of those answers is accepte
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-
 from gpu_helpers import upload
 
-from bitnet_web import gpu  # noqa: E402
-from bitnet_web.kernels.sampling import GPUSampler  # noqa: E402
-from bitnet_web.text.sampler import (  # noqa: E402
+from bitnet_web import gpu
+from bitnet_web.kernels.embedding import Argmax
+from bitnet_web.kernels.sampling import GPUSampler
+from bitnet_web.text.sampler import (
     GPU_PENALTY_WINDOW_MAX,
     GPU_TOP_K_MAX,
     Sampler,
@@ -124,6 +119,16 @@ def test_all_nan_logits_write_token_zero_and_flag_it(device, kernels):
     op.configure(SamplerSettings(temperature=1.0, top_k=40), 1, first_draw=0)
     assert draw_on_gpu(device, op, ids) == 0
     assert device.read_sync(op.state, 0, 8).view(np.uint32).tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("op", [GPUSampler, Argmax])
+def test_a_row_or_slot_past_its_buffer_is_refused(device, kernels, op):
+    logits = upload(device, np.zeros((2, 100), np.float32), "logits")
+    ids = upload(device, np.zeros(4, np.uint32), "ids")
+    with pytest.raises(ValueError, match="must hold row 2 of 100 f32"):
+        op(kernels, logits, ids, 100, row=2)
+    with pytest.raises(ValueError, match=r"out_ids \(16 bytes\) slot 4"):
+        op(kernels, logits, ids, 100, slot=4)
 
 
 def test_settings_the_gpu_cannot_take_are_refused(device, kernels):

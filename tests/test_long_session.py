@@ -9,22 +9,13 @@ import random
 import tracemalloc
 
 import pytest
+from shapes import SMALL_SHAPE
 
 from bitnet_web.engine import Engine, EngineError, fit_chat_to_context  # noqa: E402
 from bitnet_web.text.sampler import SamplerSettings  # noqa: E402
 
 CONTEXT = 128
-TINY = dict(
-    dim=128,
-    n_layers=1,
-    n_heads=2,
-    n_kv_heads=1,
-    ffn_dim=256,
-    vocab_size=300,
-    context_length=CONTEXT,
-    untied=True,
-    seed=11,
-)
+TINY = dict(SMALL_SHAPE, context_length=CONTEXT, untied=True, seed=11)
 SYSTEM = {"role": "system", "content": "You are terse."}
 GREEDY = SamplerSettings(temperature=0)
 SAMPLED = SamplerSettings(temperature=1.0, top_k=50, seed=7)

@@ -81,3 +81,21 @@ def test_installed_wheel_generates_outside_the_checkout(tmp_path):
     checkout = _run([sys.executable, "-m", "bitnet_web", *COMMAND], ROOT, {**env, "PYTHONPATH": str(ROOT / "app")})
     assert installed.stdout.strip(), installed.stderr
     assert installed.stdout == checkout.stdout
+
+
+def test_architecture_doc_lists_every_module():
+    """docs/ARCHITECTURE.md's layout block has one line per module, no more and no fewer, each
+    opening with the first words of the module's docstring (so a renamed or new module shows up)."""
+    import ast
+    import re
+
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    block = doc.split("## Layout (app/bitnet_web/, one line per module)")[1].split("```")[1]
+    listed = dict(re.findall(r"^(\S+\.py)\s+(.+)$", block, re.M))
+    on_disk = {str(p.relative_to(PACKAGE)): p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+    assert sorted(set(on_disk) - set(listed)) == [], "add these modules to docs/ARCHITECTURE.md"
+    assert sorted(set(listed) - set(on_disk)) == [], "these modules are gone: remove them from docs/ARCHITECTURE.md"
+    for name, path in on_disk.items():
+        opening = (ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or "").split()
+        assert opening, f"{name} has no docstring saying what it is for"
+        assert listed[name].split()[:4] == opening[:4], f"{name}: the doc line does not open like its docstring"

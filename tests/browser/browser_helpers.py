@@ -5,6 +5,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +124,28 @@ def audit_cache(page) -> dict[str, dict[str, Any]]:
                 f"{key}: marked complete with {e['stored']} of {e['total']} bytes"
             )
     return entries
+
+
+def serve_test_file(test_files: Path, name: str, data: bytes) -> str:
+    """Put `data` where the test site serves it; returns its URL path."""
+    (test_files / name).write_bytes(data)
+    return "/_test/" + name
+
+
+def assert_cached_exactly(page, url: str, data: bytes, gguf_header: bool = False) -> dict[str, Any]:
+    """The cache entry of `url` is complete and its chunks reassemble `data` (and, with `gguf_header`,
+    it holds the parsed GGUF header); returns the entry."""
+    entry = audit_cache(page)[url]
+    assert entry["complete"] is True and entry["total"] == len(data)
+    assert entry["file_size"] == len(data) and entry["file_sha256"] == hashlib.sha256(data).hexdigest()
+    if gguf_header:
+        assert entry["header"] is not None, "a complete GGUF entry without its parsed header"
+    return entry
+
+
+def resume_offsets(requests: list[dict]) -> list[int]:
+    """The start offsets of the requests that resumed a download with `Range: bytes=N-`."""
+    return [int(re.fullmatch(r"bytes=(\d+)-", r["range"]).group(1)) for r in requests if r["range"]]
 
 
 def engine_worker(page):

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from browser_helpers import LOCAL_PREFIXES, READY_MODEL, app_page, app_state, load_option, notice
+from shapes import SMALL_SHAPE
 from site_server import SiteServer, build
 
 from tools.chromium_launch import CHROMIUM, EgressRecorder, launch_options, route_contexts_through
@@ -91,9 +92,7 @@ def tiny_model(test_files) -> bytes:
     from bitnet_web.convert.synthetic import write_random_bitnet
 
     path = test_files / "tiny.gguf"
-    write_random_bitnet(
-        str(path), dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256, vocab_size=300, context_length=256, seed=1
-    )
+    write_random_bitnet(str(path), **SMALL_SHAPE, context_length=256, seed=1)
     return path.read_bytes()
 
 

@@ -28,6 +28,7 @@ from browser_helpers import (
     send_and_wait,
     set_settings,
 )
+from shapes import SMALL_SHAPE
 
 from bitnet_web.web.shared.settings import parse_form
 
@@ -114,16 +115,7 @@ def test_model_metadata_is_shown_as_text(app, site, test_files):
     from bitnet_web.formats.ggml import Keys
 
     hostile = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
-    writer = random_bitnet_writer(
-        str(test_files / "hostile.gguf"),
-        dim=128,
-        n_layers=1,
-        n_heads=2,
-        n_kv_heads=1,
-        ffn_dim=256,
-        vocab_size=300,
-        context_length=256,
-    )
+    writer = random_bitnet_writer(str(test_files / "hostile.gguf"), **SMALL_SHAPE, context_length=256)
     writer.metadata[Keys.NAME] = hostile
     writer.write()
     assert load_custom(app, site.url + "_test/hostile.gguf") in (*READY_MODEL, "error")

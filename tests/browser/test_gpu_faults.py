@@ -35,12 +35,12 @@ from browser_helpers import (
     start_load,
     worker_python,
 )
+from shapes import SMALL_SHAPE
 
 from bitnet_web.web.shared.settings import parse_form
 
 pytestmark = [pytest.mark.browser, needs_engine]
 
-TINY = dict(dim=128, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=256, vocab_size=300)
 SHORT = {**GREEDY_FORM, "max_tokens": "3"}
 DESTROY_DEVICE = (
     "from bitnet_web.web.worker import main as w\n"
@@ -74,11 +74,11 @@ def test_model_beyond_the_binding_limit_is_refused_before_any_upload(app, site, 
     from bitnet_web.convert.synthetic import write_random_bitnet
 
     limit = adapter_binding_limit(app)
-    head_dim = TINY["dim"] // TINY["n_heads"]
-    context = 1 << 23  # a KV-cache layer of 4 * context * n_kv_heads * head_dim bytes: 2 GiB
-    kv_bytes = 4 * context * TINY["n_kv_heads"] * head_dim
+    head_dim = SMALL_SHAPE["dim"] // SMALL_SHAPE["n_heads"]
+    context = 1 << 24  # a KV-cache layer of 2 * context * n_kv_heads * head_dim bytes (f16, the default): 2 GiB
+    kv_bytes = 2 * context * SMALL_SHAPE["n_kv_heads"] * head_dim
     assert kv_bytes > limit, "SwiftShader's limit grew: raise `context`"
-    write_random_bitnet(str(test_files / "huge-context.gguf"), **TINY, context_length=context, seed=3)
+    write_random_bitnet(str(test_files / "huge-context.gguf"), **SMALL_SHAPE, context_length=context, seed=3)
     before = gpu_counts(app)
     assert load_custom(app, site.url + "_test/huge-context.gguf") == "error"
     n = notice(app)

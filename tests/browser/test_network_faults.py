@@ -15,11 +15,18 @@ shows the model's header (data-model "header").
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 import pytest
-from browser_helpers import app_page, audit_cache, load_custom, notice
+from browser_helpers import (
+    app_page,
+    assert_cached_exactly,
+    audit_cache,
+    load_custom,
+    notice,
+    resume_offsets,
+    serve_test_file,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -32,24 +39,6 @@ def app(browser, site):
         yield page
 
 
-def _serve(test_files, name: str, data: bytes) -> str:
-    (test_files / name).write_bytes(data)
-    return "/_test/" + name
-
-
-def _assert_cached_exactly(app, url: str, data: bytes) -> dict:
-    entries = audit_cache(app)
-    entry = entries[url]
-    assert entry["complete"] is True and entry["total"] == len(data)
-    assert entry["file_size"] == len(data) and entry["file_sha256"] == hashlib.sha256(data).hexdigest()
-    assert entry["header"] is not None, "a complete GGUF entry without its parsed header"
-    return entry
-
-
-def _resume_offsets(requests: list[dict]) -> list[int]:
-    return [int(re.fullmatch(r"bytes=(\d+)-", r["range"]).group(1)) for r in requests if r["range"]]
-
-
 def _log_since(app, n: int) -> str:
     return "\n".join(app.bitnet_log[n:])
 
@@ -57,28 +46,28 @@ def _log_since(app, n: int) -> str:
 @pytest.mark.parametrize("percent", [10, 50, 99])
 def test_connection_reset_resumes_to_an_identical_file(app, site, tiny_model, test_files, percent):
     data = tiny_model
-    path = _serve(test_files, f"reset{percent}.gguf", data)
+    path = serve_test_file(test_files, f"reset{percent}.gguf", data)
     cut = len(data) * percent // 100
     site.add_fault(path, drop_after=cut, reset=True, pause_s=0.5)
     n_log = len(app.bitnet_log)
     assert load_custom(app, site.url + path[1:]) == "header", notice(app)
     requests = site.requests_for(path)
     assert len(requests) == 2 and requests[0]["range"] is None, requests
-    (resumed_at,) = _resume_offsets(requests)
+    (resumed_at,) = resume_offsets(requests)
     assert 0 < resumed_at <= cut  # what arrived before the reset is kept, nothing past it invented
     log = _log_since(app, n_log)
     assert "dropped" in log and f"resuming at byte {resumed_at:,}" in log, log
-    _assert_cached_exactly(app, site.url + path[1:], data)
+    assert_cached_exactly(app, site.url + path[1:], data, gguf_header=True)
 
 
 def test_response_shorter_than_its_content_length_resumes(app, site, tiny_model, test_files):
     data = tiny_model
-    path = _serve(test_files, "short.gguf", data)
+    path = serve_test_file(test_files, "short.gguf", data)
     site.add_fault(path, short_by=3000, pause_s=0.3)
     assert load_custom(app, site.url + path[1:]) == "header", notice(app)
     requests = site.requests_for(path)
-    assert len(requests) == 2 and _resume_offsets(requests) == [len(data) - 3000], requests
-    _assert_cached_exactly(app, site.url + path[1:], data)
+    assert len(requests) == 2 and resume_offsets(requests) == [len(data) - 3000], requests
+    assert_cached_exactly(app, site.url + path[1:], data, gguf_header=True)
 
 
 def test_server_always_short_gives_up_with_a_message_and_load_resumes(app, site, tiny_model, test_files):
@@ -86,7 +75,7 @@ def test_server_always_short_gives_up_with_a_message_and_load_resumes(app, site,
     the automatic retries the page says what happened and that the bytes are kept. The partial
     entry is never marked complete, and Load (server fixed) resumes it to an identical file."""
     data = tiny_model
-    path = _serve(test_files, "alwaysshort.gguf", data)
+    path = serve_test_file(test_files, "alwaysshort.gguf", data)
     url = site.url + path[1:]
     for _ in range(8):
         site.add_fault(path, short_by=3000, pause_s=0.2)
@@ -103,12 +92,12 @@ def test_server_always_short_gives_up_with_a_message_and_load_resumes(app, site,
     site.faults.pop(path, None)  # the server is fixed
     n_requests = len(site.requests_for(path))
     assert load_custom(app, url) == "header", notice(app)
-    assert _resume_offsets(site.requests_for(path)[n_requests:]) == [kept]
-    _assert_cached_exactly(app, url, data)
+    assert resume_offsets(site.requests_for(path)[n_requests:]) == [kept]
+    assert_cached_exactly(app, url, data, gguf_header=True)
 
 
 def test_http_500_is_reported_and_nothing_is_cached(app, site, tiny_model, test_files):
-    path = _serve(test_files, "e500.gguf", tiny_model)
+    path = serve_test_file(test_files, "e500.gguf", tiny_model)
     site.add_fault(path, status=500)
     assert load_custom(app, site.url + path[1:]) == "error"
     n = notice(app)
@@ -119,7 +108,7 @@ def test_http_500_is_reported_and_nothing_is_cached(app, site, tiny_model, test_
 
 def test_http_500_on_a_resume_keeps_the_partial_copy(app, site, tiny_model, test_files):
     data = tiny_model
-    path = _serve(test_files, "resume500.gguf", data)
+    path = serve_test_file(test_files, "resume500.gguf", data)
     url = site.url + path[1:]
     site.add_fault(path, drop_after=len(data) // 2, reset=True, pause_s=0.5)
     site.add_fault(path, status=500)
@@ -131,15 +120,15 @@ def test_http_500_on_a_resume_keeps_the_partial_copy(app, site, tiny_model, test
     assert f"{entry['stored']:,} of {len(data):,} bytes are kept: press Load to resume" in n["text"], n["text"]
     n_requests = len(site.requests_for(path))
     assert load_custom(app, url) == "header", notice(app)
-    assert _resume_offsets(site.requests_for(path)[n_requests:]) == [entry["stored"]]
-    _assert_cached_exactly(app, url, data)
+    assert resume_offsets(site.requests_for(path)[n_requests:]) == [entry["stored"]]
+    assert_cached_exactly(app, url, data, gguf_header=True)
 
 
 def test_html_page_answering_a_resume_keeps_the_partial_copy(app, site, tiny_model, test_files):
     """A captive portal (or a proxy's error page) answers the resume with 200 and HTML: the page
     says the URL returned HTML, and the bytes already stored are not thrown away for it."""
     data = tiny_model
-    path = _serve(test_files, "portal.gguf", data)
+    path = serve_test_file(test_files, "portal.gguf", data)
     url = site.url + path[1:]
     site.add_fault(path, drop_after=len(data) * 7 // 10, reset=True, pause_s=0.5)
     site.add_fault(path, body=b"<!DOCTYPE html><html><body>Sign in to the Wi-Fi</body></html>")
@@ -150,15 +139,15 @@ def test_html_page_answering_a_resume_keeps_the_partial_copy(app, site, tiny_mod
     assert entry["complete"] is False and 0 < entry["stored"] <= len(data) * 7 // 10
     n_requests = len(site.requests_for(path))
     assert load_custom(app, url) == "header", notice(app)
-    assert _resume_offsets(site.requests_for(path)[n_requests:]) == [entry["stored"]]
-    _assert_cached_exactly(app, url, data)
+    assert resume_offsets(site.requests_for(path)[n_requests:]) == [entry["stored"]]
+    assert_cached_exactly(app, url, data, gguf_header=True)
 
 
 def test_truncated_file_dropped_before_its_header_was_read_is_not_cached(app, site, tiny_model, test_files):
     """The file on the server is cut (its Content-Length honest), and the connection drops before the
     header was parsed: the resumed download must still check the header against the file's size."""
     cut_file = tiny_model[: len(tiny_model) * 6 // 10]
-    path = _serve(test_files, "cut_early_drop.gguf", cut_file)
+    path = serve_test_file(test_files, "cut_early_drop.gguf", cut_file)
     site.add_fault(path, drop_after=len(cut_file) // 10, reset=True, pause_s=0.5)
     assert load_custom(app, site.url + path[1:]) == "error"
     n = notice(app)

@@ -16,8 +16,6 @@ about), so a finished load shows the model's header (data-model "header").
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import re
 import threading
 import time
 
@@ -27,13 +25,16 @@ from browser_helpers import (
     NO_AUTOLOAD,
     app_page,
     app_state,
+    assert_cached_exactly,
     audit_cache,
     engine_worker,
     load_custom,
     needs_engine,
     notice,
     open_app,
+    resume_offsets,
     send_and_wait,
+    serve_test_file,
     set_settings,
     set_test_hooks,
     wait_settled,
@@ -109,21 +110,6 @@ def app(browser, site):
         yield page
 
 
-def _serve(test_files, name: str, data: bytes) -> str:
-    (test_files / name).write_bytes(data)
-    return "/_test/" + name
-
-
-def _assert_cached_exactly(page, url: str, data: bytes) -> None:
-    entry = audit_cache(page)[url]
-    assert entry["complete"] is True and entry["total"] == len(data)
-    assert entry["file_size"] == len(data) and entry["file_sha256"] == hashlib.sha256(data).hexdigest()
-
-
-def _resume_offsets(requests: list[dict]) -> list[int]:
-    return [int(re.fullmatch(r"bytes=(\d+)-", r["range"]).group(1)) for r in requests if r["range"]]
-
-
 def _start_load(page, url: str) -> int:
     """Press Load for `url` without waiting for the result; returns the load count before it."""
     before = int(page.get_attribute("#app", "data-loads") or 0)
@@ -157,7 +143,7 @@ def _delete_in_cache_manager(page, url: str) -> None:
 @pytest.mark.parametrize("mode", ["abort", "throw"])
 def test_quota_exceeded_while_caching_keeps_a_consistent_partial_copy(app, site, tiny_model, test_files, mode):
     data = tiny_model
-    path = _serve(test_files, f"quota_{mode}.gguf", data)
+    path = serve_test_file(test_files, f"quota_{mode}.gguf", data)
     url = site.url + path[1:]
     engine_worker(app).evaluate(_FILL_QUOTA, [2, mode])
     try:
@@ -174,13 +160,13 @@ def test_quota_exceeded_while_caching_keeps_a_consistent_partial_copy(app, site,
     # space was freed: Load resumes after the two stored chunks
     n_requests = len(site.requests_for(path))
     assert load_custom(app, url) == "header", notice(app)
-    assert _resume_offsets(site.requests_for(path)[n_requests:]) == [2 * CHUNK]
-    _assert_cached_exactly(app, url, data)
+    assert resume_offsets(site.requests_for(path)[n_requests:]) == [2 * CHUNK]
+    assert_cached_exactly(app, url, data)
 
 
 def test_delete_while_downloading_stops_the_download_and_leaves_nothing(app, site, tiny_model, test_files):
     data = tiny_model
-    path = _serve(test_files, "delete_same_tab.gguf", data)
+    path = serve_test_file(test_files, "delete_same_tab.gguf", data)
     url = site.url + path[1:]
     # a first attempt leaves a partial copy, which the cache manager lists
     site.add_fault(path, drop_after=len(data) // 4, reset=True, pause_s=0.3)
@@ -204,14 +190,14 @@ def test_delete_while_downloading_stops_the_download_and_leaves_nothing(app, sit
     n_requests = len(site.requests_for(path))
     assert load_custom(app, url) == "header", notice(app)
     assert site.requests_for(path)[n_requests]["range"] is None  # downloaded afresh
-    _assert_cached_exactly(app, url, data)
+    assert_cached_exactly(app, url, data)
 
 
 def test_delete_in_another_tab_while_downloading(app, site, tiny_model, test_files):
     """Tab B deletes the entry tab A is writing: A's next chunk must not recreate it (which would
     leave a record counting chunks that B deleted); A stops with a message and can load again."""
     data = tiny_model
-    path = _serve(test_files, "delete_other_tab.gguf", data)
+    path = serve_test_file(test_files, "delete_other_tab.gguf", data)
     url = site.url + path[1:]
     stall = threading.Event()
     site.add_fault(path, drop_after=3 * CHUNK + 100, hold=stall)
@@ -236,7 +222,7 @@ def test_delete_in_another_tab_while_downloading(app, site, tiny_model, test_fil
     n_requests = len(site.requests_for(path))
     assert load_custom(app, url) == "header", notice(app)
     assert site.requests_for(path)[n_requests]["range"] is None
-    _assert_cached_exactly(app, url, data)
+    assert_cached_exactly(app, url, data)
 
 
 @contextlib.contextmanager
@@ -266,7 +252,7 @@ def test_closing_the_downloading_tab_hands_the_download_to_the_waiting_tab(app, 
     """Tab A downloads (stalled half-way), tab B (the module's page) loads the same model and waits
     for A's Web Lock; A is closed: B resumes from what A committed and gets an identical file."""
     data = tiny_model
-    path = _serve(test_files, "handover.gguf", data)
+    path = serve_test_file(test_files, "handover.gguf", data)
     url = site.url + path[1:]
     with _stalled_download_tab(app, site, path, url) as (first, log):
         with app.expect_console_message(lambda m: "another tab is downloading this model" in m.text):
@@ -275,8 +261,8 @@ def test_closing_the_downloading_tab_hands_the_download_to_the_waiting_tab(app, 
         assert wait_settled(app) == "header", notice(app)
         assert app_state(app)["source"] == "network"
         requests = site.requests_for(path)
-        assert len(requests) == 2 and _resume_offsets(requests) == [3 * CHUNK], requests
-        _assert_cached_exactly(app, url, data)
+        assert len(requests) == 2 and resume_offsets(requests) == [3 * CHUNK], requests
+        assert_cached_exactly(app, url, data)
     assert not [line for line in log if line.startswith("pageerror")]
 
 
@@ -287,7 +273,7 @@ def test_a_chunk_a_closed_tab_left_uncounted_is_dropped_and_the_resume_is_exact(
     in tab B resumes after the three counted chunks, removes the uncounted ones, and the file is
     byte-identical with no orphan left (audit)."""
     data = tiny_model
-    path = _serve(test_files, "uncounted.gguf", data)
+    path = serve_test_file(test_files, "uncounted.gguf", data)
     url = site.url + path[1:]
     beyond_end = len(data) // CHUNK + 2
     with _stalled_download_tab(app, site, path, url) as (first, _):
@@ -297,15 +283,15 @@ def test_a_chunk_a_closed_tab_left_uncounted_is_dropped_and_the_resume_is_exact(
     n_requests = len(site.requests_for(path))
     with app.expect_console_message(lambda m: "removed 2 stored chunk(s)" in m.text):
         assert load_custom(app, url) == "header", notice(app)
-    assert _resume_offsets(site.requests_for(path)[n_requests:]) == [3 * CHUNK]
+    assert resume_offsets(site.requests_for(path)[n_requests:]) == [3 * CHUNK]
     assert app.evaluate(_CHUNK_INDEXES, url) == list(range((len(data) + CHUNK - 1) // CHUNK))
-    _assert_cached_exactly(app, url, data)
+    assert_cached_exactly(app, url, data)
 
 
 @needs_engine
 @pytest.mark.slow  # the one engine load of this file: 40-90 s on SwiftShader
 def test_deleting_the_loaded_models_cached_copy_keeps_the_model_usable(app, site, tiny_model, test_files):
-    path = _serve(test_files, "loaded_then_deleted.gguf", tiny_model)
+    path = serve_test_file(test_files, "loaded_then_deleted.gguf", tiny_model)
     url = site.url + path[1:]
     set_test_hooks(app, chunkBytes=CHUNK, skipEngine=False)
     try:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from ..formats.ggml import OUTPUT, OUTPUT_NORM, TOKEN_EMBD, GGMLType, GGUFValueType, Keys, TokenType, block_prefix
+from ..formats.ggml import OUTPUT, OUTPUT_NORM, TOKEN_EMBD, GGMLType, GGUFValueType, Keys, TokenType, block_tensor
 from ..formats.gguf_writer import GGUFWriter, Typed
 from ..formats.quants import random_i2s_bytes
 from ..text.bpe import BYTE_TO_UNICODE
@@ -186,20 +186,19 @@ def random_bitnet_writer(
 
     w.add_tensor(TOKEN_EMBD, (vocab_size, dim), GGMLType.F16, embedding(rng()))
     for i in range(n_layers):
-        p = block_prefix(i)
-        w.add_tensor(p + "attn_norm.weight", (dim,), GGMLType.F32, norm(rng(), dim))
-        w.add_tensor(p + "attn_q.weight", (q_dim, dim), GGMLType.I2_S, ternary(rng(), q_dim, dim))
-        w.add_tensor(p + "attn_k.weight", (kv_dim, dim), GGMLType.I2_S, ternary(rng(), kv_dim, dim))
-        w.add_tensor(p + "attn_v.weight", (kv_dim, dim), GGMLType.I2_S, ternary(rng(), kv_dim, dim))
-        w.add_tensor(p + "attn_output.weight", (dim, q_dim), GGMLType.I2_S, ternary(rng(), dim, q_dim))
+        w.add_tensor(block_tensor(i, "attn_norm"), (dim,), GGMLType.F32, norm(rng(), dim))
+        w.add_tensor(block_tensor(i, "attn_q"), (q_dim, dim), GGMLType.I2_S, ternary(rng(), q_dim, dim))
+        w.add_tensor(block_tensor(i, "attn_k"), (kv_dim, dim), GGMLType.I2_S, ternary(rng(), kv_dim, dim))
+        w.add_tensor(block_tensor(i, "attn_v"), (kv_dim, dim), GGMLType.I2_S, ternary(rng(), kv_dim, dim))
+        w.add_tensor(block_tensor(i, "attn_output"), (dim, q_dim), GGMLType.I2_S, ternary(rng(), dim, q_dim))
         if sub_norms:
-            w.add_tensor(p + "attn_sub_norm.weight", (q_dim,), GGMLType.F32, norm(rng(), q_dim))
-        w.add_tensor(p + "ffn_norm.weight", (dim,), GGMLType.F32, norm(rng(), dim))
-        w.add_tensor(p + "ffn_gate.weight", (ffn_dim, dim), GGMLType.I2_S, ternary(rng(), ffn_dim, dim))
-        w.add_tensor(p + "ffn_up.weight", (ffn_dim, dim), GGMLType.I2_S, ternary(rng(), ffn_dim, dim))
-        w.add_tensor(p + "ffn_down.weight", (dim, ffn_dim), GGMLType.I2_S, ternary(rng(), dim, ffn_dim))
+            w.add_tensor(block_tensor(i, "attn_sub_norm"), (q_dim,), GGMLType.F32, norm(rng(), q_dim))
+        w.add_tensor(block_tensor(i, "ffn_norm"), (dim,), GGMLType.F32, norm(rng(), dim))
+        w.add_tensor(block_tensor(i, "ffn_gate"), (ffn_dim, dim), GGMLType.I2_S, ternary(rng(), ffn_dim, dim))
+        w.add_tensor(block_tensor(i, "ffn_up"), (ffn_dim, dim), GGMLType.I2_S, ternary(rng(), ffn_dim, dim))
+        w.add_tensor(block_tensor(i, "ffn_down"), (dim, ffn_dim), GGMLType.I2_S, ternary(rng(), dim, ffn_dim))
         if sub_norms:
-            w.add_tensor(p + "ffn_sub_norm.weight", (ffn_dim,), GGMLType.F32, norm(rng(), ffn_dim))
+            w.add_tensor(block_tensor(i, "ffn_sub_norm"), (ffn_dim,), GGMLType.F32, norm(rng(), ffn_dim))
     w.add_tensor(OUTPUT_NORM, (dim,), GGMLType.F32, norm(rng(), dim))
     if untied:
         w.add_tensor(OUTPUT, (vocab_size, dim), GGMLType.F16, embedding(rng()))

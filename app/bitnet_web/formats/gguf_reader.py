@@ -32,6 +32,7 @@ from .ggml import (
     GGUF_MAGIC,
     GGUF_MAX_ARRAY_NESTING,
     MIN_VALUE_BYTES,
+    OUTPUT,
     SUPPORTED_VERSIONS,
     TOKEN_EMBD,
     VALUE_DTYPES,
@@ -645,9 +646,9 @@ def describe(gguf: GGUFFile) -> str:
         lines.append(f"  {name:6s} {count:5d} tensors  {n_el:>14,d} values  {_fmt_bytes(nbytes)}")
     if TOKEN_EMBD in gguf.tensors:
         t = gguf.tensors[TOKEN_EMBD]
-        lines.append(f"  token_embd.weight {t.ggml_type.name} {list(t.shape)}")
+        lines.append(f"  {TOKEN_EMBD} {t.ggml_type.name} {list(t.shape)}")
     if gguf.tensors:
-        lines.append(f"  LM head: {'output.weight' if 'output.weight' in gguf.tensors else 'tied to token_embd'}")
+        lines.append(f"  LM head: {OUTPUT if OUTPUT in gguf.tensors else 'tied to token_embd'}")
 
     tok_model = md.get(Keys.TOKENIZER_MODEL)
     tokens = md.get(Keys.TOKENS)

@@ -191,7 +191,13 @@ class Device(Protocol):
         raise NotImplementedError
 
     def release(self, buffer: Buffer) -> None:
-        raise NotImplementedError
+        """Destroy `buffer` now (not at garbage collection) and account for it; releasing twice is a no-op."""
+        if buffer.handle is None:
+            return
+        buffer.handle.destroy()
+        buffer.handle = None
+        self.live_buffers -= 1
+        self.bytes_allocated -= buffer.nbytes
 
     async def checkpoint(self, what: str) -> None:
         """Raise any error the device reported since the last checkpoint (browser error scopes)."""
@@ -199,7 +205,23 @@ class Device(Protocol):
     def destroy(self) -> None:
         raise NotImplementedError
 
-    # Shared validation -------------------------------------------------------------------------
+    # Shared helpers ----------------------------------------------------------------------------
+
+    _readback: Buffer | None = None
+
+    def _tracked(self, handle: Any, size: int, label: str, usage: int) -> Buffer:
+        # The counterpart of `release`: every backend buffer is counted here.
+        self.live_buffers += 1
+        self.bytes_allocated += size
+        return Buffer(handle, size, label, usage)
+
+    def _readback_buffer(self, nbytes: int) -> Buffer:
+        # One staging buffer for `read`, grown on demand: per-token reads create nothing.
+        if self._readback is None or self._readback.nbytes < nbytes:
+            if self._readback is not None:
+                self.release(self._readback)
+            self._readback = self.buffer(max(nbytes, 256), READBACK_USAGE, "readback staging")
+        return self._readback
 
     def _check_buffer_size(self, nbytes: int, label: str) -> int:
         if nbytes <= 0:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from .base import (
-    COPY_DST,
-    MAP_READ,
     STORAGE_USAGE,
     BindGroup,
     Buffer,
@@ -355,9 +353,7 @@ class BrowserDevice(Device):
         size = self._check_buffer_size(nbytes, label)
         _, obj = _js()
         handle = self._device.createBuffer(obj(size=size, usage=int(usage), label=label))
-        self.live_buffers += 1
-        self.bytes_allocated += size
-        return Buffer(handle, size, label, usage)
+        return self._tracked(handle, size, label, usage)
 
     def upload(self, buffer: Buffer, offset: int, data: np.ndarray) -> None:
         data = self._check_upload(buffer, offset, data)
@@ -403,13 +399,6 @@ class BrowserDevice(Device):
             raise GPUDeviceLostError(f"the GPU device is lost ({self.lost_reason}); reload the model")
         return BrowserRecorder(self)
 
-    def _readback_buffer(self, nbytes: int) -> Buffer:
-        if self._readback is None or self._readback.nbytes < nbytes:
-            if self._readback is not None:
-                self.release(self._readback)
-            self._readback = self.buffer(max(nbytes, 256), MAP_READ | COPY_DST, "readback staging")
-        return self._readback
-
     async def read(self, buffer: Buffer, offset: int = 0, nbytes: int | None = None) -> np.ndarray:
         nbytes = buffer.nbytes - offset if nbytes is None else nbytes
         staging = self._readback_buffer(nbytes)
@@ -432,14 +421,6 @@ class BrowserDevice(Device):
         js.Uint8Array.new(mapped).assign_to(out)
         staging.handle.unmap()
         return out
-
-    def release(self, buffer: Buffer) -> None:
-        if buffer.handle is None:
-            return
-        buffer.handle.destroy()
-        buffer.handle = None
-        self.live_buffers -= 1
-        self.bytes_allocated -= buffer.nbytes
 
     def destroy(self) -> None:
         self._destroying = True

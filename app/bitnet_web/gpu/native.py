@@ -8,8 +8,6 @@ from __future__ import annotations
 import numpy as np
 
 from .base import (
-    COPY_DST,
-    MAP_READ,
     STORAGE_USAGE,
     BindGroup,
     Buffer,
@@ -211,9 +209,7 @@ class NativeDevice(Device):
             handle = self._device.create_buffer(size=size, usage=int(usage), label=label)
         except Exception as exc:
             raise self._translate(exc, f"creating buffer {label!r} ({size} bytes)") from exc
-        self.live_buffers += 1
-        self.bytes_allocated += size
-        return Buffer(handle, size, label, usage)
+        return self._tracked(handle, size, label, usage)
 
     def upload(self, buffer: Buffer, offset: int, data: np.ndarray) -> None:
         data = self._check_upload(buffer, offset, data)
@@ -275,14 +271,6 @@ class NativeDevice(Device):
         ticks = self.read_sync(self._query_buffer, 0, 8 * n).view(np.uint64).astype(np.float64)
         return [(label, (ticks[i] - ticks[i - 1]) / 1e3) for i, label in enumerate(recorder.labels) if i > 0]
 
-    def _readback_buffer(self, nbytes: int) -> Buffer:
-        # One staging buffer, grown on demand: per-token reads create nothing.
-        if self._readback is None or self._readback.nbytes < nbytes:
-            if self._readback is not None:
-                self.release(self._readback)
-            self._readback = self.buffer(max(nbytes, 256), MAP_READ | COPY_DST, "readback staging")
-        return self._readback
-
     async def read(self, buffer: Buffer, offset: int = 0, nbytes: int | None = None) -> np.ndarray:
         return self.read_sync(buffer, offset, nbytes)
 
@@ -335,14 +323,6 @@ class NativeDevice(Device):
         data = np.frombuffer(_FFI.buffer(pointer, nbytes), dtype=np.uint8).copy()
         _LIB.wgpuBufferUnmap(staging.handle._internal)
         return data
-
-    def release(self, buffer: Buffer) -> None:
-        if buffer.handle is None:
-            return
-        buffer.handle.destroy()
-        buffer.handle = None
-        self.live_buffers -= 1
-        self.bytes_allocated -= buffer.nbytes
 
     def destroy(self) -> None:
         if self.lost_reason is None:

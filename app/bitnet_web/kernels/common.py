@@ -202,6 +202,17 @@ def wgsl_enables(device: gpu.Device, subgroups: bool = False, f16: bool = False)
 SMALL_T_MAX = 9
 
 
+def check_token_pick(
+    label: str, logits: gpu.Buffer, out_ids: gpu.Buffer, vocab_size: int, row: int, slot: int, error: type = ValueError
+) -> None:
+    """Refuse a token-picking op (argmax, sampler) whose logits row or output slot lies past its buffer."""
+    if logits.nbytes < 4 * vocab_size * (row + 1) or out_ids.nbytes < 4 * (slot + 1):
+        raise error(
+            f"{label}: logits ({logits.nbytes} bytes) must hold row {row} of {vocab_size} f32 "
+            f"and out_ids ({out_ids.nbytes} bytes) slot {slot}"
+        )
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -19,6 +19,7 @@ from .common import (
     KernelCache,
     StepParams,
     ceil_div,
+    check_token_pick,
     subgroups_available,
     wgsl_enables,
 )
@@ -332,11 +333,7 @@ class Argmax:
         label: str = "argmax",
         per_thread: int = ARGMAX_PER_THREAD,
     ):
-        if logits.nbytes < 4 * vocab_size * (row + 1) or out_ids.nbytes < 4 * (slot + 1):
-            raise EmbeddingShapeError(
-                f"{label}: logits ({logits.nbytes} bytes) must hold row {row} of "
-                f"{vocab_size} f32 and out_ids ({out_ids.nbytes} bytes) slot {slot}"
-            )
+        check_token_pick(label, logits, out_ids, vocab_size, row, slot, EmbeddingShapeError)
         device = kernels.device
         subgroups = subgroups_available(device)
         self.groups = ceil_div(vocab_size, ARGMAX_WORKGROUP * per_thread)

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import gpu
 from ..text.sampler import GPU_PENALTY_WINDOW_MAX, GPU_TOP_K_MAX, SamplerSettings
-from .common import KernelCache, ceil_div
+from .common import KernelCache, ceil_div, check_token_pick
 
 SORT_WIDTH = 1024  # pairs sorted per workgroup (8 KB of workgroup memory)
 SAMPLE_WORKGROUP = 256  # >= GPU_TOP_K_MAX: the draw gives each candidate one thread
@@ -42,11 +42,7 @@ class GPUSampler:
         row: int = 0,
         label: str = "sampler",
     ):
-        if logits.nbytes < 4 * vocab_size * (row + 1) or out_ids.nbytes < 4 * (slot + 1):
-            raise ValueError(
-                f"{label}: logits ({logits.nbytes} bytes) must hold row {row} of {vocab_size} f32 "
-                f"and out_ids ({out_ids.nbytes} bytes) slot {slot}"
-            )
+        check_token_pick(label, logits, out_ids, vocab_size, row, slot)
         device = kernels.device
         self.device = device
         shape = SORT_SHAPE

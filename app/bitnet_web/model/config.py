@@ -50,8 +50,24 @@ class ModelConfigError(GGUFError):
     """The GGUF does not describe a model this engine can run; the message lists every problem."""
 
 
+class HeadWidths:
+    """The attention projections' widths, for a dataclass with n_heads, n_kv_heads and head_dim."""
+
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(HeadWidths):
     arch: str
     vocab_size: int  # rows of token_embd (the logits width)
     context_length: int
@@ -68,14 +84,6 @@ class ModelConfig:
     rope_style: str  # 'neox' (pairs i, i + d/2) | 'interleaved' (pairs 2i, 2i+1)
     tied_embeddings: bool  # LM head is token_embd (no output.weight)
     has_sub_norms: bool  # attn_sub_norm before attn_output, ffn_sub_norm before ffn_down
-
-    @property
-    def q_dim(self) -> int:
-        return self.n_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_heads * self.head_dim
 
 
 def layer_tensor_names(i: int) -> dict[str, str]:
@@ -160,12 +168,12 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     vocab_size = None
     embd = tensors.get(TOKEN_EMBD)
     if embd is None:
-        problems.append("missing tensor token_embd.weight")
+        problems.append(f"missing tensor {TOKEN_EMBD}")
     else:
         if embd.ggml_type not in FLOAT_TYPES:
-            problems.append(f"token_embd.weight has type {embd.ggml_type.name}, expected F16/F32/BF16")
+            problems.append(f"{TOKEN_EMBD} has type {embd.ggml_type.name}, expected F16/F32/BF16")
         if len(embd.shape) != 2 or (dim and embd.shape[1] != dim):
-            problems.append(f"token_embd.weight has shape {list(embd.shape)}, expected [n_vocab, {dim}]")
+            problems.append(f"{TOKEN_EMBD} has shape {list(embd.shape)}, expected [n_vocab, {dim}]")
         else:
             vocab_size = embd.shape[0]
     key_vocab = gguf.metadata.get(k(Keys.VOCAB_SIZE))
@@ -174,7 +182,7 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         vocab_size = len(tokens)
     if vocab_size is not None:
         if isinstance(key_vocab, int) and key_vocab != vocab_size:
-            problems.append(f"{k(Keys.VOCAB_SIZE)} is {key_vocab} but token_embd.weight has {vocab_size} rows")
+            problems.append(f"{k(Keys.VOCAB_SIZE)} is {key_vocab} but {TOKEN_EMBD} has {vocab_size} rows")
         if isinstance(tokens, list) and len(tokens) > vocab_size:
             problems.append(f"tokenizer has {len(tokens)} tokens but the embedding only {vocab_size} rows")
 
@@ -183,9 +191,9 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     tied = output is None
     if output is not None:
         if output.ggml_type not in FLOAT_TYPES:
-            problems.append(f"output.weight has type {output.ggml_type.name}, expected F16/F32/BF16")
+            problems.append(f"{OUTPUT} has type {output.ggml_type.name}, expected F16/F32/BF16")
         if vocab_size and dim and tuple(output.shape) != (vocab_size, dim):
-            problems.append(f"output.weight has shape {list(output.shape)}, expected [{vocab_size}, {dim}]")
+            problems.append(f"{OUTPUT} has shape {list(output.shape)}, expected [{vocab_size}, {dim}]")
     _check_tensor(tensors, OUTPUT_NORM, (dim,), FLOAT_TYPES[:1], problems)
 
     # Per-layer tensors. Expected shapes are (out, in) in numpy order.

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..kernels.attention import SUPPORTED_HEAD_DIMS, max_query_heads_per_kv
 from ..kernels.linear import I2S_BLOCK
-from .config import ModelConfig
+from .config import HeadWidths, ModelConfig
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -31,7 +31,7 @@ def round_up(n: int, multiple: int) -> int:
 
 
 @dataclass(frozen=True)
-class GPULayout:
+class GPULayout(HeadWidths):
     """Padded widths and repeated KV heads of one model (see the module docstring)."""
 
     dim: int  # hidden width, multiple of I2S_BLOCK
@@ -40,14 +40,6 @@ class GPULayout:
     n_heads: int
     n_kv_heads: int  # the model's KV heads times kv_repeat
     kv_repeat: int
-
-    @property
-    def q_dim(self) -> int:
-        return self.n_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_heads * self.head_dim
 
 
 def gpu_layout(cfg: ModelConfig) -> GPULayout:

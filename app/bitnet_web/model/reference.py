@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.ggml import OUTPUT, OUTPUT_NORM, TOKEN_EMBD, GGMLType, block_prefix
+from ..formats.ggml import OUTPUT, OUTPUT_NORM, TOKEN_EMBD, GGMLType, block_tensor
 from ..formats.gguf_reader import GGUFFile
 from ..formats.quants import ternarize
 from .config import ModelConfig, config_from_gguf
@@ -112,14 +112,13 @@ class ReferenceModel:
             self.output = np.asarray(gguf.tensor(OUTPUT), dtype=np.float32)  # (vocab, dim)
         self.layers = []
         for i in range(cfg.n_layers):
-            p = block_prefix(i)
 
-            def norm(name: str, prefix: str = p) -> np.ndarray | None:
-                key = prefix + name + ".weight"
+            def norm(short: str, layer: int = i) -> np.ndarray | None:
+                key = block_tensor(layer, short)
                 return np.asarray(gguf.tensor(key), dtype=np.float32) if key in gguf.tensors else None
 
-            def tern(name: str, prefix: str = p) -> TernaryWeight:
-                return load_ternary(gguf, prefix + name + ".weight")
+            def tern(short: str, layer: int = i) -> TernaryWeight:
+                return load_ternary(gguf, block_tensor(layer, short))
 
             self.layers.append(
                 LayerWeights(

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import gpu
-from ..formats.ggml import OUTPUT, OUTPUT_NORM, TOKEN_EMBD, GGMLType, block_prefix
+from ..formats.ggml import OUTPUT, OUTPUT_NORM, TOKEN_EMBD, GGMLType, block_prefix, block_tensor
 from ..formats.gguf_reader import GGUFFile
 from ..formats.quants import i2s_encode, ternarize
 from ..kernels.embedding import F16Matrix, Int8Matrix
 from ..kernels.kv_cache import KV_DTYPES
 from ..kernels.linear import TernaryMatrix
-from .config import ModelConfig
+from .config import FLOAT_TYPES, TERNARY_TYPES, ModelConfig
 from .layout import gather, gather_index, gpu_layout
 
 ProgressCallback = Callable[[str, int, int], None]
@@ -43,15 +43,21 @@ def ternary_rows(gguf: GGUFFile, name: str) -> tuple[np.ndarray, float]:
     if info.ggml_type == GGMLType.I2_S:
         raw = gguf.tensor_bytes(name)
         return raw[: info.n_elements // 4], gguf.i2s_scale(name)
-    if info.ggml_type in (GGMLType.TQ1_0, GGMLType.TQ2_0):
-        values, scale = gguf.ternary(name)
-    elif info.ggml_type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
-        values, scale = ternarize(np.asarray(gguf.tensor(name), dtype=np.float32))
-    else:
-        raise ModelLoadError(
-            f"{gguf.source}: tensor {name!r} has type {info.ggml_type.name}, which cannot be used as a ternary weight"
-        )
+    values, scale = ternary_values(gguf, name)
     return i2s_encode(values, scale)[: info.n_elements // 4], float(scale)
+
+
+def ternary_values(gguf: GGUFFile, name: str) -> tuple[np.ndarray, float]:
+    """A ternary weight's values (-1, 0, +1; int8, the tensor's shape) and scale: decoded from
+    I2_S / TQ1_0 / TQ2_0, or ternarized from float master weights."""
+    ggml_type = gguf.tensors[name].ggml_type
+    if ggml_type in TERNARY_TYPES:
+        return gguf.ternary(name)
+    if ggml_type in FLOAT_TYPES:
+        return ternarize(np.asarray(gguf.tensor(name), dtype=np.float32))
+    raise ModelLoadError(
+        f"{gguf.source}: tensor {name!r} has type {ggml_type.name}, which cannot be used as a ternary weight"
+    )
 
 
 def check_device_limits(
@@ -149,10 +155,7 @@ async def upload_weights(
         if rows is None and cols is None:
             codes, scale = ternary_rows(gguf, name)
             return codes, scale, shape
-        if gguf.tensors[name].ggml_type in (GGMLType.I2_S, GGMLType.TQ1_0, GGMLType.TQ2_0):
-            values, scale = gguf.ternary(name)
-        else:
-            values, scale = ternarize(np.asarray(gguf.tensor(name), dtype=np.float32))
+        values, scale = ternary_values(gguf, name)
         values = gather(np.asarray(values, dtype=np.int8).reshape(shape), rows, cols)
         return i2s_encode(values, float(scale))[: values.size // 4], float(scale), values.shape
 
@@ -164,27 +167,22 @@ async def upload_weights(
         return matrix
 
     def layer(i: int) -> LayerWeights:
-        p = block_prefix(i)
+        p = block_prefix(i)  # GPU buffer labels: "blk.{i}.qkv", ...
+
+        def t(short: str) -> str:
+            return block_tensor(i, short)
+
         return LayerWeights(
-            attn_norm=f32(p + "attn_norm.weight", f"{p}attn_norm"),
-            qkv=ternary(
-                [
-                    (p + "attn_q.weight", "q", "dim"),
-                    (p + "attn_k.weight", "kv", "dim"),
-                    (p + "attn_v.weight", "kv", "dim"),
-                ],
-                f"{p}qkv",
-            ),
-            attn_sub_norm=(f32(p + "attn_sub_norm.weight", f"{p}attn_sub_norm", "q") if cfg.has_sub_norms else None),
-            wo=ternary([(p + "attn_output.weight", "dim", "q")], f"{p}attn_output"),
-            ffn_norm=f32(p + "ffn_norm.weight", f"{p}ffn_norm"),
+            attn_norm=f32(t("attn_norm"), f"{p}attn_norm"),
+            qkv=ternary([(t("attn_q"), "q", "dim"), (t("attn_k"), "kv", "dim"), (t("attn_v"), "kv", "dim")], f"{p}qkv"),
+            attn_sub_norm=(f32(t("attn_sub_norm"), f"{p}attn_sub_norm", "q") if cfg.has_sub_norms else None),
+            wo=ternary([(t("attn_output"), "dim", "q")], f"{p}attn_output"),
+            ffn_norm=f32(t("ffn_norm"), f"{p}ffn_norm"),
             gate_up=ternary(
-                [(p + "ffn_gate.weight", "ffn", "dim"), (p + "ffn_up.weight", "ffn", "dim")],
-                f"{p}gate_up",
-                pair_rows=True,
+                [(t("ffn_gate"), "ffn", "dim"), (t("ffn_up"), "ffn", "dim")], f"{p}gate_up", pair_rows=True
             ),
-            ffn_sub_norm=(f32(p + "ffn_sub_norm.weight", f"{p}ffn_sub_norm", "ffn") if cfg.has_sub_norms else None),
-            down=ternary([(p + "ffn_down.weight", "dim", "ffn")], f"{p}ffn_down"),
+            ffn_sub_norm=(f32(t("ffn_sub_norm"), f"{p}ffn_sub_norm", "ffn") if cfg.has_sub_norms else None),
+            down=ternary([(t("ffn_down"), "dim", "ffn")], f"{p}ffn_down"),
         )
 
     def embedding(name: str) -> np.ndarray:  # columns padded to the GPU's hidden width

@@ -202,6 +202,17 @@ class _Widget:
     def _set_running(self, running: bool) -> None:
         raise NotImplementedError
 
+    def _controls(self, uid: str, action: str, max_tokens: int, *extra: Any) -> Any:
+        """The row under the input: Max tokens, the action button, Stop, then `extra` buttons.
+
+        Sets `self.max_tokens`, `self.button` (the action) and `self.stop_button`; both start disabled.
+        """
+        self.max_tokens = _token_select(MAX_TOKEN_CHOICES, max_tokens, uid + "-max")
+        self.button = el("button", action, cls="primary", attrs={"type": "button", "disabled": ""})
+        self.stop_button = el("button", "Stop", attrs={"type": "button", "disabled": ""})
+        label = el("label", attrs={"for": uid + "-max"}, children=[el("span", "Max tokens")])
+        return el("div", cls="controls", children=[label, self.max_tokens, self.button, self.stop_button, *extra])
+
 
 def _end_note(stats: dict[str, Any]) -> str:
     reason = stats.get("stop_reason")
@@ -236,9 +247,6 @@ class TldrWidget(_Widget):
         self.text = el(
             "textarea", attrs={"id": uid + "-text", "rows": "7", "placeholder": "Paste an article, an e-mail, notes…"}
         )
-        self.max_tokens = _token_select(MAX_TOKEN_CHOICES, max_tokens, uid + "-max")
-        self.button = el("button", "Summarize", cls="primary", attrs={"type": "button", "disabled": ""})
-        self.stop_button = el("button", "Stop", attrs={"type": "button", "disabled": ""})
         self.download_button = el(
             "button", "Download", cls="primary", attrs={"type": "button", "data-role": "download"}
         )
@@ -255,16 +263,7 @@ class TldrWidget(_Widget):
             self.notice,
             el("label", "Text to summarize", attrs={"for": uid + "-text"}),
             self.text,
-            el(
-                "div",
-                cls="controls",
-                children=[
-                    el("label", attrs={"for": uid + "-max"}, children=[el("span", "Max tokens")]),
-                    self.max_tokens,
-                    self.button,
-                    self.stop_button,
-                ],
-            ),
+            self._controls(uid, "Summarize", max_tokens),
             self.output,
             self.stats,
             self.status,
@@ -416,9 +415,6 @@ class CodeWidget(_Widget):
         uid = f"code-{id(self):x}"
         self.code = el("textarea", cls="code", attrs={"id": uid + "-code", "rows": "8", "spellcheck": "false"})
         self.code.value = code
-        self.max_tokens = _token_select(MAX_TOKEN_CHOICES, max_tokens, uid + "-max")
-        self.button = el("button", "Complete", cls="primary", attrs={"type": "button", "disabled": ""})
-        self.stop_button = el("button", "Stop", attrs={"type": "button", "disabled": ""})
         self.accept_button = el("button", "Accept", attrs={"type": "button", "disabled": ""})
         self.output = el("pre", cls="output", attrs={"aria-live": "polite", "data-role": "output"})
         self.completion = el("span", cls="completion", attrs={"data-role": "completion"})
@@ -427,17 +423,7 @@ class CodeWidget(_Widget):
             self.model_line,
             el("label", "Code to continue", attrs={"for": uid + "-code"}),
             self.code,
-            el(
-                "div",
-                cls="controls",
-                children=[
-                    el("label", attrs={"for": uid + "-max"}, children=[el("span", "Max tokens")]),
-                    self.max_tokens,
-                    self.button,
-                    self.stop_button,
-                    self.accept_button,
-                ],
-            ),
+            self._controls(uid, "Complete", max_tokens, self.accept_button),
             self.output,
             self.stats,
             self.status,

@@ -30,6 +30,7 @@ import asyncio
 import collections
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import js
@@ -127,45 +128,27 @@ class ModelStore:
         still meta's entry (same key and `created`): the check and the writes cannot be separated
         by a delete, because they share the transaction."""
         tx = self._db.transaction([META, CHUNKS] if chunk is not None else META, "readwrite")
-        req = tx.objectStore(META).get(meta["key"])
-        state: dict[str, Any] = {"gone": False, "error": None}
+        gone = False
 
-        def write(event: Any) -> None:  # runs inside the request's success event: tx still active
-            try:
-                current = req.result
-                if (
-                    current is None
-                    or str(current) == "undefined"
-                    or getattr(current, "created", None) != meta["created"]
-                ):
-                    state["gone"] = True
-                    tx.abort()
-                    return
-                if chunk is not None:
-                    _put(tx, CHUNKS, chunk)
-                _put(tx, META, meta)
-            except Exception as e:  # put() can throw (DataCloneError, a storage limit, ...)
-                state["error"] = e
-                with contextlib.suppress(JsException):  # already aborted
-                    tx.abort()
+        def write(current: JsProxy | None) -> None:
+            nonlocal gone
+            if current is None or getattr(current, "created", None) != meta["created"]:
+                gone = True
+                tx.abort()
+                return
+            if chunk is not None:
+                _put(tx, CHUNKS, chunk)
+            _put(tx, META, meta)
 
-        on_success = create_proxy(write)
-        req.onsuccess = on_success
         try:
-            await _transaction(tx, op)
-        except StoreError as e:
-            if state["gone"]:
+            await _transaction_after_read(tx, tx.objectStore(META).get(meta["key"]), op, write)
+        except StoreError:
+            if gone:
                 raise EntryDeletedError(
                     f"{meta['key']} was deleted from browser storage while it was being "
                     "written (Delete in this or another tab)"
                 ) from None
-            if state["error"] is not None and e.name == "AbortError":
-                err = state["error"]
-                raise StoreError(op, error_name(err), error_message(err)) from None
             raise
-        finally:
-            req.onsuccess = None
-            on_success.destroy()
 
     async def begin(self, key: str, **fields: Any) -> dict[str, Any]:
         """A fresh, empty entry for `key` (any older chunks of that key are deleted first)."""
@@ -200,36 +183,17 @@ class ModelStore:
         record); returns how many there were. Record and chunks are read and changed in one
         transaction, so a writer can never slip a counted chunk in between."""
         tx = self._db.transaction([META, CHUNKS], "readwrite")
-        req = tx.objectStore(META).get(key)
-        state: dict[str, Any] = {"count": None, "error": None}
+        dropped: list[JsProxy] = []
 
-        def drop(event: Any) -> None:  # runs inside the request's success event: tx still active
-            try:
-                current = req.result
-                counted = 0 if current is None or str(current) == "undefined" else int(current.chunks)
-                beyond = js.IDBKeyRange.bound(js_obj([key, counted]), js_obj([key, float("inf")]))
-                chunks = tx.objectStore(CHUNKS)
-                state["count"] = chunks.count(beyond)  # requests run in order: counted before the delete
-                chunks.delete(beyond)
-            except Exception as e:
-                state["error"] = e
-                with contextlib.suppress(JsException):
-                    tx.abort()
+        def drop(current: JsProxy | None) -> None:
+            counted = 0 if current is None else int(current.chunks)
+            beyond = js.IDBKeyRange.bound(js_obj([key, counted]), js_obj([key, float("inf")]))
+            chunks = tx.objectStore(CHUNKS)
+            dropped.append(chunks.count(beyond))  # requests run in order: counted before the delete
+            chunks.delete(beyond)
 
-        on_success = create_proxy(drop)
-        req.onsuccess = on_success
-        op = "remove uncounted chunks"
-        try:
-            await _transaction(tx, op)
-        except StoreError as e:
-            if state["error"] is not None and e.name == "AbortError":
-                err = state["error"]
-                raise StoreError(op, error_name(err), error_message(err)) from None
-            raise
-        finally:
-            req.onsuccess = None
-            on_success.destroy()
-        return 0 if state["count"] is None else int(state["count"].result)
+        await _transaction_after_read(tx, tx.objectStore(META).get(key), "remove uncounted chunks", drop)
+        return int(dropped[0].result) if dropped else 0
 
     # -- chunks -----------------------------------------------------------------------------------
 
@@ -398,6 +362,37 @@ async def _request(req: JsProxy, op: str) -> None:
         raise StoreError(
             op, error_name(err) if err else "UnknownError", error_message(err) if err else "request failed"
         )
+
+
+async def _transaction_after_read(
+    tx: JsProxy, req: JsProxy, op: str, on_read: Callable[[JsProxy | None], None]
+) -> None:
+    """Run `tx` to its end, calling `on_read(record or None)` with `req`'s result inside its success
+    event, where `tx` is still active: what `on_read` writes commits or aborts with what was read.
+    An exception in `on_read` (put() can throw DataCloneError, a storage limit, ...) aborts `tx` and
+    is raised as the StoreError of `op`."""
+    failure: list[Exception] = []
+
+    def on_success(event: Any) -> None:
+        try:
+            current = req.result
+            on_read(None if current is None or str(current) == "undefined" else current)
+        except Exception as e:
+            failure.append(e)
+            with contextlib.suppress(JsException):  # already aborted
+                tx.abort()
+
+    proxy = create_proxy(on_success)
+    req.onsuccess = proxy
+    try:
+        await _transaction(tx, op)
+    except StoreError as e:
+        if failure and e.name == "AbortError":
+            raise StoreError(op, error_name(failure[0]), error_message(failure[0])) from None
+        raise
+    finally:
+        req.onsuccess = None
+        proxy.destroy()
 
 
 async def _transaction(tx: JsProxy, op: str) -> None:
