@@ -13,21 +13,37 @@
 //   3. values (alongside the sum): invocation (query i / C4, column i % C4) rescales its accumulator
 //      and adds p * V.
 // Why this shape (measured on an H100 through wgpu/naga): one workgroup streams only ~30 GB/s from
-// L2, so every K/V element is loaded from memory once per workgroup (attention_decode.wgsl splits long
-// contexts over many workgroups); loops are not unrolled by the driver and each iteration waits for its loads
+// L2, so every K/V element is loaded from memory once per workgroup and long contexts are split over
+// many workgroups; loops are not unrolled by the driver and each iteration waits for its loads
 // (~100 cycles even from workgroup memory), so every inner loop takes 8 independent loads per
 // iteration, and the per-query reductions are short loops rather than barrier-separated trees.
 //
-// The workgroup walks every tile up to its last token's row and writes out [T, HQ*HD] f32 = acc / l.
-// Dispatch (1, HKV, ceil(T / BQ)). Prefill fallback where attention_prefill.wgsl does not apply; decoding
-// takes attention_decode.wgsl.
+// SPLIT = false (prefill): the workgroup walks every tile up to its last token's row and writes
+//   out [T, HQ*HD] f32 = acc / l. Dispatch (1, HKV, ceil(T / BQ)).
+// SPLIT = true (decode): the n_tiles = ceil((pos + t + 1) / TILE) tiles are dealt to
+//   n_splits = min(n_tiles, MAX_SPLITS) workgroups (ceil(n_tiles / n_splits) consecutive tiles each);
+//   each writes its unnormalized partial (acc, m, l) for attention_combine.wgsl. BQ must be 1.
+//   Dispatch (>= n_splits, HKV, T); workgroups without tiles exit at once.
 //
-// Bindings:
+// Entry points:
+//   main       queries from `q` (RoPE already applied, K/V rows already appended by rope.wgsl).
+//   main_rope  decode of one token with RoPE fused in (saves rope.wgsl's dispatch): binding 1 is then
+//              the fused projection qkv, and the queries are rotated on load; row pos (rotated k,
+//              plain v) is computed in registers, used in place of the cache row by the tile loads,
+//              and appended to the cache by the workgroup whose tiles hold it (nothing in the
+//              dispatch reads it back from memory). n_tokens must be 1. Rotation as in rope.wgsl;
+//              needs ROPE_DIM % 8 == 0.
+//
+// Bindings (main uses 0-5, main_rope 0-6):
 //   0 params   uniform StepParams
-//   1 q        [T, HQ * HD] f32 (vec4), rotated queries (RoPE applied, K/V rows appended by rope.wgsl)
-//   2 k_cache  [capacity, HKV * HD] KVWord per 4 values (_kv.wgsl)
+//   1 q        main: [T, HQ * HD] f32 (vec4), rotated queries;
+//              main_rope: qkv [1, (HQ + 2 * HKV) * HD] f32 (vec4), fused projection (q, k, v heads)
+//   2 k_cache  [capacity, HKV * HD] f16 pairs in u32, KVWord per 4 values (_kv.wgsl; f32 with
+//              KV_F32) (read_write only for main_rope's append)
 //   3 v_cache  [capacity, HKV * HD] likewise
-//   4 out      [T, HQ * HD] f32
+//   4 out      SPLIT: partial acc [MAX_TOKENS_SPLIT, HQ, MAX_SPLITS, HD] f32; else [T, HQ * HD] f32
+//   5 stats    SPLIT: partial (m, l) [MAX_TOKENS_SPLIT, HQ, MAX_SPLITS] vec2<f32>; else not written
+//   6 table    main_rope: [n_positions, ROPE_DIM / 2] (cos, sin) pairs, read as vec4 (two pairs)
 
 ${STEP_PARAMS}
 //#include _kv
@@ -38,7 +54,11 @@ const HD: u32 = ${HD};
 const BQ: u32 = ${BQ};
 const TILE: u32 = ${TILE};
 const WG: u32 = ${WG};
+const SPLIT: bool = ${SPLIT};
+const MAX_SPLITS: u32 = ${MAX_SPLITS};
 const SCALE: f32 = ${SCALE};
+const ROPE_DIM: u32 = ${ROPE_DIM};
+const NEOX: bool = ${NEOX};
 
 const G: u32 = HQ / HKV;            // query heads per KV head
 const C4: u32 = HD / 4u;            // vec4 columns of one head
@@ -51,9 +71,11 @@ const NEG: f32 = -3.0e38;           // "minus infinity" that stays finite throug
 
 @group(0) @binding(0) var<uniform> params: StepParams;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k_cache: array<KVWord>;
-@group(0) @binding(3) var<storage, read> v_cache: array<KVWord>;
+@group(0) @binding(2) var<storage, read_write> k_cache: array<KVWord>;
+@group(0) @binding(3) var<storage, read_write> v_cache: array<KVWord>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> stats: array<vec2<f32>>;
+@group(0) @binding(6) var<storage, read> table: array<vec4<f32>>;
 
 var<workgroup> ks: array<vec4<f32>, TILE * KS_ROW>;  // K tile [TILE, C4 (+1 pad)]
 var<workgroup> vs: array<vec4<f32>, TILE * C4>;      // V tile [TILE, C4]
@@ -69,42 +91,127 @@ fn max8(b: u32) -> f32 {
                max(max(probs[b + 4u], probs[b + 5u]), max(probs[b + 6u], probs[b + 7u])));
 }
 
+// Which rows this workgroup attends over; `ok` is false for workgroups with nothing to do.
+struct Work {
+    ok: bool,
+    t0: u32,          // first token of this workgroup
+    kv_len: u32,      // rows visible to its last token
+    tile_begin: u32,
+    tile_end: u32,
+};
+
+fn plan(wid: vec3<u32>) -> Work {
+    var w: Work;
+    w.t0 = wid.z * BQ;
+    w.ok = w.t0 < params.n_tokens;
+    w.kv_len = params.pos + min(w.t0 + BQ, params.n_tokens);
+    let n_tiles = (w.kv_len + TILE - 1u) / TILE;
+    w.tile_begin = 0u;
+    w.tile_end = n_tiles;
+    if (SPLIT) {
+        let n_splits = min(n_tiles, MAX_SPLITS);
+        let per_split = (n_tiles + n_splits - 1u) / n_splits;
+        w.tile_begin = wid.x * per_split;
+        w.tile_end = min(n_tiles, w.tile_begin + per_split);
+        w.ok = w.ok && w.tile_begin < w.tile_end;
+    }
+    return w;
+}
+
+// Column c (vec4) of the head starting at vec4 `head` of qkv (binding 1), rotated for `position`.
+fn rope_vec4(head: u32, c: u32, position: u32) -> vec4<f32> {
+    let x = q[head + c];
+    if (4u * c >= ROPE_DIM) {
+        return x;
+    }
+    let row = position * (ROPE_DIM / 4u);   // table vec4s per position
+    if (NEOX) {
+        // Dims 4c..4c+3 pair with the same dims of the other half (rotate-half).
+        let half4 = ROPE_DIM / 8u;
+        let first = c < half4;
+        let j = select(c - half4, c, first);
+        let partner = q[head + select(c - half4, c + half4, first)];
+        let cs01 = table[row + 2u * j];
+        let cs23 = table[row + 2u * j + 1u];
+        let cos = vec4<f32>(cs01.x, cs01.z, cs23.x, cs23.z);
+        let sin = vec4<f32>(cs01.y, cs01.w, cs23.y, cs23.w);
+        return x * cos + select(partner, -partner, first) * sin;
+    }
+    // Interleaved: pairs (x, y) and (z, w) use frequencies 2c and 2c + 1.
+    let cs = table[row + c];
+    return vec4<f32>(x.x * cs.x - x.y * cs.y, x.y * cs.x + x.x * cs.y,
+                     x.z * cs.z - x.w * cs.w, x.w * cs.z + x.z * cs.w);
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let kvh = wid.y;
-    let n_tokens = params.n_tokens;
-    let pos = params.pos;
-    let t0 = wid.z * BQ;
-    if (t0 >= n_tokens) {
+    let w = plan(wid);
+    if (!w.ok) {
         return;
     }
-    let kv_len = pos + min(t0 + BQ, n_tokens);  // rows visible to this workgroup's last token
-    let tile_end = (kv_len + TILE - 1u) / TILE;
-
     // Queries of this workgroup, pre-scaled; rows of tokens past n_tokens are zero.
     if (tid < NQ * C4) {
         let qi = tid / C4;
-        let t = t0 + qi / G;
-        let qh = kvh * G + qi % G;
+        let t = w.t0 + qi / G;
+        let qh = wid.y * G + qi % G;
         var value = vec4<f32>(0.0);
-        if (t < n_tokens) {
+        if (t < params.n_tokens) {
             value = q[t * Q_ROW4 + qh * C4 + tid % C4] * SCALE;
         }
         qs[tid] = value;
     }
+    attend(tid, wid, w, false, kv_zero(), kv_zero());
+}
+
+@compute @workgroup_size(WG)
+fn main_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let w = plan(wid);
+    if (!w.ok) {
+        return;
+    }
+    let kvh = wid.y;
+    let pos = params.pos;
+    // Row pos of this KV head: every invocation computes its own column (all loads independent), so
+    // the tile loads can take it from registers instead of waiting for the cache write. Packed as
+    // stored, so this step sees the row exactly as later steps will read it.
+    let new_k = kv_pack(rope_vec4((HQ + kvh) * C4, tid % C4, pos));
+    let new_v = kv_pack(q[(HQ + HKV + kvh) * C4 + tid % C4]);
+    if (tid < NQ * C4) {
+        qs[tid] = rope_vec4((kvh * G + tid / C4) * C4, tid % C4, pos) * SCALE;
+    }
+    // The workgroup whose tiles hold row pos appends it; nothing in this dispatch reads it back.
+    if (pos < w.tile_end * TILE && pos >= w.tile_begin * TILE && pos < params.kv_capacity && tid < C4) {
+        k_cache[pos * KV_ROW4 + kvh * C4 + tid] = new_k;
+        v_cache[pos * KV_ROW4 + kvh * C4 + tid] = new_v;
+    }
+    attend(tid, wid, w, true, new_k, new_v);
+}
+
+// The tile walk shared by both entry points; qs must be written (the first barrier orders it).
+// With `has_new`, cache row pos is taken as (new_k, new_v) (this invocation's column) instead of
+// being loaded.
+fn attend(tid: u32, wid: vec3<u32>, w: Work, has_new: bool, new_k: KVWord, new_v: KVWord) {
+    let kvh = wid.y;
+    let n_tokens = params.n_tokens;
+    let pos = params.pos;
+    let t0 = w.t0;
+    let kv_len = w.kv_len;
+    let tile_begin = w.tile_begin;
+    let tile_end = w.tile_end;
 
     // This invocation's share of each tile load: rows lr and lr + LOAD_ROWS, column lc.
     let lr = tid / C4;
     let lc = tid % C4;
     let last_row = kv_len - 1u;
     let head_col = kvh * C4 + lc;
-    var base = 0u;
-    var row_a = min(lr, last_row);
-    var row_b = min(lr + LOAD_ROWS, last_row);
-    var k_a = k_cache[row_a * KV_ROW4 + head_col];
-    var k_b = k_cache[row_b * KV_ROW4 + head_col];
-    var v_a = v_cache[row_a * KV_ROW4 + head_col];
-    var v_b = v_cache[row_b * KV_ROW4 + head_col];
+    let new_row = select(0xffffffffu, pos, has_new);
+    var base = tile_begin * TILE;
+    var row_a = min(base + lr, last_row);
+    var row_b = min(base + lr + LOAD_ROWS, last_row);
+    var k_a = select(k_cache[row_a * KV_ROW4 + head_col], new_k, row_a == new_row);
+    var k_b = select(k_cache[row_b * KV_ROW4 + head_col], new_k, row_b == new_row);
+    var v_a = select(v_cache[row_a * KV_ROW4 + head_col], new_v, row_a == new_row);
+    var v_b = select(v_cache[row_b * KV_ROW4 + head_col], new_v, row_b == new_row);
 
     if (tid < NQ) {
         m_run[tid] = NEG;
@@ -117,7 +224,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     let vq = tid / C4;                 // value phase: query and column of this invocation
     var acc = vec4<f32>(0.0);
 
-    for (var tile = 0u; tile < tile_end; tile++) {
+    for (var tile = tile_begin; tile < tile_end; tile++) {
         base = tile * TILE;
         ks[lr * KS_ROW + lc] = kv_unpack(k_a);
         ks[(lr + LOAD_ROWS) * KS_ROW + lc] = kv_unpack(k_b);
@@ -129,10 +236,10 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         let next = min(tile + 1u, tile_end - 1u) * TILE;
         row_a = min(next + lr, last_row);
         row_b = min(next + lr + LOAD_ROWS, last_row);
-        k_a = k_cache[row_a * KV_ROW4 + head_col];
-        k_b = k_cache[row_b * KV_ROW4 + head_col];
-        v_a = v_cache[row_a * KV_ROW4 + head_col];
-        v_b = v_cache[row_b * KV_ROW4 + head_col];
+        k_a = select(k_cache[row_a * KV_ROW4 + head_col], new_k, row_a == new_row);
+        k_b = select(k_cache[row_b * KV_ROW4 + head_col], new_k, row_b == new_row);
+        v_a = select(v_cache[row_a * KV_ROW4 + head_col], new_v, row_a == new_row);
+        v_b = select(v_cache[row_b * KV_ROW4 + head_col], new_v, row_b == new_row);
 
         // 1. scores.
         if (sq < NQ) {
@@ -197,6 +304,15 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
 
     let t = t0 + vq / G;
     if (vq < NQ && t < n_tokens) {
-        out[t * Q_ROW4 + (kvh * G + vq % G) * C4 + lc] = acc / l_run[vq];
+        let qh = kvh * G + vq % G;
+        if (SPLIT) {
+            let slot = (t * HQ + qh) * MAX_SPLITS + wid.x;
+            out[slot * C4 + lc] = acc;
+            if (lc == 0u) {
+                stats[slot] = vec2<f32>(m_run[vq], l_run[vq]);
+            }
+        } else {
+            out[t * Q_ROW4 + qh * C4 + lc] = acc / l_run[vq];
+        }
     }
 }

@@ -1,7 +1,7 @@
-// Merge the partials of split-sequence decode attention (attention_decode.wgsl with SPLIT = true).
+// Merge the per-tile partials of split-sequence attention (attention.wgsl with SPLIT = true).
 //
-// For token t and query head qh, with n partials (acc_s, m_s, l_s) (n_chunks = ceil((pos + t + 1) / CHUNK)
-// dealt ceil(n_chunks / min(n_chunks, MAX_SPLITS)) per partial, exactly as attention_decode.wgsl does):
+// For token t and query head qh, with n partials (acc_s, m_s, l_s) (n_tiles = ceil((pos + t + 1) / TILE)
+// dealt ceil(n_tiles / min(n_tiles, MAX_SPLITS)) per partial, exactly as attention.wgsl does):
 //   M = max_s m_s,  w_s = exp(m_s - M),  out = sum_s w_s * acc_s / sum_s w_s * l_s
 //
 // Bindings:
@@ -10,33 +10,73 @@
 //   2 stats   [MAX_TOKENS_SPLIT, HQ, MAX_SPLITS] vec2<f32>         (m, l) of each partial
 //   3 out     [T, HQ * HD] f32 (vec4)
 //
-// Mapping: one workgroup per (query head, token), one barrier. Invocation (slice, col) with
-// slice = tid / C4 < SLICES loads column col and the (m, l) of partials slice, slice + SLICES, ...
-// (PER of them, all loads issued together, unrolled) and merges them with its own maximum; invocation
-// col < C4 then merges the SLICES results (acc, m, l) from workgroup memory, weighted by
-// exp(m_slice - max). Slices without partials hold (0, NEG, 0) and weigh nothing.
+// Mapping: one workgroup per (query head, token). Invocation i first loads vec4 column i % C4 of
+// partials s = i / C4 + k * SLICES (k < 8; the latency overlaps what follows); invocation s < n
+// loads partial s's (m, l); M by a tree over MAX_SPLITS entries; invocation s stores w_s; each
+// invocation weighs its partials, and the SLICES sums of each column are added in workgroup memory.
+// Needs MAX_SPLITS <= WG.
 // Dispatch: (HQ, n_tokens, 1).
 
 ${STEP_PARAMS}
 
 const HQ: u32 = ${HQ};
 const HD: u32 = ${HD};
-const CHUNK: u32 = ${CHUNK};
+const TILE: u32 = ${TILE};
 const WG: u32 = ${WG};
 const MAX_SPLITS: u32 = ${MAX_SPLITS};
-const SLICES: u32 = ${SLICES};   // WG / C4
-const PER: u32 = ${PER};         // partials per invocation, ceil(MAX_SPLITS / SLICES)
 
 const C4: u32 = HD / 4u;
-const NEG: f32 = -3.0e38;
+const SLICES: u32 = WG / C4;
 
 @group(0) @binding(0) var<uniform> params: StepParams;
 @group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> stats: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
 
+var<workgroup> red: array<f32, MAX_SPLITS>;
+var<workgroup> weight: array<f32, MAX_SPLITS>;      // w_s, 0 past the last partial
+var<workgroup> weighted_l: array<f32, MAX_SPLITS>;  // w_s * l_s
 var<workgroup> slice_acc: array<vec4<f32>, WG>;
-var<workgroup> slice_ml: array<vec2<f32>, WG>;
+var<workgroup> slice_l: array<f32, WG>;
+
+struct Parts8 {
+    p0: vec4<f32>, p1: vec4<f32>, p2: vec4<f32>, p3: vec4<f32>,
+    p4: vec4<f32>, p5: vec4<f32>, p6: vec4<f32>, p7: vec4<f32>,
+};
+
+// Column col of partials s, s + SLICES, ..., s + 7 * SLICES (indices past the last one re-read it).
+fn load8(first: u32, s: u32, n_parts: u32, col: u32) -> Parts8 {
+    let last = n_parts - 1u;
+    return Parts8(
+        part[(first + min(s, last)) * C4 + col],
+        part[(first + min(s + SLICES, last)) * C4 + col],
+        part[(first + min(s + 2u * SLICES, last)) * C4 + col],
+        part[(first + min(s + 3u * SLICES, last)) * C4 + col],
+        part[(first + min(s + 4u * SLICES, last)) * C4 + col],
+        part[(first + min(s + 5u * SLICES, last)) * C4 + col],
+        part[(first + min(s + 6u * SLICES, last)) * C4 + col],
+        part[(first + min(s + 7u * SLICES, last)) * C4 + col]);
+}
+
+// w_s, zero past the partials (weight[] holds zeros from n_parts to MAX_SPLITS).
+fn w(s: u32) -> f32 {
+    return select(0.0, weight[min(s, MAX_SPLITS - 1u)], s < MAX_SPLITS);
+}
+
+fn wl(s: u32) -> f32 {
+    return select(0.0, weighted_l[min(s, MAX_SPLITS - 1u)], s < MAX_SPLITS);
+}
+
+fn weigh8(p: Parts8, s: u32) -> vec4<f32> {
+    return w(s) * p.p0 + w(s + SLICES) * p.p1 + w(s + 2u * SLICES) * p.p2 + w(s + 3u * SLICES) * p.p3
+         + w(s + 4u * SLICES) * p.p4 + w(s + 5u * SLICES) * p.p5 + w(s + 6u * SLICES) * p.p6
+         + w(s + 7u * SLICES) * p.p7;
+}
+
+fn weighted_l8(s: u32) -> f32 {
+    return wl(s) + wl(s + SLICES) + wl(s + 2u * SLICES) + wl(s + 3u * SLICES) + wl(s + 4u * SLICES)
+         + wl(s + 5u * SLICES) + wl(s + 6u * SLICES) + wl(s + 7u * SLICES);
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -45,43 +85,55 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     if (t >= params.n_tokens) {
         return;
     }
-    let n_chunks = (params.pos + t + CHUNK) / CHUNK;
-    let per_split = (n_chunks + min(n_chunks, MAX_SPLITS) - 1u) / min(n_chunks, MAX_SPLITS);
-    let n_parts = (n_chunks + per_split - 1u) / per_split;
+    let n_tiles = (params.pos + t + TILE) / TILE;
+    let per_split = (n_tiles + min(n_tiles, MAX_SPLITS) - 1u) / min(n_tiles, MAX_SPLITS);
+    let n_parts = (n_tiles + per_split - 1u) / per_split;
     let first = (t * HQ + qh) * MAX_SPLITS;
+
+    // This invocation's first 8 partials (column col, s = slice, slice + SLICES, ...) are loaded
+    // before the max is known, so their latency overlaps the stats reduction.
     let col = tid % C4;
     let slice = tid / C4;
-    var mx = NEG;
-    //#for i in PER
-    let ok{{i}} = slice + {{i}}u * SLICES < n_parts;
-    let s{{i}} = min(slice + {{i}}u * SLICES, n_parts - 1u);
-    let p{{i}} = part[(first + s{{i}}) * C4 + col];
-    let st{{i}} = stats[first + s{{i}}];
-    mx = max(mx, select(NEG, st{{i}}.x, ok{{i}}));
-    //#endfor
+    let parts = load8(first, slice, n_parts, col);
+
+    var st = vec2<f32>(-3.0e38, 0.0);
+    if (tid < n_parts) {
+        st = stats[first + tid];
+    }
+    if (tid < MAX_SPLITS) {
+        red[tid] = st.x;
+    }
+    workgroupBarrier();
+    for (var stride = MAX_SPLITS / 2u; stride > 0u; stride = stride / 2u) {
+        if (tid < stride) {
+            red[tid] = max(red[tid], red[tid + stride]);
+        }
+        workgroupBarrier();
+    }
+    if (tid < MAX_SPLITS) {
+        let ws = select(0.0, exp(st.x - red[0]), tid < n_parts);
+        weight[tid] = ws;
+        weighted_l[tid] = ws * st.y;
+    }
+    workgroupBarrier();
+
     var acc = vec4<f32>(0.0);
     var l = 0.0;
-    //#for i in PER
-    let w{{i}} = select(0.0, exp(st{{i}}.x - mx), ok{{i}});
-    acc += w{{i}} * p{{i}};
-    l += w{{i}} * st{{i}}.y;
-    //#endfor
+    for (var s = slice + 8u * SLICES; s < n_parts; s += 8u * SLICES) {
+        let more = load8(first, s, n_parts, col);
+        acc += weigh8(more, s);
+        l += weighted_l8(s);
+    }
+    acc += weigh8(parts, slice);
+    l += weighted_l8(slice);
     slice_acc[tid] = acc;
-    slice_ml[tid] = vec2<f32>(mx, l);
+    slice_l[tid] = l;
     workgroupBarrier();
     if (tid < C4) {
-        var m_all = NEG;
-        //#for k in SLICES
-        let ml{{k}} = slice_ml[{{k}}u * C4 + tid];
-        m_all = max(m_all, ml{{k}}.x);
-        //#endfor
-        var total = vec4<f32>(0.0);
-        var l_all = 0.0;
-        //#for k in SLICES
-        let u{{k}} = exp(ml{{k}}.x - m_all);
-        total += u{{k}} * slice_acc[{{k}}u * C4 + tid];
-        l_all += u{{k}} * ml{{k}}.y;
-        //#endfor
-        out[t * (HQ * C4) + qh * C4 + tid] = total / l_all;
+        for (var k = 1u; k < SLICES; k++) {
+            acc += slice_acc[k * C4 + tid];
+            l += slice_l[k * C4 + tid];
+        }
+        out[t * (HQ * C4) + qh * C4 + tid] = acc / l;
     }
 }

@@ -149,12 +149,15 @@ def test_decode_batching_does_not_change_tokens_or_bookkeeping(loaded, batching)
     following turn reuses), whether the reply ends at max_tokens inside a submit or at the context."""
     context = loaded.config.context_length
     sampled = SamplerSettings(temperature=1.0, top_k=20, seed=3)
-    expected_full = generate(loaded, GREEDY, tokens=PROMPT, max_tokens=context)
-    assert loaded.last_stats.stop_reason == "context_full"
-    loaded.reset()
-    expected_sampled = generate(loaded, sampled, tokens=PROMPT, max_tokens=10)
-    loaded.model.DECODE_BATCHING = batching
+    # the reply must reach the context end: no end-of-text id or template stop string may end it first
+    stops = loaded.tokenizer.stop_ids, loaded.template
+    loaded.tokenizer.stop_ids, loaded.template = frozenset(), None
     try:
+        expected_full = generate(loaded, GREEDY, tokens=PROMPT, max_tokens=context)
+        assert loaded.last_stats.stop_reason == "context_full"
+        loaded.reset()
+        expected_sampled = generate(loaded, sampled, tokens=PROMPT, max_tokens=10)
+        loaded.model.DECODE_BATCHING = batching
         loaded.reset()
         assert generate(loaded, GREEDY, tokens=PROMPT, max_tokens=context) == expected_full
         assert loaded.last_stats.stop_reason == "context_full" and loaded.model.n_cached == context
@@ -168,7 +171,8 @@ def test_decode_batching_does_not_change_tokens_or_bookkeeping(loaded, batching)
             loaded.reset()
             assert generate(loaded, settings, tokens=PROMPT + part[1] + [7], max_tokens=3) == follow
     finally:
-        del loaded.model.DECODE_BATCHING
+        loaded.model.__dict__.pop("DECODE_BATCHING", None)
+        loaded.tokenizer.stop_ids, loaded.template = stops
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bitnet_web import gpu  # noqa: E402
-from bitnet_web.kernels.attention import Attention, AttentionScratch  # noqa: E402
+from bitnet_web.kernels.attention import MAX_SPLITS, Attention, AttentionScratch, tile_rows  # noqa: E402
 from bitnet_web.kernels.common import StepParams  # noqa: E402
 from bitnet_web.kernels.kv_cache import KV_DTYPES, KVCache, KVCacheFullError, kv_bytes_per_token  # noqa: E402
 from bitnet_web.kernels.rope import RopeKV, RopeTable  # noqa: E402
@@ -291,67 +291,6 @@ def test_attention_sharp_scores_stay_finite(device, kernels, n_tokens):
     np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=1e-4, rtol=1e-3)
 
 
-# attention_decode.wgsl's layouts (chunk sizes, queries per value invocation, K row parts) and the
-# combine: positions that are not multiples of the chunk, chunks dealt several per split (max_splits 2),
-# and verify-style steps of 3 tokens through the split path.
-DECODE_VARIANTS = [
-    dict(),
-    dict(decode_chunk=16),
-    dict(decode_chunk=32, decode_queries_per_thread=1),
-    dict(decode_chunk=128),
-    dict(decode_chunk=32, decode_key_parts=2),
-    dict(decode_chunk=64, decode_key_parts=4),
-]
-
-
-@pytest.mark.parametrize("variant", range(len(DECODE_VARIANTS)))
-@pytest.mark.parametrize("n_heads, n_kv_heads, head_dim", [(4, 4, 64), (8, 2, 64), (10, 2, 128)])
-@pytest.mark.parametrize("n_tokens, pos, max_splits", [(1, 0, 64), (1, 150, 2), (3, 201, 64)])
-def test_decode_variants_match_reference(
-    device, kernels, variant, n_heads, n_kv_heads, head_dim, n_tokens, pos, max_splits
-):
-    options = DECODE_VARIANTS[variant]
-    rng = np.random.default_rng(variant * 100 + n_heads + pos)
-    rows = pos + n_tokens
-    layer = Layer(
-        device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=4, max_context=256,
-        initial_capacity=rows,
-    )  # fmt: skip
-    scratch = AttentionScratch(device, n_heads, head_dim, 256, max_tokens_split=4, max_splits=max_splits)
-    attention = layer.make_attention(kernels, 4, scratch=scratch, **options)
-    q, k, v = random_qkv(rng, n_tokens, rows, n_heads, n_kv_heads, head_dim, "f16", k_scale=1.0)
-    got = layer.attend(q, k, v, pos, attention=attention)
-    np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
-
-
-@pytest.mark.parametrize("dtype", ["f16", "f32"])
-@pytest.mark.parametrize("direct_max_rows", [1, 4096])  # always split, always one workgroup per KV head
-@pytest.mark.parametrize("n_heads, n_kv_heads, chunk", [(8, 2, 32), (10, 2, 16), (4, 4, 64)])
-def test_fused_decode_chunks_match_reference(device, kernels, n_heads, n_kv_heads, chunk, direct_max_rows, dtype):
-    """attention_decode.wgsl's main_rope at position 150 (row pos inside a later chunk, not its first row):
-    split over workgroups or walked by one, the new row taken from registers and appended once."""
-    head_dim, pos, theta = 64, 150, 10000.0
-    rng = np.random.default_rng(chunk + n_heads + direct_max_rows)
-    layer = Layer(
-        device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=1, max_context=256,
-        theta=theta, initial_capacity=256, dtype=dtype,
-    )  # fmt: skip
-    layer.fused = True
-    layer.attention = layer.make_attention(
-        kernels, 1, rope=layer.rope, decode_chunk=chunk, direct_max_rows=direct_max_rows
-    )
-    _, k, v = random_qkv(rng, 0, pos + 1, n_heads, n_kv_heads, head_dim, dtype, k_scale=1.0)
-    layer.cache.write_rows(0, 0, k[:pos], v[:pos])
-    qkv = rng.standard_normal((1, (n_heads + 2 * n_kv_heads) * head_dim)).astype(np.float32)
-    q_new, k_new, v_new = split_qkv(qkv, n_heads, n_kv_heads, head_dim)
-    k[pos] = as_stored(ref_rope(k_new, np.array([pos]), head_dim, theta, "neox")[0], dtype)
-    v[pos] = as_stored(v_new[0], dtype)
-    layer.step(qkv, pos)
-    q_rot = ref_rope(q_new, np.array([pos]), head_dim, theta, "neox")
-    np.testing.assert_allclose(layer.output(1), ref_attention(q_rot, k, v, pos), atol=5e-5, rtol=1e-3)
-    np.testing.assert_array_equal(layer.cache_rows("v", pos, 1)[0], v[pos])
-
-
 def long_context_layer(device, kernels, dtype="f16", **options) -> Layer:
     """2B-4T attention shapes (20 query heads, 5 KV heads, head_dim 128), one decoded token, context 4096."""
     return Layer(
@@ -362,13 +301,13 @@ def long_context_layer(device, kernels, dtype="f16", **options) -> Layer:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "pass_pos, dtype, max_splits", [(True, "f16", 64), (False, "f16", 64), (True, "f32", 64), (True, "f16", 16)]
+    "pass_pos, dtype, max_splits", [(True, "f16", 64), (False, "f16", 64), (True, "f32", 64), (True, "f16", 256)]
 )
 def test_long_context_decode_split(device, kernels, pass_pos, dtype, max_splits):
-    """At position ~2000 the combine merges 32 partials of one chunk each (with 16 splits: 16 partials of
-    two chunks each, the second walked with the online softmax's rescaling).
+    """At position ~2000: more tiles than splits (with 64), so each split workgroup walks two tiles, then
+    the combine merges 63 partials (with 256: 126 partials of one tile, several per combine invocation).
 
-    Without `pos` the dispatch covers max_splits splits and the surplus workgroups must not matter.
+    Without `pos` the dispatch covers the whole capacity and the surplus workgroups must not matter.
     """
     pos = 2011
     rng = np.random.default_rng(2011)
@@ -381,7 +320,7 @@ def test_long_context_decode_split(device, kernels, pass_pos, dtype, max_splits)
         k[row, 1] = as_stored(q[0, 5] * 0.4, dtype)
     got = layer.attend(q, k, v, pos, attention=attention, pass_pos=pass_pos)
     np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
-    assert -(-(pos + 1) // attention.decode_chunk) > 16
+    assert -(-(pos + 1) // tile_rows(128)) > MAX_SPLITS
 
 
 @pytest.mark.slow
@@ -517,10 +456,6 @@ def test_bad_shapes_are_refused(device, kernels):
             style="neox",
             max_tokens=1,
         )
-    with pytest.raises(ValueError, match="3 queries per thread do not divide 2"):
-        Attention(kernels, params, cache, 0, buf, buf, n_heads=4, max_tokens=1, decode_queries_per_thread=3)
-    with pytest.raises(ValueError, match="chunk must be a power of two"):
-        Attention(kernels, params, cache, 0, buf, buf, n_heads=4, max_tokens=1, decode_chunk=48)
     with pytest.raises(ValueError, match="max_splits must be a power of two"):
         AttentionScratch(device, 4, 64, 64, max_splits=48)
     with pytest.raises(ValueError, match="made for other shapes"):

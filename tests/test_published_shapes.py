@@ -146,6 +146,10 @@ def _check_against(engine: Engine, source: str, hf_model, ids: list[int], what: 
     checked, prompt, expected = best
     # (some random one-layer models, e.g. the 2B-4T shape, greedily repeat one token: the logits at
     # every position above are then the informative check)
+    # the reference never stops: a random model may pick the tiny vocabulary's end-of-text id or spell a
+    # chat template's stop string, where the engine would end the reply (those stops are tested
+    # elsewhere); here every step is compared (the next load restores both)
+    engine.tokenizer.stop_ids, engine.template = frozenset(), None
     list(engine.generate(tokens=prompt, settings=SamplerSettings(temperature=0.0), max_tokens=GREEDY_STEPS))
     got = engine.generated_tokens
     assert checked >= GREEDY_STEPS // 2, f"{what}: reference has a near-tie at step {checked}"

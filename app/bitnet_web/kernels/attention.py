@@ -1,22 +1,17 @@
-"""Causal grouped-query attention over the KV cache (shaders/attention_decode.wgsl, attention_prefill.wgsl).
-
-Shaders: attention_decode.wgsl + attention_combine.wgsl (decode), attention_prefill.wgsl and its fallback
-attention.wgsl (prefill).
+"""Causal grouped-query attention over the KV cache (shaders/attention.wgsl, attention_combine.wgsl).
 
 Two paths, both built at construction, chosen per step by the number of tokens:
-- decode (n_tokens <= scratch.max_tokens_split: 1, or a speculative verify step's k + 1):
-  attention_decode.wgsl deals the sequence's chunks of DECODE_CHUNK rows to up to MAX_SPLITS workgroups
-  per KV head (one chunk each up to 4k rows), then a combine dispatch merges their partial softmaxes.
-  Two dispatches.
+- decode (n_tokens <= scratch.max_tokens_split, normally 1): the sequence's tiles are dealt to up to
+  MAX_SPLITS workgroups per KV head, then a combine dispatch merges their partial softmaxes, so a 4k
+  context keeps 64 workgroups per KV head busy instead of one. Two dispatches.
 - prefill (more tokens): one workgroup per (BQ tokens, KV head) walks all visible rows with an
   online softmax and writes the output directly. One dispatch. `attention_prefill.wgsl` (32 query
   rows x 32 keys per tile, register-blocked) where the head dim and workgroup memory allow it, else
-  attention.wgsl (8 query rows x 16 keys).
+  attention.wgsl's prefill path (8 query rows x 16 keys).
 Built with `rope=` (the layer's RopeKV), a one-token step also folds RoPE + the KV append into the
-decode kernel, and runs in a single dispatch (one workgroup per KV head walking every chunk, no combine)
-while the context has at most DIRECT_MAX_ROWS rows.
-Measured per layer (2B-4T shapes, tools/bench_attention.py; history in docs/performance.md): ~7 us at
-pos 16, ~10 us at 64, ~12-16 us at 256-2048, ~21 us at 4000; a dependent dispatch costs ~4 us by itself.
+attention kernel, and runs in a single dispatch (no split) while pos < DIRECT_MAX_TILES tiles.
+Timings per layer on an H100 (2B-4T shapes, tools/bench_attention.py): ~7 us at pos < 64, ~12-16 us up
+to pos 1024, ~21 us at 2048, ~30 us at 4000; each dependent dispatch costs ~4 us there by itself.
 """
 
 from __future__ import annotations
@@ -31,8 +26,7 @@ from .rope import RopeKV
 WORKGROUP = 256  # invocations of the attention and combine workgroups (the WebGPU default maximum)
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)  # HD / 4 must divide WORKGROUP
 MAX_SPLITS = 64  # most workgroups one KV head's decode is split over (partials merged by the combine)
-DECODE_CHUNK = 64  # key rows per chunk of attention_decode.wgsl (one barrier each)
-DIRECT_MAX_ROWS = 256  # fused decode over at most this many cache rows runs in one dispatch, without split + combine
+DIRECT_MAX_TILES = 4  # fused decode up to this many tiles runs in one dispatch, without split + combine
 # attention_prefill.wgsl: query rows per workgroup (tried largest first until workgroup memory fits) and
 # query rows per thread (the workgroup has 16 * rows / RQ threads).
 PREFILL_QUERY_ROWS = (32, 16)
@@ -112,10 +106,6 @@ class Attention:
         tiled_prefill: bool = True,
         prefill_query_rows: int | None = None,
         prefill_rows_per_thread: int | None = None,
-        decode_chunk: int = DECODE_CHUNK,
-        decode_queries_per_thread: int | None = None,
-        decode_key_parts: int = 1,
-        direct_max_rows: int = DIRECT_MAX_ROWS,
     ):
         device = kernels.device
         n_kv_heads, head_dim = cache.n_kv_heads, cache.head_dim
@@ -174,45 +164,34 @@ class Attention:
             HQ=n_heads,
             HKV=n_kv_heads,
             HD=head_dim,
+            TILE=self.tile,
             WG=WORKGROUP,
+            MAX_SPLITS=scratch.max_splits,
             SCALE=float(1.0 / math.sqrt(head_dim)) if scale is None else float(scale),
+            ROPE_DIM=rope.table.rope_dim if rope is not None else head_dim,
+            NEOX=rope.style == "neox" if rope is not None else True,
         )
         kv = cache.defines  # the cache's element type (shaders/_kv.wgsl)
-        self.prefill_pipeline = kernels.pipeline("attention", defines=kv, BQ=self.block_tokens, TILE=self.tile, **shape)
+        self.prefill_pipeline = kernels.pipeline("attention", defines=kv, BQ=self.block_tokens, SPLIT=False, **shape)
         self.tiled = None  # (pipeline, tokens per workgroup) of attention_prefill.wgsl, when it fits
         if tiled_prefill:
             self.tiled = _tiled_prefill_pipeline(
                 kernels, shape, kv, group, prefill_query_rows, prefill_rows_per_thread or PREFILL_ROWS_PER_THREAD
             )
-        self.decode_chunk = decode_chunk
-        self.direct_max_rows = direct_max_rows
-        decode_shape = shape | decode_layout(
-            group, head_dim, decode_chunk, limit, decode_queries_per_thread, decode_key_parts
-        )
-        decode_shape.update(
-            MAX_SPLITS=scratch.max_splits,
-            ROPE_DIM=rope.table.rope_dim if rope is not None else head_dim,
-            NEOX=rope.style == "neox" if rope is not None else True,
-        )
-        self.split_pipeline = kernels.pipeline("attention_decode", defines=kv, SPLIT=True, **decode_shape)
+        self.split_pipeline = kernels.pipeline("attention", defines=kv, BQ=1, SPLIT=True, **shape)
         if self.fused_rope:
-            self.rope_split_pipeline = kernels.pipeline(
-                "attention_decode", "main_rope", defines=kv, SPLIT=True, **decode_shape
-            )
+            self.rope_split_pipeline = kernels.pipeline("attention", "main_rope", defines=kv, BQ=1, SPLIT=True, **shape)
             self.rope_direct_pipeline = kernels.pipeline(
-                "attention_decode", "main_rope", defines=kv, SPLIT=False, **decode_shape
+                "attention", "main_rope", defines=kv, BQ=1, SPLIT=False, **shape
             )
-        slices = WORKGROUP // (head_dim // 4)
         self.combine_pipeline = kernels.pipeline(
             "attention_combine",
             STEP_PARAMS=STEP_PARAMS_WGSL,
             HQ=n_heads,
             HD=head_dim,
-            CHUNK=decode_chunk,
+            TILE=self.tile,
             WG=WORKGROUP,
             MAX_SPLITS=scratch.max_splits,
-            SLICES=slices,
-            PER=-(-scratch.max_splits // slices),
         )
         self.combine_group = device.bind_group(
             self.combine_pipeline, [params.buffer, scratch.acc, scratch.stats, out], f"attention combine {layer}"
@@ -225,7 +204,7 @@ class Attention:
         k, v = self.cache.k[self.layer], self.cache.v[self.layer]
         params, stats, label = self.params.buffer, self.scratch.stats, f"layer {self.layer}"
         self.prefill_group = self.device.bind_group(
-            self.prefill_pipeline, [params, self.q, k, v, self.out], f"attention prefill {label}"
+            self.prefill_pipeline, [params, self.q, k, v, self.out, stats], f"attention prefill {label}"
         )
         if self.tiled is not None:
             self.tiled_group = self.device.bind_group(
@@ -256,10 +235,10 @@ class Attention:
         if not 0 < n_tokens <= self.max_tokens:
             raise ValueError(f"Attention layer {self.layer}: n_tokens {n_tokens} outside 1..{self.max_tokens}")
         max_splits = self.scratch.max_splits
-        chunks = max_splits if pos is None else -(-(pos + n_tokens) // self.decode_chunk)
-        splits = min(max_splits, 1 << (chunks - 1).bit_length())
+        tiles = max_splits if pos is None else -(-(pos + n_tokens) // self.tile)
+        splits = min(max_splits, 1 << (tiles - 1).bit_length())
         if self.fused_rope and n_tokens == 1:
-            if pos is not None and pos + 1 <= self.direct_max_rows:
+            if pos is not None and pos < DIRECT_MAX_TILES * self.tile:
                 recorder.dispatch(self.rope_direct_pipeline, self.rope_direct_group, 1, self.n_kv_heads, 1)
             else:
                 recorder.dispatch(self.rope_split_pipeline, self.rope_split_group, splits, self.n_kv_heads, 1)
@@ -321,34 +300,6 @@ def _tiled_prefill_pipeline(
         )
         return pipeline, block
     return None
-
-
-def decode_layout(
-    group: int, head_dim: int, chunk: int, limit: int, queries_per_thread: int | None = None, key_parts: int = 1
-) -> dict[str, int]:
-    """attention_decode.wgsl's shape constants for `group` query heads per KV head: K row parts per score
-    item (KS), score items per invocation (SR), queries per value invocation (GV: the largest divisor of
-    `group` whose workgroup memory fits `limit`, unless given), value slices (S) and rows per value
-    invocation (R)."""
-    c4 = head_dim // 4
-    if chunk & (chunk - 1) or not 4 <= chunk <= 256:
-        raise ValueError(f"attention decode chunk must be a power of two in 4..256, got {chunk}")
-    if key_parts not in (1, 2, 4) or c4 % (4 * key_parts):
-        raise ValueError(f"attention decode: {key_parts} key parts do not split head_dim {head_dim} in multiples of 16")
-    choices = [queries_per_thread] if queries_per_thread else [d for d in range(group, 0, -1) if group % d == 0]
-    for gv in choices:
-        if group % gv:
-            raise ValueError(f"attention decode: {gv} queries per thread do not divide {group} query heads")
-        slices = min(chunk, 1 << (WORKGROUP // (group // gv * c4)).bit_length() - 1)
-        # qs [G, C4 + 1] + k_new [C4] + merge_acc [S, G, C4] vec4 (f32 cache words at most), scores
-        # [2, KS, G, chunk] f32, merge_ml [S, G] vec2
-        nbytes = 16 * (group * (c4 + 1) + c4 + slices * group * c4) + 8 * (key_parts * group * chunk + slices * group)
-        if nbytes <= limit:
-            return dict(
-                G=group, C4=c4, KS=key_parts, CKQ=c4 // key_parts // 4, CHUNK=chunk, WG=WORKGROUP,
-                SR=-(-chunk * group * key_parts // WORKGROUP), GV=gv, S=slices, R=chunk // slices,
-            )  # fmt: skip
-    raise ValueError(f"attention decode: no layout of {group} query heads, chunk {chunk} fits {limit} bytes")
 
 
 def _workgroup_bytes(query_rows: int, head_dim: int) -> int:
