@@ -8,7 +8,10 @@ added to each page by the test: dist/ does not contain it and the app never load
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from browser_helpers import needs_engine, screenshot
@@ -73,6 +76,13 @@ def inside_widgets(checked: list[str]) -> set[str]:
     return {t.split(" >>> ")[0] for t in checked if " >>> " in t}
 
 
+def test_axe_is_for_the_tests_only(dist_dir):
+    shipped = [p.relative_to(dist_dir).as_posix() for p in dist_dir.rglob("*") if p.is_file()]
+    assert not [p for p in shipped if "axe" in p.rsplit("/", 1)[-1]], shipped
+    pages = [p for p in shipped if p.endswith((".html", ".js")) and not p.startswith("pyodide/")]
+    assert not [p for p in pages if "axe" in (dist_dir / p).read_text(errors="replace")]
+
+
 @needs_engine
 def test_chat_page_with_the_bundled_model_and_its_panels(bundled, axe_url):
     page = bundled
@@ -87,17 +97,24 @@ def test_chat_page_with_the_bundled_model_and_its_panels(bundled, axe_url):
     screenshot(page, "a11y-chat-panels-open")
 
 
-def test_widget_demo_page(browser, site, axe_url):
+@contextlib.contextmanager
+def widgets_at(browser, url: str) -> Iterator[Any]:
+    """`url` in a fresh browser context, once both its widgets (#code, #tldr) have settled."""
     context = browser.new_context(viewport={"width": 1000, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(120_000)
     try:
-        page.goto(site.url + "widget/")
+        page.goto(url)
         _wait_state(page, "#code")
         _wait_state(page, "#tldr")
-        assert inside_widgets(check(page, axe_url, "the widget demo page")) == {"#code", "#tldr"}
+        yield page
     finally:
         context.close()
+
+
+def test_widget_demo_page(browser, site, axe_url):
+    with widgets_at(browser, site.url + "widget/") as page:
+        assert inside_widgets(check(page, axe_url, "the widget demo page")) == {"#code", "#tldr"}
 
 
 def test_widgets_on_a_foreign_page(browser, site, test_files, axe_url):
@@ -113,14 +130,6 @@ mount_tldr("#tldr", root="/")
     (test_files / "foreign-a11y.html").write_text(
         _foreign_page(embed).replace("<body>\n", "<body>\n<main>\n").replace("</body>", "</main>\n</body>")
     )
-    context = browser.new_context(viewport={"width": 900, "height": 1100})
-    page = context.new_page()
-    page.set_default_timeout(120_000)
-    try:
-        page.goto(site.url + "_test/foreign-a11y.html")
-        _wait_state(page, "#code")
-        _wait_state(page, "#tldr")
+    with widgets_at(browser, site.url + "_test/foreign-a11y.html") as page:
         checked = check(page, axe_url, "a foreign page embedding the widgets")
         assert inside_widgets(checked) == {"#code", "#tldr"}
-    finally:
-        context.close()
