@@ -69,6 +69,8 @@ def test_failed_loads_keep_the_working_model(bundled, site, bundled_model, test_
         n = notice(page)
         assert n["visible"] and cause in n["text"] and "still loaded" in n["text"], (url, n)
         assert re.search(r"[.!?] \([^()]* is still loaded and ready\.\)", n["text"]), n["text"]  # a sentence each
+        if cause == "HTTP 404":  # the advice starts with the likely cause, not the network
+            assert "Check the URL" in n["text"], n["text"]
         usable(page, key)
         assert "still loaded" in page.text_content("#progress-text")
         assert "still loaded" in page.text_content("#status")
