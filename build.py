@@ -62,6 +62,13 @@ PYSCRIPT_CORE = NpmPin(
     "0.6.66",
     "sha512-5bYUVdAryhvjJYbjLJnJS9D7pu0a92bA+K2tkztlXzxHE78jlvs7EMDc4/GN3IIJ5BZANj8x9LM7vteIKa1MNA==",
 )
+# axe-core, the accessibility checker the browser tests run in each page (tests/browser/
+# test_accessibility.py): fetched for the tests only, never copied into dist/.
+AXE_CORE = NpmPin(
+    "axe-core",
+    "4.14.1",
+    "sha512-FHfa+lmNjQZfJz1q8wKqIDwC6DExcHt/pkjNQb09a3NPjCKg2rhu5qb2S4r76ASyFNNtuFooJpZe37OgudVGtQ==",
+)
 # The Pyodide 0.27.7 numpy wheel is not on PyPI; this wheel carries byte-identical copies (checked
 # against pyodide-lock.json below, so the carrier does not need to be trusted).
 PYODIDE_WHEEL_CARRIER = PyPIPin(
@@ -110,7 +117,7 @@ BITNET_2B4T = {
 # JS from strings. PyScript 0.6 does compile its hook functions with Function() while it starts, so
 # the two pages also allow 'unsafe-eval' in their own policy, and the app removes it as soon as its
 # Python runs (jsutil.forbid_eval_from_now_on adds the stricter policy). The pages carry their policy
-# as a <meta> tag (what works on any static host; `build` checks it equals CSP_PAGE); this server
+# as a <meta> tag (what works on any static host; `build` writes it into their head); this server
 # also sends it as a header, and sends CSP_APP for the two workers, which only a header can reach.
 MODEL_HOSTS = ("https://huggingface.co", "https://*.huggingface.co", "https://*.hf.co")
 CSP_APP = (
@@ -131,6 +138,7 @@ SHADERS = ROOT / "shaders"
 
 ZIP_EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps keep bitnet_web.zip (and the SW version) stable
 SW_PRECACHE_PLACEHOLDER = "__PRECACHE_MANIFEST__"
+PAGE_HEAD_PLACEHOLDER = "<!-- PAGE_HEAD -->"
 
 
 class BuildError(RuntimeError):
@@ -236,6 +244,20 @@ def tar_member(tar: tarfile.TarFile, name: str, source: Path) -> bytes:
     if f is None:
         raise BuildError(f"{source}: no file {name!r} in the archive")
     return f.read()
+
+
+def axe_script() -> Path:
+    """axe.min.js of the pinned axe-core, unpacked once under .cache/ (for the tests; not in dist/)."""
+    path = CACHE / f"axe-core-{AXE_CORE.version}" / "axe.min.js"
+    if not path.exists():
+        tgz = npm_tarball(AXE_CORE)
+        with tarfile.open(tgz) as tar:
+            data = tar_member(tar, "package/axe.min.js", tgz)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".part")
+        partial.write_bytes(data)
+        partial.replace(path)
+    return path
 
 
 # ------------------------------------------------------------------------------------------------
@@ -451,20 +473,32 @@ def write_service_worker(out: Path) -> str:
     return version
 
 
-def check_csp_meta(out: Path) -> None:
-    """Each page's Content-Security-Policy <meta> tag must be CSP_BY_PATH's (one policy, two carriers)."""
-    import re
+def page_head(prefix: str) -> str:
+    """The <head> lines every app page shares (PAGE_HEAD_PLACEHOLDER): charset, CSP_PAGE as a <meta>
+    tag, viewport, icon, the stylesheets and PyScript; `prefix` leads from the page to dist/'s root."""
+    return (
+        '<meta charset="utf-8">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP_PAGE}">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f'<link rel="icon" href="{prefix}favicon.svg" type="image/svg+xml">\n'
+        f'<link rel="stylesheet" href="{prefix}pyscript/core.css">\n'
+        f'<link rel="stylesheet" href="{prefix}app.css">\n'
+        f'<script type="module" src="{prefix}pyscript/core.js"></script>'
+    )
 
+
+def write_page_heads(out: Path) -> None:
+    """Fill in each app page's shared head (the pages of CSP_BY_PATH: one policy, as <meta> and header)."""
     for rel, policy in CSP_BY_PATH.items():
         if not rel.endswith(".html"):
             continue
-        text = (out / rel).read_text()
-        found = re.findall(r'<meta http-equiv="Content-Security-Policy" content="([^"]*)">', text)
-        if found != [policy]:
-            raise BuildError(
-                f"static/{rel}: its Content-Security-Policy <meta> tag is {found or 'missing'}, "
-                f"expected exactly one with build.py's CSP_PAGE: {policy}"
-            )
+        if policy != CSP_PAGE:
+            raise BuildError(f"static/{rel}: an app page's policy must be CSP_PAGE (the one its <meta> tag carries)")
+        page = out / rel
+        text = page.read_text()
+        if text.count(PAGE_HEAD_PLACEHOLDER) != 1:
+            raise BuildError(f"static/{rel}: expected one {PAGE_HEAD_PLACEHOLDER} line in its <head>")
+        page.write_text(text.replace(PAGE_HEAD_PLACEHOLDER, page_head("../" * rel.count("/"))))
 
 
 def csp_for(url_path: str) -> str | None:
@@ -490,7 +524,7 @@ def build(dist: Path = DIST) -> dict:
     models = install_models(stage / "models")
     info = {"pyodide": pyodide, "pyscript_core": PYSCRIPT_CORE.version, "bundled_models": [m["id"] for m in models]}
     (stage / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
-    check_csp_meta(stage)
+    write_page_heads(stage)
     info["sw_version"] = write_service_worker(stage)
     old = scratch / (dist.name + ".old")
     shutil.rmtree(old, ignore_errors=True)

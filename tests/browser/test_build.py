@@ -123,7 +123,7 @@ def test_an_npm_tarball_that_does_not_match_its_pin_is_rejected(tmp_path, monkey
 
 
 def test_npm_pins_are_sha512_integrity_strings():
-    for pin in (build.PYODIDE, build.PYSCRIPT_CORE):
+    for pin in (build.PYODIDE, build.PYSCRIPT_CORE, build.AXE_CORE):
         algo, _, digest = pin.integrity.partition("-")
         assert algo == "sha512" and len(base64.b64decode(digest)) == 64
 

@@ -7,6 +7,8 @@ One browser context for the module: each test starts from the state the previous
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from browser_helpers import (
     GREEDY_FORM,
@@ -66,6 +68,9 @@ def test_failed_loads_keep_the_working_model(bundled, site, bundled_model, test_
         assert load_custom(page, url) == "error", url
         n = notice(page)
         assert n["visible"] and cause in n["text"] and "still loaded" in n["text"], (url, n)
+        assert re.search(r"[.!?] \([^()]* is still loaded and ready\.\)", n["text"]), n["text"]  # a sentence each
+        if cause == "HTTP 404":  # the advice starts with the likely cause, not the network
+            assert "Check the URL" in n["text"], n["text"]
         usable(page, key)
         assert "still loaded" in page.text_content("#progress-text")
         assert "still loaded" in page.text_content("#status")
@@ -179,6 +184,16 @@ def test_settings_show_defaults_ranges_and_the_field_in_error(bundled):
     assert page.input_value("#prompt") == "x = 1\n", "a message not sent stays in the box"
     assert page.is_disabled("#system-prompt") and "no chat format" in page.text_content("#system-note")
     screenshot(page, "chat-settings-error")
+    # correcting the value clears the error as it is typed; the next bad value takes its place
+    page.fill("#setting-top-p", "7")
+    page.wait_for_function("() => document.getElementById('settings-error').textContent.startsWith('Top-p')")
+    assert page.get_attribute("#setting-top-p", "aria-invalid") == "true"
+    assert page.get_attribute("#setting-seed", "aria-invalid") is None
+    page.fill("#setting-top-p", "1")
+    page.fill("#setting-seed", "7")
+    page.wait_for_function("() => document.getElementById('settings-error').textContent === ''")
+    assert page.get_attribute("#setting-seed", "aria-invalid") is None
+    assert page.evaluate("() => document.activeElement.id") == "setting-seed", "the focus stays where one types"
     set_settings(page, GREEDY_FORM)
 
 

@@ -233,9 +233,10 @@ class ModelPanel:
         self.render_info()
         shell.state(model="loaded", key=current["key"], source=current["source"])
         set_text(shell.n["progress-text"], f"{current['name']} is still loaded and ready.")
-        shell.show_error(
-            {**result, "message": f"{result.get('message', '')} ({current['name']} is still loaded and ready.)"}
-        )
+        message = str(result.get("message") or "").rstrip()
+        if message and not message.endswith((".", "!", "?")):
+            message += "."  # the note below is a sentence of its own
+        shell.show_error({**result, "message": f"{message} ({current['name']} is still loaded and ready.)"})
         f = describe(result.get("kind", "internal"), "")
         shell.status(f"{f.title}. {current['name']} is still loaded.")
         shell.set_busy_controls()

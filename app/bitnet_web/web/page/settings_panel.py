@@ -1,5 +1,6 @@
 """The chat page's Settings panel: the form built from `shared.settings.FIELDS`, read back before each
-turn (a bad value is named, its field highlighted and focused), and the system prompt box.
+turn (a bad value is named, its field highlighted and focused; once a send has found one, the form is
+checked again as it is edited, so a corrected value clears the error), and the system prompt box.
 
 Adding a setting is one new `Field` in shared/settings.py: the form, its parsing and the dict sent
 to the worker follow from it."""
@@ -10,7 +11,7 @@ from typing import Any
 
 from ..shared.settings import DEFAULT_SYSTEM_PROMPT, FIELDS, Field, SettingsError, format_number, parse_form
 from .chat_shell import Shell
-from .dom import by_id, clear, el, set_text
+from .dom import Listeners, by_id, clear, el, set_text
 
 
 def field_id(f: Field) -> str:
@@ -20,10 +21,14 @@ def field_id(f: Field) -> str:
 class SettingsPanel:
     def __init__(self, shell: Shell) -> None:
         self.shell = shell
+        self.listeners = Listeners()
+        self.showing_error = False
 
     def build(self) -> None:
         box = self.shell.n["settings-fields"]
         clear(box)
+        self.listeners.clear()
+        self.listeners.on(box, "input", lambda event: self._recheck())
         for f in FIELDS:
             if f.kind is bool:
                 box.append(self._switch(f))
@@ -68,8 +73,9 @@ class SettingsPanel:
             ],
         )
 
-    def read(self) -> dict[str, Any] | None:
-        """The settings as the worker takes them, or None after showing what is wrong."""
+    def read(self, focus: bool = True) -> dict[str, Any] | None:
+        """The settings as the worker takes them, or None after showing what is wrong (the panel
+        opened and, with `focus`, the bad field focused)."""
         inputs = {f.name: by_id(field_id(f)) for f in FIELDS}
         for node in inputs.values():
             node.removeAttribute("aria-invalid")
@@ -77,13 +83,22 @@ class SettingsPanel:
             settings = parse_form({f.name: _form_text(f, inputs[f.name]) for f in FIELDS})
         except SettingsError as e:
             set_text(self.shell.n["settings-error"], str(e))
+            self.showing_error = True
             by_id("settings-panel").open = True
             if e.field in inputs:
                 inputs[e.field].setAttribute("aria-invalid", "true")
-                inputs[e.field].focus()
+                if focus:
+                    inputs[e.field].focus()
             return None
         set_text(self.shell.n["settings-error"], "")
+        self.showing_error = False
         return settings
+
+    def _recheck(self) -> None:
+        """An edit after an error: show the form's state now (cleared, or the next bad value), without
+        moving the focus away from the field being typed in."""
+        if self.showing_error:
+            self.read(focus=False)
 
     def system_prompt(self) -> str:
         return str(self.shell.n["system-prompt"].value).strip()

@@ -78,8 +78,9 @@ _TEXTS: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "download": (
         "The model could not be downloaded",
         (
-            "Check the network connection and press Load again: a partial download resumes where it "
-            "stopped when the server supports it.",
+            "Check the URL (an HTTP error such as 404 means the server has no file there) and the "
+            "network connection, then press Load again: a partial download resumes where it stopped "
+            "when the server supports it.",
             "If the URL is on another site, that server must allow cross-origin requests (CORS).",
         ),
         False,
