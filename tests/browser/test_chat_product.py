@@ -141,8 +141,11 @@ def test_too_long_message_stays_in_the_box(bundled):
     screenshot(page, "chat-too-long")
 
 
-def test_stop_and_new_chat_leave_no_stale_status_or_stats(bundled):
+def test_stop_and_new_chat_leave_no_stale_status_or_stats(bundled, bundled_model):
     page = bundled
+    ready = f"{bundled_model['name']} is ready."
+    assert page.text_content("#status") == ready
+    page.evaluate(RECORD_TEXTS, ["status"])
     set_settings(page, {**GREEDY_FORM, "max_tokens": "200"})
     page.fill("#prompt", "class Stack:\n")
     page.press("#prompt", "Enter")
@@ -152,7 +155,10 @@ def test_stop_and_new_chat_leave_no_stale_status_or_stats(bundled):
     page.click("#stop")
     page.wait_for_function("() => document.getElementById('app').dataset.busy === '0'", timeout=120_000)
     assert last_reply(page)["state"] == "aborted"
-    assert "Stopping" not in page.text_content("#status"), page.text_content("#status")
+    # the status line said each phase of the reply as it came, then the model is ready again
+    shown = seen_texts(page, "status", "")
+    assert shown == ["Reading the prompt…", "Writing the reply…", "Stopping after the current token…", ready], shown
+    assert page.get_attribute("#app", "data-phase") == ""
     # New chat in the middle of a reply: its bubble and its stats go
     page.fill("#prompt", "def main():\n")
     page.press("#prompt", "Enter")
@@ -162,10 +168,16 @@ def test_stop_and_new_chat_leave_no_stale_status_or_stats(bundled):
     page.wait_for_timeout(300)  # the discarded reply's last events have arrived
     assert page.locator(".msg").count() == 0
     assert page.text_content("#stats") == ""
-    assert "Stopping" not in page.text_content("#status")
+    shown = seen_texts(page, "status", "")[4:]
+    assert shown[0] == "Reading the prompt…" and shown[-2:] == ["Stopping the reply of the cleared chat…", ready], shown
+    # a reply that fails (a message too long for the context) ends in the ready state too
     set_settings(page, {**GREEDY_FORM, "max_tokens": "1"})
+    failed = send_and_wait(page, CODE * 12)
+    assert failed["state"] == "error", failed
+    assert page.text_content("#status") == ready and page.get_attribute("#app", "data-phase") == ""
     reply = send_and_wait(page, "import re\n")
     assert reply["state"] == "done" and reply["stats"].startswith("1 token,"), reply
+    assert page.text_content("#status") == ready and page.get_attribute("#app", "data-phase") == ""
 
 
 def test_settings_show_defaults_ranges_and_the_field_in_error(bundled):
@@ -272,3 +284,68 @@ def test_a_long_prompt_shows_its_prefill_and_stop_ends_it(bundled, site, bundled
     finally:
         worker_python(page, "from bitnet_web.web.worker import main as w\nw._worker.engine_options = {}")
     assert load_option(page, key) == "loaded"
+
+
+# (left, top, right, bottom) of an element, and what a focused control's ring looks like
+RECT = "(n) => { const r = n.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; }"
+FOCUS_RING = """(id) => { const n = document.getElementById(id), s = getComputedStyle(n);
+    let a = n.parentElement;  // the ring is drawn outside the control, over its container's background
+    while (getComputedStyle(a).backgroundColor === 'rgba(0, 0, 0, 0)') a = a.parentElement;
+    return {active: document.activeElement.id, visible: n.matches(':focus-visible'), width: s.outlineWidth,
+            style: s.outlineStyle, color: s.outlineColor, around: getComputedStyle(a).backgroundColor}; }"""
+# every option's text as the closed list draws it: its width in the select's font, and the room for it
+OPTION_FIT = """() => { const sel = document.getElementById('model-select'), s = getComputedStyle(sel);
+    const ctx = document.createElement('canvas').getContext('2d'); ctx.font = s.font;
+    const room = sel.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight) - 20;  // 20: the arrow
+    return [...sel.options].map(o => [o.textContent, ctx.measureText(o.textContent).width, room]); }"""
+
+
+def contrast(css_a: str, css_b: str) -> float:
+    """WCAG contrast ratio of two computed `rgb(...)` colors."""
+
+    def luminance(css: str) -> float:
+        channels = [int(v) / 255 for v in re.findall(r"\d+", css)[:3]]
+        lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted((luminance(css_a), luminance(css_b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def test_model_panel_wording_and_layout(bundled, site, bundled_model):
+    """Issue 16 item 10. Last in the module: the fixture, or the test before, has just loaded the model."""
+    from bitnet_web.web.shared.progress import loaded_from
+
+    page, key = bundled, site.url + bundled_model["url"]
+    # where the model came from, as the worker reported it (not "from the network" for a stored copy)
+    assert page.get_attribute("#app", "data-load") == "ok"
+    source = page.get_attribute("#app", "data-source")
+    said = page.text_content("#progress-text")
+    assert said in (loaded_from(source, True), loaded_from(source, False)), (source, said)
+    # each model's description is one sentence per point, not "a: b: c"
+    for value in page.evaluate("() => [...document.getElementById('model-select').options].map(o => o.value)"):
+        page.select_option("#model-select", value)
+        desc = page.text_content("#model-desc")
+        assert desc.count(":") <= 1, (value, desc)
+    # the LOSSY checkbox sits right before its label's text, on its first line
+    box = page.eval_on_selector("#lossy-ternarize", RECT)
+    text = page.eval_on_selector("#lossy-ternarize + span", RECT)
+    assert 0 <= text[0] - box[2] <= 12 and abs(text[1] - box[1]) <= 8, (box, text)
+    screenshot(page, "chat-custom-url-row")
+    page.select_option("#model-select", key)
+    assert page.text_content("#model-desc") == bundled_model["description"]
+    # no model's name is cut in the closed list, on a wide screen and on a phone
+    for width in (1280, 390):
+        page.set_viewport_size({"width": width, "height": 860})
+        for label, need, room in page.evaluate(OPTION_FIT):
+            assert need <= room, f"{label!r} needs {need:.0f}px, the list shows {room:.0f}px at {width}px"
+    page.set_viewport_size({"width": 1280, "height": 860})
+    # a control focused from the keyboard has a ring that stands out from what surrounds it
+    for before, control in (("#model-select", "load"), ("#prompt", "send")):
+        page.focus(before)
+        page.keyboard.press("Tab")
+        ring = page.evaluate(FOCUS_RING, control)
+        assert ring["active"] == control and ring["visible"], ring
+        assert ring["style"] == "solid" and float(ring["width"].rstrip("px")) >= 2, ring
+        assert contrast(ring["color"], ring["around"]) >= 3, ring
+    screenshot(page, "chat-focus-ring")

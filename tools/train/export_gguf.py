@@ -236,7 +236,7 @@ def model_card(
         "file_bytes": out.stat().st_size,
         "file_sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
         "architecture": ARCH,
-        "kind": "completion (not chat-tuned): Python source code completion",
+        "kind": "Python source code completion (not chat-tuned)",
         "license": "MIT (model weights, as the bitnet-web project); training text PSF-2.0",
         "config": cfg,
         "parameters": {

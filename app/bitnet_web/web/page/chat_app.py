@@ -16,10 +16,11 @@ Test hooks: `#app` carries data-engine ("starting" | "ready" | "missing" | "fail
 ("none" | "loading" | "loaded" | "header" | "error" | "lost": the GPU device was lost), data-source
 ("network" | "cache" | "" for the last load), data-key (the usable model's URL), data-loads (loads
 started so far), data-load (the last load's outcome: "running" | "ok" | its error kind; a failed load
-leaves data-model "loaded" when the model loaded before it stays usable) and data-busy ("1" while
-generating); each reply bubble carries data-pieces (streamed pieces received), data-state
-("streaming" | "done" | "aborted" | "error") and data-cut ("max_tokens" | "context_full": a visible
-note says the reply was cut). In completion mode a prompt and its reply share one code block, as
+leaves data-model "loaded" when the model loaded before it stays usable), data-busy ("1" while
+generating) and data-phase (the reply's phase, a key of chat_shell.REPLY_STATUS, "" when none);
+each reply bubble carries data-pieces (streamed pieces received), data-state ("streaming" | "done" |
+"aborted" | "error") and data-cut ("max_tokens" | "context_full": a visible note says the reply was
+cut). In completion mode a prompt and its reply share one code block, as
 inner .msg.user and .msg.assistant spans.
 """
 

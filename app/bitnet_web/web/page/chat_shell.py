@@ -1,5 +1,10 @@
 """The chat page's frame that every panel shares: element handles, the data-* hooks on #app, the
-status line, the notice box and which controls are enabled while a model loads or a reply streams."""
+status line, the notice box and which controls are enabled while a model loads or a reply streams.
+
+The status line says what the page is doing now. While a reply is under way that is its phase
+(REPLY_STATUS, set by the conversation through `reply_phase`); when no reply is under way it is
+`ready_text` (the loaded model is ready), so the end of a reply, Stop, a failure or New chat can
+never leave a phase behind. Start-up, loading and failures set their own text with `status`."""
 
 from __future__ import annotations
 
@@ -8,6 +13,15 @@ from typing import Any
 from ..shared.failures import describe
 from .client import EngineClient
 from .dom import Listeners, by_id, render_failure, set_text, show
+
+# the status line while a reply is under way, by phase (#app's data-phase says the phase)
+REPLY_STATUS = {
+    "reading": "Reading the prompt…",
+    "writing": "Writing the reply…",
+    "stopping": "Stopping after the current token…",
+    "stopping_prompt": "Stopping after this part of the prompt…",  # the GPU finishes the part it is on
+    "discarding": "Stopping the reply of the cleared chat…",  # New chat while a reply was under way
+}
 
 NODE_IDS = (
     "app",
@@ -50,7 +64,8 @@ class Shell:
         self.client: EngineClient | None = None
         self.loading = False
         self.generating = False
-        self.ready_text = ""  # the status line while a model is ready (back after Stop, New chat)
+        self.ready_text = ""  # the status line while a model is ready and no reply is under way
+        self.phase = ""  # of the reply under way (a REPLY_STATUS key), "" when none is
         self.notice_listeners = Listeners()  # a button inside the notice (e.g. load the model again)
         self.n = {name: by_id(name) for name in NODE_IDS}
 
@@ -61,6 +76,13 @@ class Shell:
 
     def status(self, text: str) -> None:
         set_text(self.n["status"], text)
+
+    def reply_phase(self, phase: str) -> None:
+        """The reply's phase (a REPLY_STATUS key), or "" once no reply is under way: the status line
+        then says the model is ready again."""
+        self.phase = phase
+        self.state(phase=phase)
+        self.status(REPLY_STATUS[phase] if phase else self.ready_text)
 
     def set_busy_controls(self) -> None:
         loaded = self.n["app"].getAttribute("data-model") in ("loaded", "header")

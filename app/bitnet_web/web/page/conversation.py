@@ -84,7 +84,9 @@ class Conversation:
             if chat_id != self.chat_id:
                 return  # New chat was pressed: the rest of this reply is discarded
             if not pieces:
-                set_text(n["stats"], "Writing the reply…")
+                set_text(n["stats"], "")  # the prompt's progress; the status line says the reply is written
+                if shell.phase in ("reading", "stopping_prompt"):
+                    shell.reply_phase("writing" if shell.phase == "reading" else "stopping")
             pieces.append(piece)
             append_text(reply, piece)
             reply.setAttribute("data-pieces", str(len(pieces)))
@@ -99,7 +101,8 @@ class Conversation:
         shell.generating = True
         shell.state(busy="1")
         shell.set_busy_controls()
-        set_text(n["stats"], "Reading the prompt…")
+        shell.reply_phase("reading")
+        set_text(n["stats"], "")  # the last reply's numbers
         self.pieces = pieces
         try:
             if kind == "complete":  # the worker keeps the most recent text that fits the context
@@ -112,9 +115,9 @@ class Conversation:
             shell.generating = False
             shell.state(busy="0")
             shell.set_busy_controls()
+            shell.reply_phase("")  # whatever ended it (done, Stop, a failure, New chat): ready again
         if chat_id != self.chat_id:
             return  # New chat was pressed meanwhile: this reply, its bubble and its stats are gone
-        shell.status(shell.ready_text)  # e.g. after "Stopping after the current token…"
         if result["event"] == "done":
             self.messages.append({"role": "assistant", "content": "".join(pieces)})
             self._finish(reply, result, settings)
@@ -161,21 +164,19 @@ class Conversation:
     def stop(self) -> None:
         if self.shell.generating and self.shell.client is not None:
             self.shell.client.abort()
-            # while the prompt is read, the GPU finishes the part of it that it is on
-            self.shell.status(
-                "Stopping after the current token…" if self.pieces else "Stopping after this part of the prompt…"
-            )
+            self.shell.reply_phase("stopping" if self.pieces else "stopping_prompt")
 
     def new_chat(self) -> None:
         shell = self.shell
         if shell.generating and shell.client is not None:
             shell.client.abort()
+            shell.reply_phase("discarding")  # until the worker has stopped; Send waits for it too
+        elif shell.ready_text:
+            shell.status(shell.ready_text)  # not a load failure's note about the previous chat
         self.chat_id += 1
         self.messages = []
         clear(shell.n["messages"])
         set_text(shell.n["stats"], "")
-        if shell.ready_text:
-            shell.status(shell.ready_text)
         if shell.client is not None:
             shell.client.reset()
         self.models.show_stats(None)

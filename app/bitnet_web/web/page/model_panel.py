@@ -17,7 +17,7 @@ from ..shared import hosts
 from ..shared.checkpoints import LOSSY_FIELD, as_checkpoint
 from ..shared.failures import describe
 from ..shared.modelinfo import info_rows
-from ..shared.progress import RateMeter, fraction, progress_text
+from ..shared.progress import RateMeter, fraction, loaded_from, progress_text
 from . import services
 from .chat_shell import Shell
 from .dom import Listeners, by_id, clear, el, render_failure, set_text, show
@@ -200,13 +200,8 @@ class ModelPanel:
             self.on_ready(self.info)
             shell.state(model="loaded")
             js.localStorage.setItem(LAST_MODEL_KEY, model["key"])
-            if source == "cache":
-                where = "Loaded from browser storage."
-            elif result.get("offline_copy") and _controlled_by_service_worker():
-                where = "Loaded from the app's offline copy (no network needed)."
-            else:
-                where = "Downloaded from the network and loaded."
-            set_text(n["progress-text"], where)
+            offline_copy = bool(result.get("offline_copy")) and _controlled_by_service_worker()
+            set_text(n["progress-text"], loaded_from(source, offline_copy))
             shell.ready_text = f"{model['name']} is ready."
             shell.status(shell.ready_text)
             n["prompt"].focus()
@@ -218,6 +213,7 @@ class ModelPanel:
                 self.render_info()
             shell.state(model="header" if result.get("kind") == "engine_missing" else "error")
             self.current = None
+            shell.ready_text = ""  # no model can reply: New chat must not say one is ready
             if result.get("kind") == "engine_missing":
                 js.localStorage.setItem(LAST_MODEL_KEY, model["key"])
             set_text(n["progress-text"], "")
@@ -292,6 +288,7 @@ class ModelPanel:
         shell = self.shell
         key = str(shell.n["app"].getAttribute("data-key") or "")
         shell.state(model="lost")
+        shell.ready_text = ""
         shell.set_busy_controls()
         shell.notice_listeners.clear()
         button = el("button", "Load the model again", cls="primary", attrs={"id": "reload-model", "type": "button"})

@@ -125,3 +125,13 @@ def cut_note(stats: dict[str, Any], settings: dict[str, Any], context: int | Non
         size = f" ({int(context):,} tokens)" if context else ""
         return f"cut: the model's context{size} is full; the oldest text is dropped on the next turn"
     return ""
+
+
+def loaded_from(source: str, offline_copy: bool) -> str:
+    """Where a loaded model came from, as the Model panel says it: browser storage (source "cache"),
+    the app's offline copy (the service worker's cache, read without the network), or a download."""
+    if source == "cache":
+        return "Loaded from browser storage."
+    if offline_copy:
+        return "Loaded from the app's offline copy (no network needed)."
+    return "Downloaded from the network and loaded."
