@@ -8,7 +8,7 @@ import re
 import pytest
 
 from bitnet_web.web.shared import hosts
-from bitnet_web.web.shared.progress import cut_note, progress_text, stats_line
+from bitnet_web.web.shared.progress import cut_note, loaded_from, progress_text, stats_line
 from bitnet_web.web.shared.prompts import keep_recent_tokens, reply_room
 from bitnet_web.web.shared.settings import (
     FIELDS,
@@ -142,3 +142,10 @@ def test_prefill_progress_and_a_stop_before_the_first_token():
     line = stats_line({"n_generated": 0, "ttft_s": 0.0}, "aborted")
     assert line == "0 tokens, stopped while reading the prompt", line
     assert stats_line({"n_generated": 3, "ttft_s": 0.25}, "aborted").endswith("first token after 0.25 s, stopped")
+
+
+def test_only_a_download_is_said_to_come_from_the_network():
+    said = {(source, copy): loaded_from(source, copy) for source in ("cache", "network") for copy in (False, True)}
+    assert said[("cache", False)] == said[("cache", True)] and "browser storage" in said[("cache", True)]
+    assert "offline copy" in said[("network", True)] and "Downloaded" in said[("network", False)]
+    assert [k for k, text in said.items() if "Downloaded" in text] == [("network", False)]

@@ -1,6 +1,7 @@
 """The chat page as a product (issue 16), with the bundled model (512-token context, completion mode):
 a failed or cancelled load keeps the working model, completion mode keeps the most recent text
-that fits, a too-long message stays in the box, Stop and New chat leave no stale status or stats.
+that fits, a too-long message stays in the box, the status line says the reply's phase and Stop, a
+failure and New chat leave no stale status or stats, the Model panel's wording and layout (item 10).
 
 One browser context for the module: each test starts from the state the previous one left.
 """
