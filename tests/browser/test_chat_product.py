@@ -153,6 +153,7 @@ def test_stop_and_new_chat_leave_no_stale_status_or_stats(bundled, bundled_model
     page.wait_for_function(
         "() => { const t = document.querySelector('.msg.assistant .text'); return t && Number(t.dataset.pieces) > 0; }"
     )
+    screenshot(page, "chat-writing-status")
     page.click("#stop")
     page.wait_for_function("() => document.getElementById('app').dataset.busy === '0'", timeout=120_000)
     assert last_reply(page)["state"] == "aborted"
