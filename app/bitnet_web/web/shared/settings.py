@@ -41,7 +41,7 @@ FIELDS = (
         None,
         0,
         8,
-        "empty = automatic, 0 = off; same replies, faster on repeated text",
+        "empty = automatic, 0 = off; faster on repeated text, greedy replies unchanged",
         "auto",
     ),
 )
