@@ -21,8 +21,12 @@
 // SPLIT = false (prefill): the workgroup walks every tile up to its last token's row and writes
 //   out [T, HQ*HD] f32 = acc / l. Dispatch (1, HKV, ceil(T / BQ)).
 // SPLIT = true (decode): the n_tiles = ceil((pos + t + 1) / TILE) tiles are dealt to
-//   n_splits = min(n_tiles, MAX_SPLITS) workgroups (ceil(n_tiles / n_splits) consecutive tiles each);
-//   each writes its unnormalized partial (acc, m, l) for attention_combine.wgsl. BQ must be 1.
+//   n_splits = min(n_tiles, MAX_SPLITS) workgroups (ceil(n_tiles / n_splits) consecutive tiles each),
+//   or to one workgroup while the token's row is within the first DIRECT_TILES tiles (where a decode
+//   step runs SPLIT = false: one workgroup walks every tile); each writes its unnormalized partial
+//   (acc, m, l) for attention_combine.wgsl. BQ must be 1. A token's partials depend on its own
+//   position only, never on how many tokens the step holds, so a speculative verify row rounds
+//   exactly as the decode step of that token would (greedy output identical to plain decoding).
 //   Dispatch (>= n_splits, HKV, T); workgroups without tiles exit at once.
 //
 // Entry points:
@@ -56,6 +60,7 @@ const TILE: u32 = ${TILE};
 const WG: u32 = ${WG};
 const SPLIT: bool = ${SPLIT};
 const MAX_SPLITS: u32 = ${MAX_SPLITS};
+const DIRECT_TILES: u32 = ${DIRECT_TILES};
 const SCALE: f32 = ${SCALE};
 const ROPE_DIM: u32 = ${ROPE_DIM};
 const NEOX: bool = ${NEOX};
@@ -109,7 +114,7 @@ fn plan(wid: vec3<u32>) -> Work {
     w.tile_begin = 0u;
     w.tile_end = n_tiles;
     if (SPLIT) {
-        let n_splits = min(n_tiles, MAX_SPLITS);
+        let n_splits = select(min(n_tiles, MAX_SPLITS), 1u, w.kv_len <= DIRECT_TILES * TILE);
         let per_split = (n_tiles + n_splits - 1u) / n_splits;
         w.tile_begin = wid.x * per_split;
         w.tile_end = min(n_tiles, w.tile_begin + per_split);

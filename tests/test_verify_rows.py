@@ -18,6 +18,7 @@ from test_model import SMALL, VOCAB, assert_logits_close
 from bitnet_web.convert.synthetic import write_random_bitnet
 from bitnet_web.engine import Engine
 from bitnet_web.formats.gguf_reader import open_gguf
+from bitnet_web.kernels.attention import DIRECT_MAX_TILES
 from bitnet_web.kernels.common import SMALL_T_MAX
 from bitnet_web.kernels.linear import SMALL_T_PATHS
 from bitnet_web.model.reference import ReferenceModel
@@ -44,5 +45,39 @@ def test_verify_rows_match_reference(tmp_path, path):
             start += t
         assert model.n_cached == len(ids)
         assert_logits_close(np.concatenate(got), want, f"verify rows ({path} path)")
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("gpu_kernels", [False, True], ids=["adapter-default", "gpu-kernels"])
+def test_verify_rows_equal_decode_steps_bit_for_bit(tmp_path, gpu_kernels):
+    """Greedy speculative output equals plain decoding only if each verify row computes exactly the
+    logits of its decode step: same kernels per row, same reduction order (a last-bit difference can
+    flip an int8 activation code and, at a near tie, the greedy token). Contexts where decode takes
+    the one-dispatch attention (under DIRECT_MAX_TILES tiles: one tile, several tiles), a step that
+    crosses into the split attention, and one past it; with the adapter's own kernel choice and with
+    the discrete GPU's (the fused norm + GEMV)."""
+    path = tmp_path / "small.gguf"
+    write_random_bitnet(str(path), vocab_size=VOCAB, context_length=256, seed=16, **SMALL)
+    engine = Engine(prefill_chunk=64)
+    try:
+        engine.load(str(path))
+        model = engine.model
+        tile = model.layer_ops[0].attention.tile
+        if gpu_kernels:
+            for layer in model.layer_ops:
+                for op in (layer.qkv, layer.wo, layer.gate_up, layer.down):
+                    op.fuse_decode = True
+        rng = np.random.default_rng(16)
+        rows = 5
+        for cached in (3, tile + 8, DIRECT_MAX_TILES * tile - 2, DIRECT_MAX_TILES * tile + 40):
+            ids = rng.integers(0, VOCAB, cached + rows).tolist()
+            model.truncate(0)
+            asyncio.run(model.prefill(ids[:cached]))
+            decoded = np.stack([asyncio.run(model.forward([t])).reshape(-1) for t in ids[cached:]])
+            model.truncate(cached)
+            verified = asyncio.run(model.forward(ids[cached:], all_logits=True))
+            differ = [i for i in range(rows) if not np.array_equal(decoded[i], verified[i])]
+            assert not differ, f"after {cached} cached tokens, verify rows {differ} differ from their decode steps"
     finally:
         engine.close()

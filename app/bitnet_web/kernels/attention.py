@@ -167,6 +167,7 @@ class Attention:
             TILE=self.tile,
             WG=WORKGROUP,
             MAX_SPLITS=scratch.max_splits,
+            DIRECT_TILES=DIRECT_MAX_TILES,
             SCALE=float(1.0 / math.sqrt(head_dim)) if scale is None else float(scale),
             ROPE_DIM=rope.table.rope_dim if rope is not None else head_dim,
             NEOX=rope.style == "neox" if rope is not None else True,
@@ -192,6 +193,7 @@ class Attention:
             TILE=self.tile,
             WG=WORKGROUP,
             MAX_SPLITS=scratch.max_splits,
+            DIRECT_TILES=DIRECT_MAX_TILES,
         )
         self.combine_group = device.bind_group(
             self.combine_pipeline, [params.buffer, scratch.acc, scratch.stats, out], f"attention combine {layer}"

@@ -10,8 +10,9 @@ read gate row i and up row N/2 + i, so `pair_rows` only checks that the halves m
 Decode (one token) runs `ternary_gemv.wgsl`: ROWS rows per workgroup, 16-byte weight loads,
 dot4I8Packed, subgroupAdd when present; `NormTernaryLinear` folds the input RMSNorm + quantization
 into it (`ternary_gemv_norm.wgsl`, what the model uses). 2..SMALL_T_MAX rows (speculative verify
-steps) take one of the paths of SMALL_T_PATH (by default the norm once, then the GEMV per row;
-`ternary_gemv_rows.wgsl` holds the weights in registers for all rows). Longer prefill runs `ternary_gemm.wgsl`,
+steps) take one of the paths of SMALL_T_PATH (by default the decode kernel with one workgroup row
+per token, so that each row rounds exactly as its decode step; `ternary_gemv_rows.wgsl` holds the
+weights in registers for all rows). Longer prefill runs `ternary_gemm.wgsl`,
 which stages a tile of weight rows (decoded once to signed int8) and token rows in workgroup memory
 and reuses each weight word TT times. Measurements: docs/performance-notes.md.
 """
@@ -352,8 +353,12 @@ NORM_GEMV_ROWS = 16
 # row again). "rows": RMSNormQuant once, then ternary_gemv_rows (each weight read once for all rows).
 # Whole 2B-4T steps on the H100 at T = 5: split 1.65x a decode step, fused 1.91x, rows 1.96x
 # (docs/performance.md, issue 15); `tools/bench_kernels.py --verify-steps --paths ...` compares them.
+# "fused" is the default although it is the slower one: it is the decode kernel itself, so every
+# verify row's activations are normalized, quantized and scaled exactly as its decode step's (split
+# and rows sum the squares in another order: a last-bit change of the scale that can flip an int8
+# code, and with it a greedy token). Speculative greedy output equals plain decoding only so.
 SMALL_T_PATHS = ("fused", "split", "rows")
-SMALL_T_PATH = "split"
+SMALL_T_PATH = "fused"
 
 
 def norm_gemv_row_groups(n_rows: int) -> int:
@@ -367,11 +372,10 @@ class NormTernaryLinear:
 
     Decode (n_tokens == 1): one dispatch of `ternary_gemv_norm.wgsl`, in which every workgroup
     normalizes and quantizes the input row itself (no rmsnorm_quant dispatch, no x_q round trip).
-    2..SMALL_T_MAX rows (a speculative verify step): SMALL_T_PATH, by default `RMSNormQuant` over the
-    rows and the decode GEMV with one workgroup row per token. The workgroups sharing weight rows run
-    close together, so each weight comes from memory once and the other rows' reads mostly hit L2; on
-    the H100 this beat the fused kernel per row (each workgroup redoing the norm), the tiled GEMM and
-    `ternary_gemv_rows` (docs/performance.md, issue 15).
+    2..SMALL_T_MAX rows (a speculative verify step): SMALL_T_PATH, by default this same kernel with
+    one workgroup row per token, bit for bit what each row's decode step computes. The workgroups
+    sharing weight rows run close together, so each weight comes from memory once and the other
+    rows' reads mostly hit L2 (docs/performance.md, issue 15).
     Longer prefill: `RMSNormQuant` into x_q / x_scale, then the tiled GEMM, as the two ops would.
     Constructor arguments are those of RMSNormQuant and TernaryLinear together; `rows` weight rows
     per row group, `row_groups` (1, 2 or 4; default by size) groups per workgroup, `workgroup_size`
