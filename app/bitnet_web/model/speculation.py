@@ -116,10 +116,9 @@ class SpeculationPolicy:
     (how many tokens that takes depends on its batching, a setting, not on timing).
     """
 
-    # A verify step over k + 1 rows costs about VERIFY_STEP_COST + VERIFY_ROW_COST * k decode steps
-    # (2B-4T shape, H100, the decode kernel per row, SMALL_T_PATH "fused": 1.35 at k = 1, 1.65 at 3,
-    # 1.91 at 4, 2.66 at 8; docs/performance.md, "Norm once per step").
-    VERIFY_STEP_COST = 1.1
+    # A verify step over k + 1 rows costs about 1 + VERIFY_ROW_COST * k decode steps (2B-4T shape,
+    # H100, each row on the decode kernel: 1.19 at k = 1, 1.30 at 2, 1.83 at 4, 2.65 at 8;
+    # docs/performance.md, "Verify rows bit for bit").
     VERIFY_ROW_COST = 0.2
     # What a verify step costs on top of that where the backend pays more per extra dispatch: in
     # Chromium on the H100 a verify step cost ~1.8 decode steps at k = 1..3 (docs/performance.md,
@@ -144,7 +143,7 @@ class SpeculationPolicy:
         if k < 1 or window < 1:
             raise ValueError(f"speculation policy: k and window must be >= 1, got k={k}, window={window}")
         self.k, self.window, self.resume_margin, self.ngram_max = k, window, resume_margin, ngram_max
-        self.verify_cost = self.VERIFY_STEP_COST + self.VERIFY_ROW_COST * k if verify_cost is None else verify_cost
+        self.verify_cost = 1.0 + self.VERIFY_ROW_COST * k if verify_cost is None else verify_cost
         self.start([])
 
     @classmethod
@@ -152,7 +151,7 @@ class SpeculationPolicy:
         """The policy for drafts of `k` tokens on a GPU backend (gpu.Device.backend): its verify-step
         cost estimated for that backend."""
         extra = cls.BACKEND_VERIFY_COST.get(backend, 0.0)
-        return cls(k, verify_cost=cls.VERIFY_STEP_COST + extra + cls.VERIFY_ROW_COST * k)
+        return cls(k, verify_cost=1.0 + extra + cls.VERIFY_ROW_COST * k)
 
     def start(self, history: Sequence[int]) -> None:
         """A new reply: `history` is the text so far, ending with the first verify step's input token."""
