@@ -45,7 +45,7 @@ async (key) => {
     for (let i = 0; i < meta.chunks; i++) {
       const rec = chunks.find((c) => c.index === i);
       if (!rec) return {meta: {...meta, header: null}, missing: i};
-      parts.push(new Uint8Array(rec.data));
+      parts.push(new Uint8Array(rec.data instanceof Blob ? await rec.data.arrayBuffer() : rec.data));
     }
     const size = parts.reduce((n, p) => n + p.length, 0);
     const all = new Uint8Array(size);
@@ -77,9 +77,11 @@ async () => {
     const tx = db.transaction(["models", "chunks"]);
     const [metas, chunks] = await Promise.all([all(tx, "models"), all(tx, "chunks")]);
     const out = {entries: [], chunks: []};
-    for (const c of chunks) {
+    for (const c of chunks) {  // the app stores Blobs (ArrayBuffers before): audit the bytes either way
+      c.blob = c.data instanceof Blob;
+      if (c.blob) c.data = await c.data.arrayBuffer();
       out.chunks.push({key: c.key, index: c.index, offset: c.offset, size: c.size, bytes: c.data.byteLength,
-                       sha256: c.sha256, actual_sha256: await hex(c.data)});
+                       blob: c.blob, sha256: c.sha256, actual_sha256: await hex(c.data)});
     }
     for (const m of metas) {
       const own = chunks.filter((c) => c.key === m.key).sort((a, b) => a.index - b.index);
@@ -100,7 +102,8 @@ def audit_cache(page) -> dict[str, dict[str, Any]]:
     """Every model cache entry, read straight from IndexedDB and checked for consistency: chunks
     0..n-1 present, contiguous offsets, sizes and per-chunk SHA-256 as recorded, `stored` equal to
     their sum, `complete` only with stored == total, no chunk without its entry. Returns the entries
-    by key, each with file_size / file_sha256 of its reassembled chunks."""
+    by key, each with file_size / file_sha256 of its reassembled chunks and blob_chunks (how many of
+    its chunks are stored as Blobs, the app's format; older builds stored ArrayBuffers)."""
     found = page.evaluate(_IDB_AUDIT)
     entries = {e["key"]: e for e in found["entries"]}
     by_key: dict[str, list[dict[str, Any]]] = {}
@@ -114,6 +117,7 @@ def audit_cache(page) -> dict[str, dict[str, Any]]:
         assert [c["index"] for c in chunks] == list(range(e["chunks"])), (
             f"{key}: chunk indexes {[c['index'] for c in chunks]}, record counts {e['chunks']}"
         )
+        e["blob_chunks"] = sum(bool(c["blob"]) for c in chunks)
         offset = 0
         for c in chunks:
             assert c["offset"] == offset, f"{key}: chunk {c['index']} at offset {c['offset']}, expected {offset}"
