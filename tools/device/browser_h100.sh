@@ -15,7 +15,8 @@
 #   native     `python -m bitnet_web bench` (wgpu-py) on both models
 #   nbatch     tools/device/decode_batching.py (wgpu-py decode speed against the decode batching), both models
 #   load       static/bench/load.html: the synthetic model stored in IndexedDB, then loaded from there
-#              (3 loads at each read-ahead 4, 1, 8; per-phase times and the wasm heap)
+#              (3 loads at each read-ahead 4, 16, chunks stored as Blobs and as ArrayBuffers; per-phase times, the wasm heap)
+#   storage    static/bench/storage.html: IndexedDB read speed by value type, chunk size, read-ahead (no engine)
 # The synthetic model is the one stage call 1 started writing into /opt/device-browser/synth.
 # Results: $OUT/summary.txt (tools/device/summarize.py, also printed) and $OUT/res.tgz (every page's JSON
 # and log, the /proc samples, the CPU time per phase, the nvidia-smi trace).
@@ -50,7 +51,8 @@ for step in "$@"; do
     overhead) page overhead '/bench/overhead.html?' 200 ;;
     decode) page decode_bundled '/bench/decode.html' 150; page decode_synth '/bench/decode.html?model=../synth.gguf' 240 ;;
     bench) page bench_bundled '/bench/?full=1' 150; page bench_synth '/bench/?full=1&model=../synth.gguf' 240 ;;
-    load) page load_synth '/bench/load.html?model=../synth.gguf&runs=3&readahead=4,1,8' 300 ;;
+    storage) page storage '/bench/storage.html?mb=600&chunks=16,64&ahead=4,16' 200 ;;
+    load) page load_synth '/bench/load.html?model=../synth.gguf&runs=3&readahead=4,16&formats=blob,arraybuffer' 300 ;;
     native)
       for m in synth bundled; do
         f=$M; [ $m = bundled ] && f=$BUNDLED
