@@ -112,15 +112,10 @@ def test_logits_and_greedy_match_transformers(engine, tmp_path, shape):
     assert result["decisive_positions"] > SEQ_LEN // 2, result
     assert result["greedy_agree_on_decisive"], result
 
-    # 32 greedy steps: the engine's own generation loop (KV cache, decode path) against transformers'.
+    # 32 greedy steps: the engine's own generation loop (KV cache, decode path) against transformers',
+    # with plain decode steps and with speculative verify steps (drafts of up to 4 tokens).
     prompt = ids[:8]
     expected = _hf_greedy(hf_model, prompt, GREEDY_STEPS)
-    ours = list(engine.generate(tokens=prompt, settings=SamplerSettings(temperature=0.0), max_tokens=GREEDY_STEPS))
-    got = engine.generated_tokens
-    # The streamed pieces are the generated tokens' text, cut at a stop string if one ended the reply.
-    full_text = engine.tokenizer.decode(got)
-    assert full_text.startswith("".join(ours))
-    assert "".join(ours) == full_text or engine.last_stats.stop_reason == "stop_string", engine.last_stats
     # Compare up to the first step where transformers itself had a near-tie (none expected with std 1.0).
     full = prompt + expected
     theirs = _hf_logits(hf_model, full)[len(prompt) - 1 : -1]
@@ -129,7 +124,16 @@ def test_logits_and_greedy_match_transformers(engine, tmp_path, shape):
     near_tie = np.nonzero((top2[:, 1] - top2[:, 0]) <= 2 * tolerance)[0]
     checked = int(near_tie[0]) if len(near_tie) else GREEDY_STEPS
     assert checked >= GREEDY_STEPS // 2, f"reference has a near-tie at step {checked}"
-    assert got[:checked] == expected[:checked]
+    for speculate in (0, 4):
+        greedy = SamplerSettings(temperature=0.0)
+        ours = list(engine.generate(tokens=prompt, settings=greedy, max_tokens=GREEDY_STEPS, speculate=speculate))
+        got = engine.generated_tokens
+        assert engine.last_stats.speculate == speculate
+        # The streamed pieces are the generated tokens' text, cut at a stop string if one ended the reply.
+        full_text = engine.tokenizer.decode(got)
+        assert full_text.startswith("".join(ours))
+        assert "".join(ours) == full_text or engine.last_stats.stop_reason == "stop_string", engine.last_stats
+        assert got[:checked] == expected[:checked], f"speculate={speculate}"
 
 
 @pytest.fixture(scope="module")
