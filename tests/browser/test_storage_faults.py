@@ -288,6 +288,39 @@ def test_a_chunk_a_closed_tab_left_uncounted_is_dropped_and_the_resume_is_exact(
     assert_cached_exactly(app, url, data)
 
 
+# Replace one stored chunk's data by a value that holds no bytes (a string), keeping its record.
+_UNREADABLE_CHUNK = (
+    "async ([key, index]) => {"
+    + _OPEN_DB
+    + """
+  const r = db.transaction("chunks").objectStore("chunks").get([key, index]);
+  const rec = await new Promise((ok, bad) => { r.onsuccess = () => ok(r.result); r.onerror = () => bad(r.error); });
+  const tx = db.transaction("chunks", "readwrite");
+  tx.objectStore("chunks").put({...rec, data: "not bytes"});
+  await new Promise((ok, bad) => { tx.oncomplete = ok; tx.onabort = () => bad(tx.error); });
+  db.close();
+  return rec.data instanceof Blob;
+}"""
+)
+
+
+def test_a_chunk_whose_data_cannot_be_read_is_fetched_again(app, site, tiny_model, test_files):
+    """Chunks are stored as Blobs. A chunk whose stored value holds no bytes (here a string; in use, a
+    Blob whose file the browser lost) is damage like a wrong SHA-256: the entry is deleted and
+    downloaded again, and the new copy is byte-identical (audit), as Blobs again."""
+    data = tiny_model
+    path = serve_test_file(test_files, "unreadable.gguf", data)
+    url = site.url + path[1:]
+    assert load_custom(app, url) == "header", notice(app)
+    assert app.evaluate(_UNREADABLE_CHUNK, [url, 2]) is True  # it was a Blob
+    n_requests = len(site.requests_for(path))
+    with app.expect_console_message(lambda m: "chunk 2 of" in m.text and "no readable data" in m.text):
+        assert load_custom(app, url) == "header", notice(app)
+    assert len(site.requests_for(path)) == n_requests + 1
+    entry = assert_cached_exactly(app, url, data)
+    assert entry["blob_chunks"] == entry["chunks"]
+
+
 @needs_engine
 @pytest.mark.slow  # the one engine load of this file: 40-90 s on SwiftShader
 def test_deleting_the_loaded_models_cached_copy_keeps_the_model_usable(app, site, tiny_model, test_files):
