@@ -177,11 +177,31 @@ def test_greedy_accept_kernel_is_accept_greedy(device, kernels):
 # The engine ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("batching", [(1, 2), (3, 2)])
-def test_speculative_greedy_equals_plain_greedy_with_host_counts(engine, batching):
+@contextlib.contextmanager
+def gpu_kernels(engine: Engine, on: bool):
+    """With `on`, every BitLinear runs a discrete GPU's kernels (the fused norm + GEMV for decode and
+    verify rows) on this CPU adapter, which otherwise picks the separate norm dispatch."""
+    ops = [op for layer in engine.model.layer_ops for op in (layer.qkv, layer.wo, layer.gate_up, layer.down)]
+    before = [op.fuse_decode for op in ops]
+    for op in ops:
+        op.fuse_decode = op.fuse_decode or on
+    try:
+        yield
+    finally:
+        for op, fused in zip(ops, before, strict=True):
+            op.fuse_decode = fused
+
+
+@pytest.mark.parametrize(("batching", "kernels"), [((1, 2), "adapter"), ((3, 2), "adapter"), ((3, 2), "gpu")])
+def test_speculative_greedy_equals_plain_greedy_with_host_counts(engine, batching, kernels):
     """Up to the context end (the last steps run plain: a verify step no longer fits), for drafts of
     1, 4 and 8 tokens and several verify steps per submit: the same tokens, stop reason and cache, and
-    the draft counts of the host simulation."""
+    the draft counts of the host simulation; with this adapter's kernels and with a GPU's."""
+    with gpu_kernels(engine, kernels == "gpu"):
+        _speculative_greedy_equals_plain_greedy(engine, batching)
+
+
+def _speculative_greedy_equals_plain_greedy(engine: Engine, batching: tuple[int, int]) -> None:
     plain = generate(engine, PROMPT, 0, max_tokens=CONTEXT)
     assert engine.last_stats.stop_reason == "context_full"
     engine.model.DECODE_BATCHING = batching
