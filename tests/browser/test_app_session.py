@@ -170,7 +170,17 @@ def test_phone_width_layout(bundled):
         for selector in ("#prompt", "#send", "#stop", "#model-select"):
             box = page.locator(selector).bounding_box()
             assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390, selector
+        # the panels' notes share one text size (the Storage summary was once larger than the rest)
+        sizes = page.evaluate(
+            """() => Object.fromEntries(['#progress-text', '#system-note', '#storage-summary'].map(
+                (s) => [s, getComputedStyle(document.querySelector(s)).fontSize]))"""
+        )
+        assert len(set(sizes.values())) == 1, sizes
+        opened = page.evaluate(
+            """() => [...document.querySelectorAll('.side details:not([open])')].map((d) => (d.open = true, d.id))"""
+        )
         screenshot(page, "chat-phone")
+        page.evaluate("(ids) => ids.forEach((id) => { document.getElementById(id).open = false; })", opened)
     finally:
         page.set_viewport_size({"width": 1280, "height": 860})
 

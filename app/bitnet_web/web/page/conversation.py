@@ -41,7 +41,7 @@ class Conversation:
         """A model without a chat format continues text: say so where the person types."""
         completion = info.get("template_kind") == "completion"
         self.shell.n["prompt"].placeholder = (
-            "This model continues text (it is not chat-tuned): type the start, e.g. def fibonacci(n):"
+            "Not a chat model: type the start to continue, e.g. def fibonacci(n):"
             if completion
             else "Message (Enter sends, Shift+Enter adds a line)"
         )
