@@ -210,14 +210,7 @@ class ModelStore:
         size = int(data.byteLength)
         digest = await sha256_hex(data)  # before the transaction: an await inside would commit it
         index = int(meta["chunks"])
-        record = {
-            "key": meta["key"],
-            "index": index,
-            "offset": int(meta["stored"]),
-            "size": size,
-            "sha256": digest,
-            "data": js.Blob.new(js_obj([data])),
-        }
+        record = _chunk_record(meta["key"], index, int(meta["stored"]), size, digest, data)
         meta["chunks"] = index + 1
         meta["stored"] = int(meta["stored"]) + size
         meta["updated"] = _now()
@@ -300,14 +293,19 @@ class ModelStore:
                 timings["read_wait_s"] = timings.get("read_wait_s", 0.0) + wait_s
                 timings["read_copy_s"] = timings.get("read_copy_s", 0.0) + copy_s
 
-    async def _fetch_chunk(self, key: str, index: int) -> tuple[Any, Any, str | None]:
-        """(record, its bytes as an ArrayBuffer, their SHA-256) of one stored chunk; (None, None, None)
-        if it is missing, (record, None, None) if its data cannot be read."""
+    async def _get_chunk(self, key: str, index: int) -> JsProxy | None:
+        """The stored record of chunk `index` of `key` (its own readonly transaction), or None."""
         tx = self._db.transaction(CHUNKS, "readonly")
         req = tx.objectStore(CHUNKS).get(js_obj([key, index]))
         await _request(req, f"read chunk {index}")
         rec = req.result
-        if rec is None or str(rec) == "undefined":
+        return None if rec is None or str(rec) == "undefined" else rec
+
+    async def _fetch_chunk(self, key: str, index: int) -> tuple[Any, Any, str | None]:
+        """(record, its bytes as an ArrayBuffer, their SHA-256) of one stored chunk; (None, None, None)
+        if it is missing, (record, None, None) if its data cannot be read."""
+        rec = await self._get_chunk(key, index)
+        if rec is None:
             return None, None, None
         data = await _chunk_bytes(rec)
         if data is None:
@@ -332,23 +330,13 @@ class ModelStore:
         point leaves a valid entry."""
         rewritten = 0
         for index in range(int(meta["chunks"])):
-            tx = self._db.transaction(CHUNKS, "readonly")
-            req = tx.objectStore(CHUNKS).get(js_obj([meta["key"], index]))
-            await _request(req, f"read chunk {index}")
-            rec = req.result
-            if rec is None or str(rec) == "undefined" or not hasattr(getattr(rec, "data", None), "byteLength"):
+            rec = await self._get_chunk(meta["key"], index)
+            if rec is None or not hasattr(getattr(rec, "data", None), "byteLength"):
                 continue  # a Blob already, or missing (the next load reports it)
             data = rec.data
             if await sha256_hex(data) != str(rec.sha256):
                 continue
-            record = {
-                "key": meta["key"],
-                "index": index,
-                "offset": int(rec.offset),
-                "size": int(rec.size),
-                "sha256": str(rec.sha256),
-                "data": js.Blob.new(js_obj([data])),
-            }
+            record = _chunk_record(meta["key"], index, int(rec.offset), int(rec.size), str(rec.sha256), data)
             del rec, data
             await self._write_if_current(meta, record, f"rewrite chunk {index} as a Blob", write_meta=False)
             rewritten += 1
@@ -361,13 +349,11 @@ class ModelStore:
         for index in range(int(meta["chunks"])):
             if got >= limit:
                 break
-            tx = self._db.transaction(CHUNKS, "readonly")
-            req = tx.objectStore(CHUNKS).get(js_obj([meta["key"], index]))
-            await _request(req, f"read chunk {index}")
-            if req.result is None or str(req.result) == "undefined":
+            rec = await self._get_chunk(meta["key"], index)
+            if rec is None:
                 await self._raise_if_deleted(meta)
                 raise CorruptEntryError(f"chunk {index} of {meta['key']} is missing from browser storage")
-            buffer = await _chunk_bytes(req.result)
+            buffer = await _chunk_bytes(rec)
             if buffer is None:
                 raise CorruptEntryError(f"chunk {index} of {meta['key']} has no readable data in browser storage")
             data = js.Uint8Array.new(buffer)
@@ -375,6 +361,18 @@ class ModelStore:
             parts.append(data.subarray(0, take).to_bytes())
             got += take
         return b"".join(parts)
+
+
+def _chunk_record(key: str, index: int, offset: int, size: int, sha256: str, data: JsProxy) -> dict[str, Any]:
+    """A chunks-store record: `data` (an ArrayBuffer) stored as a Blob (see the module docstring)."""
+    return {
+        "key": key,
+        "index": index,
+        "offset": offset,
+        "size": size,
+        "sha256": sha256,
+        "data": js.Blob.new(js_obj([data])),
+    }
 
 
 async def _chunk_bytes(rec: JsProxy) -> JsProxy | None:
