@@ -323,6 +323,18 @@ def send_and_wait(page, text: str) -> dict[str, Any]:
     return last_reply(page)
 
 
+def wait_for_new_reply(page, n_before: int, pieces: int = 1, timeout: float = 120_000) -> None:
+    """Wait until the reply after the first `n_before` ones has `pieces` pieces. The page creates a
+    reply's bubble in the task that handles the Enter key, after `page.press` returns: a wait on "the
+    last reply" alone can see the previous, finished one."""
+    page.wait_for_function(
+        """([n, k]) => { const r = document.querySelectorAll('.msg.assistant .text');
+        return r.length > n && Number(r[r.length - 1].dataset.pieces || 0) >= k; }""",
+        arg=[n_before, pieces],
+        timeout=timeout,
+    )
+
+
 def page_state(page, n_before: int = 0) -> dict[str, Any]:
     """What a person would see when a reply does not come: #app's flags, status, stats, the notice,
     the prompt box and the replies since `n_before`."""

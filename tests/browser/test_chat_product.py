@@ -27,6 +27,7 @@ from browser_helpers import (
     set_settings,
     set_test_hooks,
     start_load,
+    wait_for_new_reply,
     wait_settled,
     worker_python,
 )
@@ -148,11 +149,10 @@ def test_stop_and_new_chat_leave_no_stale_status_or_stats(bundled, bundled_model
     assert page.text_content("#status") == ready
     page.evaluate(RECORD_TEXTS, ["status"])
     set_settings(page, {**GREEDY_FORM, "max_tokens": "200"})
+    n_before = page.locator(".msg.assistant").count()
     page.fill("#prompt", "class Stack:\n")
     page.press("#prompt", "Enter")
-    page.wait_for_function(
-        "() => { const t = document.querySelector('.msg.assistant .text'); return t && Number(t.dataset.pieces) > 0; }"
-    )
+    wait_for_new_reply(page, n_before)
     screenshot(page, "chat-writing-status")
     page.click("#stop")
     page.wait_for_function("() => document.getElementById('app').dataset.busy === '0'", timeout=120_000)

@@ -33,6 +33,7 @@ from browser_helpers import (
     send_and_wait,
     set_settings,
     start_load,
+    wait_for_new_reply,
     worker_python,
 )
 from shapes import SMALL_SHAPE
@@ -126,13 +127,10 @@ def test_device_lost_during_generation_then_reload_without_a_page_refresh(app, s
     assert first["text"] == cpython_turn(tiny_path, SYSTEM, [], "hello", settings)
 
     set_settings(app, {**GREEDY_FORM, "max_tokens": "200"}, SYSTEM)
+    n_before = app.locator(".msg.assistant").count()
     app.fill("#prompt", "a long reply please")
     app.press("#prompt", "Enter")
-    app.wait_for_function(
-        """() => { const r = document.querySelectorAll('.msg.assistant .text');
-        return Number(r[r.length - 1].dataset.pieces || 0) >= 1; }""",
-        timeout=120_000,
-    )
+    wait_for_new_reply(app, n_before)
     old_device = worker_python(app, DESTROY_DEVICE)
     app.wait_for_function(
         """() => { const r = document.querySelectorAll('.msg.assistant .text');

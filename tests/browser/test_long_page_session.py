@@ -27,6 +27,7 @@ from browser_helpers import (
     notice,
     send_and_wait,
     set_settings,
+    wait_for_new_reply,
 )
 
 pytestmark = [pytest.mark.browser, needs_engine]
@@ -95,15 +96,18 @@ def stop_reply(page, when: str) -> dict:
     """Send a request for a long reply and press Stop `when` ("prefill": at once; "decode": after
     the first piece); returns the reply and how many pieces arrived after the click."""
     set_settings(page, {**GREEDY_FORM, "max_tokens": "200"})
+    n_before = page.locator(".msg.assistant").count()
     page.fill("#prompt", f"stop me during {when}")
     page.press("#prompt", "Enter")
     if when == "decode":
-        page.wait_for_function("""() => { const r = document.querySelectorAll('.msg.assistant .text');
-            return Number(r[r.length - 1].dataset.pieces || 0) >= 1; }""")
-    else:
+        wait_for_new_reply(page, n_before)
+    else:  # data-busy is "0" again before a reply's state leaves "streaming": this is the new reply's
         page.wait_for_function("() => document.getElementById('app').dataset.busy === '1'")
     at_click = page.evaluate("""() => { const r = document.querySelectorAll('.msg.assistant .text');
-        document.getElementById('stop').click(); return Number(r[r.length - 1].dataset.pieces || 0); }""")
+        const stop = document.getElementById('stop'); const enabled = !stop.disabled; stop.click();
+        return [enabled, r.length, Number(r[r.length - 1].dataset.pieces || 0)]; }""")
+    assert at_click[:2] == [True, n_before + 1], f"Stop was pressed while not enabled or before the reply: {at_click}"
+    at_click = at_click[2]
     page.wait_for_function(
         """() => { const r = document.querySelectorAll('.msg.assistant .text');
         return r[r.length - 1].dataset.state !== 'streaming'; }""",
