@@ -105,6 +105,20 @@ def test_failure_event_is_json_ready():
     protocol.decode(protocol.encode(event), key="event", allowed=protocol.EVENTS)
 
 
+def test_a_model_file_failure_names_the_file_once():
+    from bitnet_web.formats.ggml import GGUFTruncatedError
+
+    e = GGUFTruncatedError("tensor 'blk.2.ffn_up.weight' data extends past the end of the file")
+    failures.name_the_file(e, "truncated.gguf")
+    assert str(e) == "truncated.gguf: tensor 'blk.2.ffn_up.weight' data extends past the end of the file"
+    assert failures.failure_event(e)["message"] == str(e)
+    failures.name_the_file(e, "truncated.gguf")  # already named (a retry, a message that says it): unchanged
+    assert str(e).count("truncated.gguf") == 1
+    other = MemoryError("no room")  # not about the file's contents: left alone
+    failures.name_the_file(other, "truncated.gguf")
+    assert str(other) == "no room"
+
+
 # -- progress ------------------------------------------------------------------------------------
 
 

@@ -57,6 +57,7 @@ def test_truncated_gguf_is_reported_and_nothing_is_cached(app, site, bundled_mod
     n = notice(app)
     assert n["visible"] and n["kind"] == "bad_model", n
     assert re.search(r"truncat|past the end|beyond|ends", n["text"], re.I), n["text"]
+    assert "truncated.gguf: " in n["text"], "the message does not say which file"
     assert idb_entry(app, site.url + "_test/truncated.gguf") is None, "a damaged file was left in the cache"
     screenshot(app, "chat-truncated-error")
 
@@ -91,7 +92,10 @@ def test_server_ignoring_range_restarts_from_zero(app, site, tiny_model, test_fi
     assert entry["size"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest()
 
 
-def test_quota_shortfall_is_reported_before_downloading(app, egress):
+def test_quota_shortfall_is_reported_before_downloading(app, site, egress, tiny_model, test_files):
+    (test_files / "before-quota.gguf").write_bytes(tiny_model)
+    before = load_custom(app, site.url + "_test/before-quota.gguf")
+    assert before in READY_MODEL, notice(app)
     app.evaluate(
         "() => { window.__estimate = navigator.storage.estimate.bind(navigator.storage);"
         " navigator.storage.estimate = async () => ({quota: 50e6, usage: 1e6}); }"
@@ -105,6 +109,14 @@ def test_quota_shortfall_is_reported_before_downloading(app, egress):
         app.wait_for_selector("#notice[data-kind='quota']")
         assert "storage" in app.inner_text("#notice")
         assert not [s for s in egress.seen if "huggingface" in s]
+        if before == "loaded":  # it is still the model in use, and every line says so by name (not
+            # the last load's "Downloaded from the network and loaded." under the refused entry)
+            assert app_state(app)["model"] == "loaded"
+            for where in ("#notice", "#progress-text", "#status"):
+                text = app.inner_text(where)
+                assert "before-quota.gguf is still loaded" in text, (where, text)
+        else:  # fetched and checked, but no engine to run it: nothing usable was loaded
+            assert app_state(app)["model"] == "error"
         screenshot(app, "failure-quota")
     finally:
         app.evaluate("() => { navigator.storage.estimate = window.__estimate; }")

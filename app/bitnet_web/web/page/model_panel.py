@@ -160,9 +160,11 @@ class ModelPanel:
         if not (cached and cached.get("complete")):
             needed = (model.get("size") or model.get("size_hint") or 0) - (cached or {}).get("stored", 0)
             shortfall = await services.storage_shortfall(needed)
-            if shortfall:
-                shell.show_error({"kind": "quota", "message": shortfall})
-                if self.current is None:  # a loaded model stays usable
+            if shortfall:  # refused before downloading: a loaded model stays usable, and is named
+                if self.current is not None:
+                    self._keep_current({"kind": "quota", "message": shortfall})
+                else:
+                    shell.show_error({"kind": "quota", "message": shortfall})
                     shell.state(model="error")
                 return
             if not model.get("bundled"):

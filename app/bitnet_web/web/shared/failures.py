@@ -169,6 +169,20 @@ def classify(exc: BaseException) -> str:
     return "internal"
 
 
+def name_the_file(exc: BaseException, name: str | None) -> None:
+    """Prefix a model-file failure's message with the file's name, in place, unless it names it
+    already: the reader works on bytes, so "tensor 'blk.2.ffn_up.weight' extends past the end of the
+    file" would not say which of the user's files that is."""
+    if (
+        name
+        and classify(exc) == "bad_model"
+        and len(exc.args) == 1
+        and isinstance(exc.args[0], str)
+        and name not in exc.args[0]
+    ):
+        exc.args = (f"{name}: {exc.args[0]}",)
+
+
 def describe(kind: str, message: str) -> Failure:
     """The text shown for a failure of `kind`; `message` says what exactly happened."""
     title, advice, fatal = _TEXTS.get(kind, _TEXTS["internal"])

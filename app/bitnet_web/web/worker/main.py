@@ -27,7 +27,7 @@ from pyodide.ffi import create_proxy
 
 from ..shared import protocol
 from ..shared.checkpoints import is_checkpoint_model, visible_entries
-from ..shared.failures import describe, failure_event
+from ..shared.failures import describe, failure_event, name_the_file
 from ..shared.settings import speculate_option, to_engine_settings
 from .checkpoint_downloader import CheckpointDownloader, EngineMissingError, delete_entry
 from .downloader import ModelDownloader, testing_hooks
@@ -189,6 +189,9 @@ class EngineWorker:
         self.loading_key = model["key"]
         try:
             await self._load(model, req_id)
+        except Exception as e:
+            name_the_file(e, model.get("name"))
+            raise
         finally:
             # The load is over once "loaded" (or an error) is posted: a request sent on that event
             # must not find the worker busy while the model list is refreshed below.
