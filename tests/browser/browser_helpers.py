@@ -161,7 +161,7 @@ def engine_worker(page):
 
 
 def set_test_hooks(page, **hooks: Any) -> None:
-    """Set the worker's test hooks (download.testing_hooks): chunkBytes, skipEngine."""
+    """Set the worker's test hooks (downloader.testing_hooks), e.g. chunkBytes, skipEngine, stallTimeoutS."""
     engine_worker(page).evaluate("(hooks) => { self.bitnetWebTestHooks = hooks; }", hooks)
 
 

@@ -3,8 +3,9 @@
 Faults come from the test server (site_server.py): a TCP reset at 10 %, 50 % and 99 % of the file, a
 response shorter than its Content-Length (once, and on every request), HTTP 500 (first request and
 on a resume), an HTML page answering a resume (a captive portal), a truncated file cut before its
-header was read. test_app_session.py already covers a server ignoring Range, a 404, a URL that is an
-HTML page, a truncated GGUF and the Range/If-Range headers of a resume; these tests do not repeat them.
+header was read, a transfer that stalls (mid-body, and before any response). test_app_session.py
+already covers a server ignoring Range, a 404, a URL that is an HTML page, a truncated GGUF and the
+Range/If-Range headers of a resume; these tests do not repeat them.
 
 References: the file on disk (hashlib), the server's request log, and IndexedDB read by the test
 itself (browser_helpers.audit_cache: every entry and chunk checked, chunks reassembled and hashed).
@@ -16,6 +17,7 @@ shows the model's header (data-model "header").
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 from browser_helpers import (
@@ -26,6 +28,7 @@ from browser_helpers import (
     notice,
     resume_offsets,
     serve_test_file,
+    set_test_hooks,
 )
 
 pytestmark = pytest.mark.browser
@@ -58,6 +61,34 @@ def test_connection_reset_resumes_to_an_identical_file(app, site, tiny_model, te
     log = _log_since(app, n_log)
     assert "dropped" in log and f"resuming at byte {resumed_at:,}" in log, log
     assert_cached_exactly(app, site.url + path[1:], data, gguf_header=True)
+
+
+def test_stalled_transfers_are_ended_and_resumed(app, site, tiny_model, test_files):
+    """A server that stops sending mid-body without closing the connection, then one that does not
+    answer a request at all: after the stall timeout (test hook stallTimeoutS: 2 s here, 30 s in the
+    app) each request is ended and the download resumes from what was stored, to an identical file."""
+    data = tiny_model
+    path = serve_test_file(test_files, "stall.gguf", data)
+    url = site.url + path[1:]
+    cut = len(data) // 2
+    stall = threading.Event()
+    site.add_fault(path, drop_after=cut, hold=stall)  # half the body, then nothing (held open)
+    site.add_fault(path, delay_s=8)  # the resume: no response for 8 s
+    set_test_hooks(app, chunkBytes=CHUNK, skipEngine=True, stallTimeoutS=2)
+    n_log = len(app.bitnet_log)
+    try:
+        assert load_custom(app, url) == "header", notice(app)
+    finally:
+        stall.set()
+        set_test_hooks(app, chunkBytes=CHUNK, skipEngine=True)
+    requests = site.requests_for(path)
+    assert len(requests) == 3 and requests[0]["range"] is None, requests
+    first, second = resume_offsets(requests)
+    assert 0 < first <= cut and second == first, (first, second, cut)  # the unanswered request stored nothing
+    log = _log_since(app, n_log)
+    assert "sent no data for 2 s (the connection stalled)" in log, log
+    assert "sent no response for 2 s (the connection stalled)" in log, log
+    assert_cached_exactly(app, url, data, gguf_header=True)
 
 
 def test_response_shorter_than_its_content_length_resumes(app, site, tiny_model, test_files):

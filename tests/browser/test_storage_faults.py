@@ -44,6 +44,9 @@ from browser_helpers import (
 pytestmark = pytest.mark.browser
 
 CHUNK = 16 * 1024
+# Downloads these tests hold stalled (site_server hold) must not be ended as stalled meanwhile: opening
+# another tab can take a minute on a loaded machine. The server releases a hold after 120 s.
+HELD = 150
 
 # In the worker: from the (after+1)-th chunk on, writing a chunk fails with QuotaExceededError,
 # either as the browser reports it (the transaction aborts, its error is the DOMException) or as a
@@ -106,7 +109,8 @@ _CHUNK_INDEXES = (
 
 @pytest.fixture(scope="module")
 def app(browser, site):
-    with app_page(browser, site, dict(chunkBytes=CHUNK, skipEngine=True), fail_on_page_errors=True) as page:
+    hooks = dict(chunkBytes=CHUNK, skipEngine=True, stallTimeoutS=HELD)
+    with app_page(browser, site, hooks, fail_on_page_errors=True) as page:
         yield page
 
 
@@ -235,7 +239,7 @@ def _stalled_download_tab(app, site, path: str, url: str):
     stall = threading.Event()
     try:
         open_app(first, site.url + NO_AUTOLOAD)
-        set_test_hooks(first, chunkBytes=CHUNK, skipEngine=True)
+        set_test_hooks(first, chunkBytes=CHUNK, skipEngine=True, stallTimeoutS=HELD)
         site.add_fault(path, drop_after=3 * CHUNK + 100, hold=stall)
         _start_load(first, url)
         _wait_stored(first, url, 3 * CHUNK)
@@ -326,7 +330,7 @@ def test_a_chunk_whose_data_cannot_be_read_is_fetched_again(app, site, tiny_mode
 def test_deleting_the_loaded_models_cached_copy_keeps_the_model_usable(app, site, tiny_model, test_files):
     path = serve_test_file(test_files, "loaded_then_deleted.gguf", tiny_model)
     url = site.url + path[1:]
-    set_test_hooks(app, chunkBytes=CHUNK, skipEngine=False)
+    set_test_hooks(app, chunkBytes=CHUNK, skipEngine=False, stallTimeoutS=HELD)
     try:
         assert load_custom(app, url) == "loaded", notice(app)
         app.evaluate("() => { document.getElementById('storage-panel').open = true; }")
@@ -337,4 +341,4 @@ def test_deleting_the_loaded_models_cached_copy_keeps_the_model_usable(app, site
         reply = send_and_wait(app, "hello")
         assert reply["state"] == "done", reply  # before the fix: "no model is loaded yet"
     finally:
-        set_test_hooks(app, chunkBytes=CHUNK, skipEngine=True)
+        set_test_hooks(app, chunkBytes=CHUNK, skipEngine=True, stallTimeoutS=HELD)

@@ -7,6 +7,8 @@ One `ModelDownloader.ensure_cached(model)` call ends with a complete cache entry
 - a dropped connection or a short response resumes with `Range: bytes=<stored>-` (and `If-Range`
   so a changed file restarts instead of splicing two versions); a server that ignores Range
   restarts from zero; a few automatic retries, then a message saying Load resumes;
+- a connection that stalls (no response, or no body bytes, for STALL_TIMEOUT_S) is ended and resumed
+  the same way, rather than waiting forever on a server that never answers or closes;
 - the expected size (model list) and the server's length must agree; SHA-256 per chunk is kept
   for the read-back check in `ModelStore.read_into`;
 - nothing already stored is thrown away on the word of a response that is not a model: a resume
@@ -21,7 +23,8 @@ Model format "raw" (a checkpoint's JSON and safetensors files, web/worker/checkp
 
 Test hooks (browser tests set them in the worker with Playwright's Worker.evaluate):
 `self.bitnetWebTestHooks = {chunkBytes: N}` stores chunks of N bytes (multi-chunk files from small
-test models); `skipEngine: true` makes the worker stop after the cache is verified (see worker.py).
+test models); `stallTimeoutS: S` replaces STALL_TIMEOUT_S;
+`skipEngine: true` makes the worker stop after the cache is verified (see worker.py).
 
 The pure helpers (`parse_content_range`, `describe_non_gguf`, `is_strong_etag`, `kept_text`) are
 tested under CPython; the rest runs in the worker.
@@ -38,6 +41,9 @@ HEADER_LIMIT = 256 * 1024 * 1024  # a header (vocabulary + merges) beyond this i
 MAX_AUTO_RESUMES = 4
 RESUME_BACKOFF_S = (0.5, 1.0, 2.0, 4.0)
 PROGRESS_EVERY_S = 0.1
+# Seconds without a response or a body byte before a transfer counts as stalled (ended and resumed).
+# Long enough for a slow link's next TCP segment and a server busy starting a large file.
+STALL_TIMEOUT_S = 30.0
 
 
 class DownloadError(Exception):
@@ -156,11 +162,14 @@ class ModelDownloader:
     def __init__(self, store: Any, emit: Callable[[dict], None], chunk_bytes: int | None = None) -> None:
         self.store = store
         self.emit = emit
-        self.chunk_bytes = max(1024, int(chunk_bytes or testing_hooks().get("chunkBytes") or CHUNK_BYTES))
+        hooks = testing_hooks()
+        self.chunk_bytes = max(1024, int(chunk_bytes or hooks.get("chunkBytes") or CHUNK_BYTES))
+        self.stall_timeout_s = float(hooks.get("stallTimeoutS") or STALL_TIMEOUT_S)
         self.cancel_requested = False
         self._cancel_message = "download cancelled; press Load to resume"
         self._cancel_kind = "cancelled"
         self._reader = None
+        self._request = None  # the AbortController of the request in flight
         self._last_progress = 0.0
 
     def cancel(self, message: str | None = None, kind: str = "cancelled") -> None:
@@ -170,6 +179,8 @@ class ModelDownloader:
             self._cancel_message, self._cancel_kind = message, kind
         if self._reader is not None:
             _cancel_quietly(self._reader)
+        if self._request is not None:  # a request still waiting for its response
+            self._request.abort()
 
     def _cancelled(self) -> DownloadCancelled:
         return DownloadCancelled(self._cancel_message, self._cancel_kind)
@@ -298,9 +309,16 @@ class ModelDownloader:
             validator = meta.get("etag") if is_strong_etag(meta.get("etag")) else meta.get("last_modified")
             if validator:
                 headers["If-Range"] = validator
+        request = self._request = js.AbortController.new()  # ends a request that stalls or is cancelled
         try:
-            resp = await js.fetch(url, js_obj({"headers": js_obj(headers), "cache": "no-store"}))
+            resp = await self._within_stall_timeout(
+                js.fetch(url, js_obj({"headers": js_obj(headers), "cache": "no-store", "signal": request.signal})),
+                f"{_host(url)} sent no response",
+                lambda: request.abort(),
+            )
         except JsException as e:
+            if self.cancel_requested:
+                raise self._cancelled() from None
             text = (
                 f"could not connect to {_host(url)} ({error_message(e)}: the server is unreachable, "
                 "the browser is offline, or the server does not allow cross-origin requests)"
@@ -418,7 +436,9 @@ class ModelDownloader:
                 if self.cancel_requested:
                     raise self._cancelled()
                 try:
-                    result = await reader.read()
+                    result = await self._within_stall_timeout(
+                        reader.read(), f"{_host(meta['url'])} sent no data", lambda: _cancel_quietly(reader)
+                    )
                 except JsException as e:
                     if self.cancel_requested:
                         raise self._cancelled() from None
@@ -512,6 +532,24 @@ class ModelDownloader:
         meta["data_end"] = max((t.offset + t.n_bytes for t in gguf.tensors.values()), default=gguf.header_size)
         self.emit({"event": "header", "info": info})
         return True
+
+    async def _within_stall_timeout(self, promise: Any, what: str, end_request: Callable[[], None]) -> Any:
+        """The value of the JS `promise`, or _Interrupted (resumable) when it has not settled after
+        `stall_timeout_s`: `end_request()` then ends the request, so its promise settles too."""
+        import asyncio
+
+        async def settled() -> Any:
+            return await promise
+
+        waiting = asyncio.ensure_future(settled())
+        done, _ = await asyncio.wait([waiting], timeout=self.stall_timeout_s)
+        if waiting in done:
+            return waiting.result()
+        waiting.add_done_callback(lambda task: task.cancelled() or task.exception())  # outcome seen
+        end_request()
+        if self.cancel_requested:
+            raise self._cancelled()
+        raise _Interrupted(f"{what} for {self.stall_timeout_s:g} s (the connection stalled)")
 
     def _progress(self, done: int, total: int | None, force: bool = False) -> None:
         now = time.monotonic()
