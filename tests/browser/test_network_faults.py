@@ -1,11 +1,12 @@
 """Network faults during a model download, in the chat page (one browser context for the module).
 
 Faults come from the test server (site_server.py): a TCP reset at 10 %, 50 % and 99 % of the file, a
-response shorter than its Content-Length (once, and on every request), HTTP 500 (first request and
-on a resume), an HTML page answering a resume (a captive portal), a truncated file cut before its
-header was read, a transfer that stalls (mid-body, and before any response). test_app_session.py
-already covers a server ignoring Range, a 404, a URL that is an HTML page, a truncated GGUF and the
-Range/If-Range headers of a resume; these tests do not repeat them.
+response shorter than its Content-Length (once, and on every request), HTTP 500 on every retry (first
+request and on a resume), HTTP 503 once (retried), 404 (not retried), an HTML page answering a resume
+(a captive portal), a truncated file cut before its header was read, a transfer that stalls (mid-body,
+and before any response). test_app_session.py already covers a server ignoring Range, a 404, a URL
+that is an HTML page, a truncated GGUF and the Range/If-Range headers of a resume; these tests do not
+repeat them.
 
 References: the file on disk (hashlib), the server's request log, and IndexedDB read by the test
 itself (browser_helpers.audit_cache: every entry and chunk checked, chunks reassembled and hashed).
@@ -31,9 +32,12 @@ from browser_helpers import (
     set_test_hooks,
 )
 
+from bitnet_web.web.worker.downloader import MAX_AUTO_RESUMES
+
 pytestmark = pytest.mark.browser
 
 CHUNK = 16 * 1024
+FAILING = MAX_AUTO_RESUMES + 1  # answers of a failing server: the first request and every automatic retry
 
 
 @pytest.fixture(scope="module")
@@ -127,14 +131,36 @@ def test_server_always_short_gives_up_with_a_message_and_load_resumes(app, site,
     assert_cached_exactly(app, url, data, gguf_header=True)
 
 
+def test_http_503_once_is_retried_automatically(app, site, tiny_model, test_files):
+    path = serve_test_file(test_files, "e503.gguf", tiny_model)
+    site.add_fault(path, status=503)
+    n_log = len(app.bitnet_log)
+    assert load_custom(app, site.url + path[1:]) == "header", notice(app)
+    assert len(site.requests_for(path)) == 2
+    assert "HTTP 503" in _log_since(app, n_log) and "trying again in 0.5 s (retry 1)" in _log_since(app, n_log)
+    assert_cached_exactly(app, site.url + path[1:], tiny_model, gguf_header=True)
+
+
 def test_http_500_is_reported_and_nothing_is_cached(app, site, tiny_model, test_files):
+    """A server that keeps failing: after the automatic retries the page says so."""
     path = serve_test_file(test_files, "e500.gguf", tiny_model)
-    site.add_fault(path, status=500)
+    for _ in range(FAILING):
+        site.add_fault(path, status=500)
     assert load_custom(app, site.url + path[1:]) == "error"
     n = notice(app)
     assert n["kind"] == "download" and "HTTP 500" in n["text"], n
+    assert f"after {MAX_AUTO_RESUMES} automatic retries" in n["text"], n["text"]
     assert "kept" not in n["text"]
+    assert len(site.requests_for(path)) == FAILING
     assert site.url + path[1:] not in audit_cache(app), "a failed download left a cache entry"
+    site.faults.pop(path, None)
+
+
+def test_http_404_is_not_retried(app, site, test_files):
+    path = "/_test/e404-absent.gguf"
+    assert load_custom(app, site.url + path[1:]) == "error"
+    assert notice(app)["kind"] == "download" and "HTTP 404" in notice(app)["text"]
+    assert len(site.requests_for(path)) == 1
 
 
 def test_http_500_on_a_resume_keeps_the_partial_copy(app, site, tiny_model, test_files):
@@ -142,13 +168,15 @@ def test_http_500_on_a_resume_keeps_the_partial_copy(app, site, tiny_model, test
     path = serve_test_file(test_files, "resume500.gguf", data)
     url = site.url + path[1:]
     site.add_fault(path, drop_after=len(data) // 2, reset=True, pause_s=0.5)
-    site.add_fault(path, status=500)
+    for _ in range(FAILING):
+        site.add_fault(path, status=500)
     assert load_custom(app, url) == "error"
     n = notice(app)
     assert n["kind"] == "download" and "HTTP 500" in n["text"], n
     entry = audit_cache(app)[url]
     assert entry["complete"] is False and 0 < entry["stored"] <= len(data) // 2
     assert f"{entry['stored']:,} of {len(data):,} bytes are kept: press Load to resume" in n["text"], n["text"]
+    site.faults.pop(path, None)  # the server is fixed (a fault the retries did not reach is dropped)
     n_requests = len(site.requests_for(path))
     assert load_custom(app, url) == "header", notice(app)
     assert resume_offsets(site.requests_for(path)[n_requests:]) == [entry["stored"]]

@@ -8,7 +8,8 @@ One `ModelDownloader.ensure_cached(model)` call ends with a complete cache entry
   so a changed file restarts instead of splicing two versions); a server that ignores Range
   restarts from zero; a few automatic retries, then a message saying Load resumes;
 - a connection that stalls (no response, or no body bytes, for STALL_TIMEOUT_S) is ended and resumed
-  the same way, rather than waiting forever on a server that never answers or closes;
+  the same way, rather than waiting forever on a server that never answers or closes; an answer that
+  says "try again" (RETRY_STATUSES: 5xx, 408, 429) is retried the same way too;
 - the expected size (model list) and the server's length must agree; SHA-256 per chunk is kept
   for the read-back check in `ModelStore.read_into`;
 - nothing already stored is thrown away on the word of a response that is not a model: a resume
@@ -44,6 +45,8 @@ PROGRESS_EVERY_S = 0.1
 # Seconds without a response or a body byte before a transfer counts as stalled (ended and resumed).
 # Long enough for a slow link's next TCP segment and a server busy starting a large file.
 STALL_TIMEOUT_S = 30.0
+# HTTP statuses of a server or CDN that may answer the same request differently a moment later.
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
 class DownloadError(Exception):
@@ -243,15 +246,14 @@ class ModelDownloader:
                 attempts += 1
                 if int(meta["stored"]) > received_before:
                     attempts = min(attempts, 1)  # progress was made: the retry budget starts again
+                stored = int(meta["stored"])
                 if attempts > MAX_AUTO_RESUMES:
-                    raise DownloadError(f"{e}.{kept_text(int(meta['stored']), meta['total'])}") from None
+                    raise DownloadError(
+                        f"{e} (after {MAX_AUTO_RESUMES} automatic retries).{kept_text(stored, meta['total'])}"
+                    ) from None
                 delay = RESUME_BACKOFF_S[min(attempts - 1, len(RESUME_BACKOFF_S) - 1)]
-                self.emit(
-                    {
-                        "event": "log",
-                        "message": f"{e}; resuming at byte {meta['stored']:,} in {delay:g} s (retry {attempts})",
-                    }
-                )
+                again = f"resuming at byte {stored:,}" if stored else "trying again"
+                self.emit({"event": "log", "message": f"{e}; {again} in {delay:g} s (retry {attempts})"})
                 from ..shared.jsutil import sleep_promise
 
                 await sleep_promise(delay)
@@ -344,10 +346,10 @@ class ModelDownloader:
             meta.update(fresh)
             raise _Interrupted(f"{url} changed on the server")
         if status not in (200, 206):
-            kept = kept_text(start, meta.get("total"))
-            raise DownloadError(
-                f"HTTP {status} {resp.statusText or ''}".rstrip() + f" from {_host(url)} for {url}.{kept}"
-            )
+            answer = f"HTTP {status} {resp.statusText or ''}".rstrip() + f" from {_host(url)} for {url}"
+            if status in RETRY_STATUSES:
+                raise _Interrupted(answer)  # retried after a pause, then reported with what is kept
+            raise DownloadError(f"{answer}.{kept_text(start, meta.get('total'))}")
         total: int | None
         restart = False
         if status == 206:
