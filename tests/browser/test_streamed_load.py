@@ -6,7 +6,8 @@ chunkBytes), so the tiny model spans 8 chunks and its embedding is on the GPU be
 - Cancel while the engine waits for a chunk (one held back by the test) ends the load at once, frees
   what was uploaded, and keeps the loaded model answering.
 - A chunk damaged in storage (bytes changed, its recorded SHA-256 kept) is found after the parts
-  before it were uploaded: those are freed, the entry is fetched again and loads, byte-identical.
+  before it were uploaded: those are freed, the entry is fetched again and loads, byte-identical;
+  also when the damage breaks the header, which the engine parses before the chunk's hash is known.
 
 References: the CPython engine, the file on disk (hashlib), IndexedDB read by the test itself, the
 worker's WebGPU calls counted by wrapping them (browser_helpers.install_gpu_counters).
@@ -58,8 +59,8 @@ _HOLD_CHUNK = """([index, ms]) => {
 }"""
 _RELEASE_CHUNK = "() => { IDBObjectStore.prototype.get = self.__bitnetRealGet; }"
 
-# Flip one byte of a stored chunk, keeping the SHA-256 recorded for it (storage damage).
-_DAMAGE_CHUNK = """async ([key, index]) => {
+# Flip byte `at` of a stored chunk, keeping the SHA-256 recorded for it (storage damage).
+_DAMAGE_CHUNK = """async ([key, index, at]) => {
   const db = await new Promise((ok, bad) => {
     const r = indexedDB.open("bitnet-web-models"); r.onsuccess = () => ok(r.result); r.onerror = () => bad(r.error);
   });
@@ -69,7 +70,7 @@ _DAMAGE_CHUNK = """async ([key, index]) => {
   await new Promise((ok, bad) => { tx.oncomplete = ok; tx.onabort = () => bad(tx.error); });
   // the app stores chunks as Blobs: read the bytes outside the transaction (an await would end it)
   const bytes = new Uint8Array(rec.data instanceof Blob ? await rec.data.arrayBuffer() : rec.data.slice(0));
-  bytes[100] ^= 0xff;
+  bytes[at] ^= 0xff;
   const put = db.transaction("chunks", "readwrite");
   put.objectStore("chunks").put({...rec, data: rec.data instanceof Blob ? new Blob([bytes]) : bytes.buffer});
   await new Promise((ok, bad) => { put.oncomplete = ok; put.onabort = () => bad(put.error); });
@@ -147,12 +148,20 @@ def test_cancel_while_the_engine_waits_for_a_chunk(app, site, model):
     _reply_equals_cpython(app, model, "still here")
 
 
-def test_a_damaged_chunk_found_mid_upload_is_fetched_again(app, site, model):
+@pytest.mark.parametrize(
+    ("chunk", "at"),
+    [(HELD, 100), (0, 0)],
+    ids=["weights", "header"],
+)
+def test_a_damaged_chunk_found_mid_upload_is_fetched_again(app, site, model, chunk, at):
+    """A chunk's bytes are used while WebCrypto still hashes them: damage in a layer's weights is
+    found after they were uploaded, and damage that the engine trips over first (the GGUF magic,
+    in the header's chunk) is still reported as a damaged copy, not as a bad file: both re-fetch."""
     url, path = site.url + "_test/" + model.name, "/_test/" + model.name
     loaded = gpu_counts(app)
-    app.evaluate(_DAMAGE_CHUNK, [url, HELD])
+    app.evaluate(_DAMAGE_CHUNK, [url, chunk, at])
     downloads = len(site.requests_for(path))
-    with app.expect_console_message(lambda m: f"chunk {HELD} of" in m.text and "downloading it again" in m.text):
+    with app.expect_console_message(lambda m: f"chunk {chunk} of" in m.text and "downloading it again" in m.text):
         assert load_custom(app, url) == "loaded", notice(app)
     assert len(site.requests_for(path)) == downloads + 1
     entry = audit_cache(app)[url]

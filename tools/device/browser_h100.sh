@@ -6,9 +6,9 @@
 #   bash tools/device/browser_h100.sh PACK SITE STEP...
 #
 # PACK: the folder holding the device-browser kit's bin/ (open_page.py); SITE: a folder with dist/
-# (build.py build), app/, shaders/, tools/ and whl/ (wgpu-py, cffi, pycparser, rendercanvas wheels for
-# the native rows), e.g. copied into the git-ignored .device-carry/ and carried (the device tool sends
-# only its session's checkout). Steps, in the order given:
+# (build.py build), app/, shaders/ and tools/, e.g. the checkout itself (`.` with dist carried); WHL (default
+# SITE/whl) holds the wgpu-py, cffi, pycparser and rendercanvas wheels for the native rows, e.g. the carried
+# .whl. Steps, in the order given:
 #   overhead   static/bench/overhead.html (synthetic steps in plain JS, page + worker + Pyodide)
 #   decode     static/bench/decode.html on the bundled model and the synthetic 2B-4T model
 #   bench      static/bench/?full=1 on both models (the page's own benchmark)
@@ -16,6 +16,8 @@
 #   nbatch     tools/device/decode_batching.py (wgpu-py decode speed against the decode batching), both models
 #   load       static/bench/load.html: the synthetic model stored in IndexedDB, then loaded from there
 #              (3 loads at each read-ahead 4, 16, chunks stored as Blobs and as ArrayBuffers; per-phase times, the wasm heap)
+#   loadblob   the same, 5 loads of Blob chunks at read-ahead 4, then the chunks read alone with and without
+#              their SHA-256 check and the records alone (read_only_s_by_variant)
 #   storage    static/bench/storage.html: IndexedDB read speed by value type, chunk size, read-ahead (no engine)
 # The synthetic model is the one stage call 1 started writing into /opt/device-browser/synth.
 # Results: $OUT/summary.txt (tools/device/summarize.py, also printed) and $OUT/res.tgz (every page's JSON
@@ -30,7 +32,7 @@ BUNDLED=$(ls "$SITE"/dist/models/*.gguf | head -1)
 T0=$(date +%s)
 say() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 if printf '%s\n' "$@" | grep -qxE 'native|nbatch'; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$SITE"/whl/*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "${WHL:-$SITE/whl}"/*.whl || exit 1
 fi
 for i in $(seq 90); do [ -f $M ] && break; sleep 2; done
 [ -f $M ] || { say "no synthetic model at $M"; cat /opt/device-browser/synth/log; }
@@ -53,6 +55,7 @@ for step in "$@"; do
     bench) page bench_bundled '/bench/?full=1' 150; page bench_synth '/bench/?full=1&model=../synth.gguf' 240 ;;
     storage) page storage '/bench/storage.html?mb=600&chunks=16,64&ahead=4,16' 200 ;;
     load) page load_synth '/bench/load.html?model=../synth.gguf&runs=3&readahead=4,16&formats=blob,arraybuffer' 300 ;;
+    loadblob) page load_synth '/bench/load.html?model=../synth.gguf&runs=5&readahead=4&formats=blob&readonly=nohash,getonly' 300 ;;
     native)
       for m in synth bundled; do
         f=$M; [ $m = bundled ] && f=$BUNDLED

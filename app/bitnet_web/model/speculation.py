@@ -120,10 +120,10 @@ class SpeculationPolicy:
     # H100, each row on the decode kernel: 1.19 at k = 1, 1.30 at 2, 1.83 at 4, 2.65 at 8;
     # docs/performance.md, "Verify rows bit for bit").
     VERIFY_ROW_COST = 0.2
-    # What a verify step costs on top of that where the backend pays more per extra dispatch: in
-    # Chromium on the H100 a verify step cost ~1.8 decode steps at k = 1..3 (docs/performance.md,
-    # "Session 4 integration check"), natively 1.18-1.55.
-    BACKEND_VERIFY_COST = {"browser": 0.6}
+    # What a verify step costs on top of that where the backend pays more per step: 2B-4T shape at
+    # k = 2, every draft accepted, same device call (H200): 1.49-1.54 decode steps in Chromium, 1.42
+    # natively (docs/performance.md, "Session 8: Chromium and native").
+    BACKEND_VERIFY_COST = {"browser": 0.1}
     # Steps the rate is taken over: enough that one lucky step does not decide (at k = 2, 8 steps
     # reach 1.4 tokens per step only with 4 drafted tokens accepted), few enough that a reply that
     # stops repeating costs at most ~8 verify steps (~2.3 decode steps at k = 2 and 1.29x per step).

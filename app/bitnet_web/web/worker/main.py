@@ -313,9 +313,10 @@ class EngineWorker:
                 meta, gguf, source, emit, offline_copy=offline_copy, ready=stream.wait, quiet=lambda: not stream.done
             )
         except Exception as e:
-            if e is not stream.failed and meta.get("sha256") and not isinstance(e, LoadCancelled):
-                # The engine refused bytes the whole-file check has not covered yet: a damaged or
-                # wrong file is deleted and fetched again (as when it was read first), so finish it.
+            if e is not stream.failed and not isinstance(e, LoadCancelled):
+                # The engine refused bytes whose chunk hashes (and the whole-file check) may not have
+                # been checked yet: a damaged copy is deleted and fetched again (as when it was read
+                # first), not reported as a bad file, so let the read finish and say which it was.
                 failed = await stream.finish()
                 if isinstance(failed, CorruptEntryError):
                     raise failed from None

@@ -22,7 +22,9 @@ record in the same transaction and writes only if it is still the one `begin` cr
 this tab or another, can never be undone by a download still running: no entry is left with
 chunks missing, and none is marked complete after it was deleted.
 A chunk's SHA-256 (WebCrypto) is checked when it is read back: storage corruption is detected and
-the entry re-fetched instead of loading damaged weights.
+the entry re-fetched instead of loading damaged weights. The hash takes longer than the read itself
+(1.2 GB: 2.8 s read and hashed, 1.2 s read alone; docs/performance.md), so a chunk's bytes are handed
+on while its hash is still being computed, and `read_into` returns only once every hash matched.
 Why Blob values: Chromium reads a Blob value back (get + arrayBuffer()) about 3x faster than an
 ArrayBuffer value of the same size (1.9 against 0.6 GB/s on the H100 machine, static/bench/storage.html;
 docs/performance.md), which is most of the time a cached model takes to load.
@@ -46,7 +48,10 @@ DB_NAME = "bitnet-web-models"
 DB_VERSION = 1
 META = "models"
 CHUNKS = "chunks"
-READ_AHEAD = 4  # chunks being read and hashed at once while loading (16 MB each by default)
+READ_AHEAD = 4  # chunks being read at once while loading (16 MB each by default)
+# Chunks handed on whose SHA-256 is still being computed (WebCrypto keeps a copy of each: 128 MB at
+# most at 16 MB chunks); the read waits for the oldest hash when there are more.
+HASHES_AHEAD = 8
 
 
 class StoreError(Exception):
@@ -227,22 +232,33 @@ class ModelStore:
         size), checking offsets, sizes and each chunk's SHA-256. `progress(done, total)` is called
         after each chunk is in `out` (chunks land in order); an exception it raises ends the read.
 
-        READ_AHEAD chunks are in flight at once, each fetched in its own transaction and hashed by
-        WebCrypto as soon as it arrives: IndexedDB's read, the hash and the copy into wasm memory
-        overlap instead of taking turns. `timings` (if given) gets the seconds this coroutine
-        waited for chunks (read + hash not yet done) and spent copying."""
+        READ_AHEAD chunks are read at once, each in its own transaction. A chunk's bytes are in `out`
+        (and reported) before its SHA-256 is known: WebCrypto hashes up to HASHES_AHEAD chunks while
+        later ones are read and used, and a mismatch raises CorruptEntryError when it is found. So
+        the bytes reported are not yet checked: the file is checked only when this returns.
+        `timings` (if given) gets the seconds this coroutine waited for chunks, spent copying and
+        waited for hashes."""
         mv = memoryview(out).cast("B")
         total = int(meta["total"])
         if len(mv) != total:
             raise ValueError(f"output buffer has {len(mv)} bytes, the entry {total}")
         n_chunks = int(meta["chunks"])
         pending: collections.deque[asyncio.Task] = collections.deque()
-        wait_s = copy_s = 0.0
+        hashing: collections.deque[tuple[int, int, int, str, asyncio.Task]] = collections.deque()
+        wait_s = copy_s = hash_wait_s = 0.0
 
         def fetch_next() -> None:
             index = len(pending) + fetched[0]
             if index < n_chunks:
                 pending.append(asyncio.ensure_future(self._fetch_chunk(meta["key"], index)))
+
+        async def check_oldest() -> None:
+            index, offset, size, expected, task = hashing.popleft()
+            if await task != expected:
+                raise CorruptEntryError(
+                    f"chunk {index} of {meta['key']} (bytes {offset}-{offset + size - 1}) "
+                    "does not match its SHA-256: the stored copy is damaged"
+                )
 
         fetched = [0]  # chunks taken from the front of `pending`
         try:
@@ -251,7 +267,7 @@ class ModelStore:
             offset = 0
             for index in range(n_chunks):
                 t0 = time.perf_counter()
-                rec, data, digest = await pending.popleft()
+                rec, data = await pending.popleft()
                 fetched[0] += 1
                 fetch_next()
                 t1 = time.perf_counter()
@@ -269,22 +285,27 @@ class ModelStore:
                         f"chunk {index} of {meta['key']} has offset {int(rec.offset)} and "
                         f"{int(data.byteLength)} bytes; expected offset {offset} and {size} bytes"
                     )
-                if digest != str(rec.sha256):
-                    raise CorruptEntryError(
-                        f"chunk {index} of {meta['key']} (bytes {offset}-{offset + size - 1}) "
-                        "does not match its SHA-256: the stored copy is damaged"
-                    )
+                hashing.append((index, offset, size, str(rec.sha256), asyncio.ensure_future(sha256_hex(data))))
                 js.Uint8Array.new(data).assign_to(mv[offset : offset + size])
                 offset += size
                 del rec, data
                 wait_s += t1 - t0
-                copy_s += time.perf_counter() - t1
+                t2 = time.perf_counter()
+                copy_s += t2 - t1
+                while len(hashing) > HASHES_AHEAD:
+                    await check_oldest()
+                hash_wait_s += time.perf_counter() - t2
                 if progress is not None:
                     progress(offset, total)
             if offset != total:
                 raise CorruptEntryError(f"{meta['key']}: chunks hold {offset} bytes, the file has {total}")
+            t2 = time.perf_counter()
+            while hashing:
+                await check_oldest()
+            hash_wait_s += time.perf_counter() - t2
         finally:
-            for task in pending:  # a failure or Cancel: the reads ahead are not wanted
+            # A failure or Cancel: the reads and hashes ahead are not wanted.
+            for task in [*pending, *(entry[-1] for entry in hashing)]:
                 if task.done() and not task.cancelled():
                     task.exception()  # retrieved: a failed read ahead is not logged as unhandled
                 else:
@@ -292,6 +313,7 @@ class ModelStore:
             if timings is not None:
                 timings["read_wait_s"] = timings.get("read_wait_s", 0.0) + wait_s
                 timings["read_copy_s"] = timings.get("read_copy_s", 0.0) + copy_s
+                timings["hash_wait_s"] = timings.get("hash_wait_s", 0.0) + hash_wait_s
 
     async def _get_chunk(self, key: str, index: int) -> JsProxy | None:
         """The stored record of chunk `index` of `key` (its own readonly transaction), or None."""
@@ -301,16 +323,13 @@ class ModelStore:
         rec = req.result
         return None if rec is None or str(rec) == "undefined" else rec
 
-    async def _fetch_chunk(self, key: str, index: int) -> tuple[Any, Any, str | None]:
-        """(record, its bytes as an ArrayBuffer, their SHA-256) of one stored chunk; (None, None, None)
-        if it is missing, (record, None, None) if its data cannot be read."""
+    async def _fetch_chunk(self, key: str, index: int) -> tuple[Any, Any]:
+        """(record, its bytes as an ArrayBuffer) of one stored chunk; (None, None) if it is missing,
+        (record, None) if its data cannot be read."""
         rec = await self._get_chunk(key, index)
         if rec is None:
-            return None, None, None
-        data = await _chunk_bytes(rec)
-        if data is None:
-            return rec, None, None
-        return rec, data, await sha256_hex(data)
+            return None, None
+        return rec, await _chunk_bytes(rec)
 
     async def _raise_if_deleted(self, meta: dict[str, Any]) -> None:
         """A missing chunk of an entry that is itself gone means a delete, not damage."""

@@ -2,8 +2,10 @@
 
 The engine parses the header as soon as its bytes are in and uploads each part of the model when
 its bytes are (`Engine.load_async(..., ready=stream.wait)`), so reading and uploading overlap
-instead of taking turns. Bytes count as in only after their chunk's SHA-256 matched (ModelStore),
-and the last ones only after the whole file's expected SHA-256 (if the entry has one) matched.
+instead of taking turns. A chunk's bytes are in as soon as they are copied, while WebCrypto still
+hashes them (ModelStore.read_into); the whole file is in only after every chunk's SHA-256 matched
+and the whole file's expected SHA-256 (if the entry has one) did: the engine waits for that before
+it reports ready, so a damaged copy never becomes the loaded model.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class FileStream:
         except MemoryError:
             raise MemoryError(f"could not reserve {total:,} bytes of WebAssembly memory for {meta['name']}") from None
         self.store, self.meta, self.total = store, meta, total
-        self.filled = 0
+        self.filled = 0  # bytes copied into `data` (their chunks' hashes may still be running)
+        self._checked = False  # every chunk's SHA-256 (and the file's) matched: the read is complete
         self.timings: dict[str, float] = {}
         self._on_chunk = on_chunk
         self._error: BaseException | None = None
@@ -48,16 +51,18 @@ class FileStream:
 
     @property
     def done(self) -> bool:
-        return self.filled == self.total
+        """The whole file is in `data` and checked."""
+        return self._checked
 
     @property
     def failed(self) -> BaseException | None:
         return self._error
 
     async def wait(self, n: int) -> None:
-        """Return once the first n bytes are in `data`; raise the reader's error if it failed first."""
+        """Return once the first n bytes are in `data` (the whole file: and checked); raise the
+        reader's error if it failed first."""
         n = min(int(n), self.total)
-        while self.filled < n:
+        while self.filled < n or (n == self.total and not self._checked):
             if self._error is not None:
                 raise self._error
             self._changed.clear()
@@ -107,6 +112,8 @@ class FileStream:
 
         try:
             await self.store.read_into(self.meta, data, chunk_in, self.timings)
+            self._checked = True
+            self._changed.set()
         except BaseException as e:
             if self._error is None:  # (fail() set it already when it cancelled the task)
                 self._error = e if isinstance(e, Exception) else RuntimeError("the read was stopped")
