@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from bitnet_web.web.worker.checksum import chunk_checksum
+
 RESULTS = Path(__file__).resolve().parents[2] / "test-results"
 LOCAL_PREFIXES = ("http://127.0.0.1:", "data:", "blob:")
 NO_AUTOLOAD = "?autoload=0"  # the page does not load its default model at start
@@ -81,7 +83,8 @@ async () => {
       c.blob = c.data instanceof Blob;
       if (c.blob) c.data = await c.data.arrayBuffer();
       out.chunks.push({key: c.key, index: c.index, offset: c.offset, size: c.size, bytes: c.data.byteLength,
-                       blob: c.blob, sha256: c.sha256, actual_sha256: await hex(c.data)});
+                       blob: c.blob, sha256: c.sha256, actual_sha256: await hex(c.data),
+                       check: typeof c.check === "string" ? c.check : null});
     }
     for (const m of metas) {
       const own = chunks.filter((c) => c.key === m.key).sort((a, b) => a.index - b.index);
@@ -102,8 +105,9 @@ def audit_cache(page) -> dict[str, dict[str, Any]]:
     """Every model cache entry, read straight from IndexedDB and checked for consistency: chunks
     0..n-1 present, contiguous offsets, sizes and per-chunk SHA-256 as recorded, `stored` equal to
     their sum, `complete` only with stored == total, no chunk without its entry. Returns the entries
-    by key, each with file_size / file_sha256 of its reassembled chunks and blob_chunks (how many of
-    its chunks are stored as Blobs, the app's format; older builds stored ArrayBuffers)."""
+    by key, each with file_size / file_sha256 of its reassembled chunks, blob_chunks (how many of
+    its chunks are stored as Blobs, the app's format; older builds stored ArrayBuffers) and
+    chunk_checks ((offset, size, check) of each chunk; check None in older builds' chunks)."""
     found = page.evaluate(_IDB_AUDIT)
     entries = {e["key"]: e for e in found["entries"]}
     by_key: dict[str, list[dict[str, Any]]] = {}
@@ -118,6 +122,7 @@ def audit_cache(page) -> dict[str, dict[str, Any]]:
             f"{key}: chunk indexes {[c['index'] for c in chunks]}, record counts {e['chunks']}"
         )
         e["blob_chunks"] = sum(bool(c["blob"]) for c in chunks)
+        e["chunk_checks"] = [(c["offset"], c["size"], c["check"]) for c in chunks]
         offset = 0
         for c in chunks:
             assert c["offset"] == offset, f"{key}: chunk {c['index']} at offset {c['offset']}, expected {offset}"
@@ -142,9 +147,16 @@ def assert_cached_exactly(page, url: str, data: bytes, gguf_header: bool = False
     entry = audit_cache(page)[url]
     assert entry["complete"] is True and entry["total"] == len(data)
     assert entry["file_size"] == len(data) and entry["file_sha256"] == hashlib.sha256(data).hexdigest()
+    assert_chunk_checks(entry, data)
     if gguf_header:
         assert entry["header"] is not None, "a complete GGUF entry without its parsed header"
     return entry
+
+
+def assert_chunk_checks(entry: dict[str, Any], data: bytes) -> None:
+    """Every chunk of an audited entry has the checksum of its own bytes of `data` (the file)."""
+    for offset, size, check in entry["chunk_checks"]:
+        assert check == chunk_checksum(data[offset : offset + size]), f"chunk at {offset}: check {check!r}"
 
 
 def resume_offsets(requests: list[dict]) -> list[int]:

@@ -23,6 +23,7 @@ from browser_helpers import (
     GREEDY_FORM,
     SYSTEM,
     app_page,
+    assert_chunk_checks,
     audit_cache,
     cpython_turn,
     engine_worker,
@@ -77,7 +78,8 @@ _DAMAGE_CHUNK = """async ([key, index, at]) => {
   db.close();
 }"""
 
-# Rewrite an entry's chunks as an older build stored them: the bytes as ArrayBuffer values, not Blobs.
+# Rewrite an entry's chunks as an older build stored them: the bytes as ArrayBuffer values, not Blobs,
+# and no `check` (those builds checked the SHA-256 alone).
 _AS_ARRAYBUFFERS = """async (key) => {
   const db = await new Promise((ok, bad) => {
     const r = indexedDB.open("bitnet-web-models"); r.onsuccess = () => ok(r.result); r.onerror = () => bad(r.error);
@@ -86,7 +88,10 @@ _AS_ARRAYBUFFERS = """async (key) => {
   const read = db.transaction("chunks", "readonly");
   const chunks = await req(read.objectStore("chunks").getAll(IDBKeyRange.bound([key, 0], [key, Infinity])));
   const converted = [];
-  for (const c of chunks) converted.push({...c, data: c.data instanceof Blob ? await c.data.arrayBuffer() : c.data});
+  for (const c of chunks) {
+    const {check, ...older} = c;
+    converted.push({...older, data: c.data instanceof Blob ? await c.data.arrayBuffer() : c.data});
+  }
   const tx = db.transaction("chunks", "readwrite");
   for (const c of converted) tx.objectStore("chunks").put(c);
   await new Promise((ok, bad) => { tx.oncomplete = ok; tx.onabort = () => bad(tx.error); });
@@ -179,21 +184,28 @@ def load_custom_start(page, url: str) -> None:
 
 
 def test_chunks_are_blobs_and_an_older_arraybuffer_entry_still_loads(app, site, model):
-    """New chunks are stored as Blobs (read back ~3x faster in Chromium); an entry an older build
-    stored with ArrayBuffer values loads from the cache as before, without a download, and is then
-    rewritten as Blobs in the background (same bytes and hashes: audit_cache checks each chunk)."""
+    """New chunks are stored as Blobs (read back ~3x faster in Chromium) with a checksum of their
+    bytes (read back faster than their SHA-256); an entry an older build stored with ArrayBuffer
+    values and no checksum loads from the cache as before (checked by SHA-256), without a download,
+    and is then rewritten in today's format in the background (same bytes and hashes: audit_cache
+    checks each chunk; each chunk's checksum that of its bytes of the file)."""
     url, path = site.url + "_test/" + model.name, "/_test/" + model.name
     entry = audit_cache(app)[url]
     assert entry["chunks"] > 1 and entry["blob_chunks"] == entry["chunks"], entry
+    assert_chunk_checks(entry, model.read_bytes())
     assert app.evaluate(_AS_ARRAYBUFFERS, url) == entry["chunks"]
-    assert audit_cache(app)[url]["blob_chunks"] == 0
+    older = audit_cache(app)[url]
+    assert older["blob_chunks"] == 0 and all(check is None for *_, check in older["chunk_checks"])
     downloads = len(site.requests_for(path))
     assert load_custom(app, url) == "loaded", notice(app)
     assert app.get_attribute("#app", "data-source") == "cache"
     assert len(site.requests_for(path)) == downloads
     _reply_equals_cpython(app, model, "old format")
     deadline = time.monotonic() + 60
-    while (upgraded := audit_cache(app)[url])["blob_chunks"] < entry["chunks"]:
-        assert time.monotonic() < deadline, f"the older entry's chunks were not rewritten as Blobs: {upgraded}"
+    while (upgraded := audit_cache(app)[url])["blob_chunks"] < entry["chunks"] or any(
+        check is None for *_, check in upgraded["chunk_checks"]
+    ):
+        assert time.monotonic() < deadline, f"the older entry's chunks were not rewritten: {upgraded}"
         time.sleep(0.5)
     assert upgraded["file_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
+    assert_chunk_checks(upgraded, model.read_bytes())

@@ -16,8 +16,8 @@
 #   nbatch     tools/device/decode_batching.py (wgpu-py decode speed against the decode batching), both models
 #   load       static/bench/load.html: the synthetic model stored in IndexedDB, then loaded from there
 #              (3 loads at each read-ahead 4, 16, chunks stored as Blobs and as ArrayBuffers; per-phase times, the wasm heap)
-#   loadblob   the same, 5 loads of Blob chunks at read-ahead 4, then the chunks read alone with and without
-#              their SHA-256 check and the records alone (read_only_s_by_variant)
+#   loadblob   the same, 5 loads of Blob chunks at read-ahead 4, then the chunks read alone checked by their
+#              SHA-256 (older builds' chunks), unchecked, and the records alone (read_only_s_by_variant)
 #   storage    static/bench/storage.html: IndexedDB read speed by value type, chunk size, read-ahead (no engine)
 # The synthetic model is the one stage call 1 started writing into /opt/device-browser/synth.
 # Results: $OUT/summary.txt (tools/device/summarize.py, also printed) and $OUT/res.tgz (every page's JSON
@@ -55,7 +55,7 @@ for step in "$@"; do
     bench) page bench_bundled '/bench/?full=1' 150; page bench_synth '/bench/?full=1&model=../synth.gguf' 240 ;;
     storage) page storage '/bench/storage.html?mb=600&chunks=16,64&ahead=4,16' 200 ;;
     load) page load_synth '/bench/load.html?model=../synth.gguf&runs=3&readahead=4,16&formats=blob,arraybuffer' 300 ;;
-    loadblob) page load_synth '/bench/load.html?model=../synth.gguf&runs=5&readahead=4&formats=blob&readonly=nohash,getonly' 300 ;;
+    loadblob) page load_synth '/bench/load.html?model=../synth.gguf&runs=5&readahead=4&formats=blob&readonly=sha256,nocheck,getonly' 300 ;;
     native)
       for m in synth bundled; do
         f=$M; [ $m = bundled ] && f=$BUNDLED

@@ -266,15 +266,15 @@ class EngineWorker:
         self._upgrade_storage_later(meta, source)
 
     def _upgrade_storage_later(self, meta: dict[str, Any], source: str) -> None:
-        """After a load from the cache: rewrite the entry's chunks as Blobs in the background if an
-        older build stored them as ArrayBuffers (ModelStore.store_chunks_as_blobs), so the next
-        load reads them ~3x faster. Failures are logged, never shown: the entry stays valid."""
+        """After a load from the cache: rewrite the entry's chunks in the background if an older build
+        stored them (ArrayBuffers, or no `check`: ModelStore.upgrade_chunks), so the next load reads
+        them faster. Failures are logged, never shown: the entry stays valid."""
         if source != "cache" or (self.upgrade_task is not None and not self.upgrade_task.done()):
             return
 
         async def upgrade() -> None:
             try:
-                n = await self._require_store().store_chunks_as_blobs(meta)
+                n = await self._require_store().upgrade_chunks(meta)
                 if n:
                     self.post({"event": "log", "message": f"{meta['name']}: {n} chunks stored in the faster format"})
             except Exception as e:  # a delete meanwhile, quota, a closed database: the old chunks stay

@@ -21,10 +21,12 @@ record in the same transaction and writes only if it is still the one `begin` cr
 `created` stamp); otherwise it raises EntryDeletedError. So a delete from the cache manager, in
 this tab or another, can never be undone by a download still running: no entry is left with
 chunks missing, and none is marked complete after it was deleted.
-A chunk's SHA-256 (WebCrypto) is checked when it is read back: storage corruption is detected and
-the entry re-fetched instead of loading damaged weights. The hash takes longer than the read itself
-(1.2 GB: 2.8 s read and hashed, 1.2 s read alone; docs/performance.md), so a chunk's bytes are handed
-on while its hash is still being computed, and `read_into` returns only once every hash matched.
+Every chunk is checked when it is read back, so storage damage is found and the entry re-fetched
+instead of loading damaged weights: against its `check` (checksum.chunk_checksum, computed by numpy
+over the bytes just copied into wasm memory), or, in chunks stored by builds before it, against its
+SHA-256 (WebCrypto: 1.2 GB read back in 3.1 s with it, 1.25 s without, on the H100 machine; those
+chunks' bytes are handed on while their hash runs, and `read_into` returns only once every check
+matched). Each chunk also keeps its SHA-256, written when it was downloaded.
 Why Blob values: Chromium reads a Blob value back (get + arrayBuffer()) about 3x faster than an
 ArrayBuffer value of the same size (1.9 against 0.6 GB/s on the H100 machine, static/bench/storage.html;
 docs/performance.md), which is most of the time a cached model takes to load.
@@ -43,6 +45,7 @@ import js
 from pyodide.ffi import JsException, JsProxy, create_once_callable, create_proxy
 
 from ..shared.jsutil import error_message, error_name, js_obj, sha256_hex
+from .checksum import chunk_checksum
 
 DB_NAME = "bitnet-web-models"
 DB_VERSION = 1
@@ -215,7 +218,8 @@ class ModelStore:
         size = int(data.byteLength)
         digest = await sha256_hex(data)  # before the transaction: an await inside would commit it
         index = int(meta["chunks"])
-        record = _chunk_record(meta["key"], index, int(meta["stored"]), size, digest, data)
+        check = chunk_checksum(js.Uint8Array.new(data).to_bytes())
+        record = _chunk_record(meta["key"], index, int(meta["stored"]), size, digest, check, data)
         meta["chunks"] = index + 1
         meta["stored"] = int(meta["stored"]) + size
         meta["updated"] = _now()
@@ -232,10 +236,11 @@ class ModelStore:
         size), checking offsets, sizes and each chunk's SHA-256. `progress(done, total)` is called
         after each chunk is in `out` (chunks land in order); an exception it raises ends the read.
 
-        READ_AHEAD chunks are read at once, each in its own transaction. A chunk's bytes are in `out`
-        (and reported) before its SHA-256 is known: WebCrypto hashes up to HASHES_AHEAD chunks while
-        later ones are read and used, and a mismatch raises CorruptEntryError when it is found. So
-        the bytes reported are not yet checked: the file is checked only when this returns.
+        READ_AHEAD chunks are read at once, each in its own transaction. A chunk with a `check` is
+        checked as soon as it is in `out`. One without (an older build's) is in `out` (and reported)
+        before its SHA-256 is known: WebCrypto hashes up to HASHES_AHEAD chunks while later ones are
+        read and used, and a mismatch raises CorruptEntryError when it is found. So the bytes
+        reported may not be checked yet: the whole file is checked only when this returns.
         `timings` (if given) gets the seconds this coroutine waited for chunks, spent copying and
         waited for hashes."""
         mv = memoryview(out).cast("B")
@@ -252,13 +257,16 @@ class ModelStore:
             if index < n_chunks:
                 pending.append(asyncio.ensure_future(self._fetch_chunk(meta["key"], index)))
 
+        def damaged(index: int, offset: int, size: int, what: str) -> CorruptEntryError:
+            return CorruptEntryError(
+                f"chunk {index} of {meta['key']} (bytes {offset}-{offset + size - 1}) "
+                f"does not match its {what}: the stored copy is damaged"
+            )
+
         async def check_oldest() -> None:
             index, offset, size, expected, task = hashing.popleft()
             if await task != expected:
-                raise CorruptEntryError(
-                    f"chunk {index} of {meta['key']} (bytes {offset}-{offset + size - 1}) "
-                    "does not match its SHA-256: the stored copy is damaged"
-                )
+                raise damaged(index, offset, size, "SHA-256")
 
         fetched = [0]  # chunks taken from the front of `pending`
         try:
@@ -285,8 +293,12 @@ class ModelStore:
                         f"chunk {index} of {meta['key']} has offset {int(rec.offset)} and "
                         f"{int(data.byteLength)} bytes; expected offset {offset} and {size} bytes"
                     )
-                hashing.append((index, offset, size, str(rec.sha256), asyncio.ensure_future(sha256_hex(data))))
+                check = _stored_check(rec)
+                if check is None:
+                    hashing.append((index, offset, size, str(rec.sha256), asyncio.ensure_future(sha256_hex(data))))
                 js.Uint8Array.new(data).assign_to(mv[offset : offset + size])
+                if check is not None and chunk_checksum(mv[offset : offset + size]) != check:
+                    raise damaged(index, offset, size, "checksum")
                 offset += size
                 del rec, data
                 wait_s += t1 - t0
@@ -340,22 +352,26 @@ class ModelStore:
                 "read (Delete in this or another tab)"
             )
 
-    async def store_chunks_as_blobs(self, meta: dict[str, Any]) -> int:
-        """Rewrite the ArrayBuffer chunks of an entry cached by an older build as Blobs (read back
-        ~3x faster), one chunk per transaction; returns how many were rewritten. A chunk is rewritten
-        only if its bytes still match its SHA-256 (a damaged one stays for the next load to find),
-        and only while the entry is still meta's: a delete meanwhile ends it (EntryDeletedError).
-        Bytes, offsets and hashes are unchanged, and readers take either kind, so stopping at any
-        point leaves a valid entry."""
+    async def upgrade_chunks(self, meta: dict[str, Any]) -> int:
+        """Rewrite the chunks of an entry cached by an older build in today's format: ArrayBuffer
+        values as Blobs (read back ~3x faster), with the `check` that is read back faster than
+        their SHA-256; one chunk per transaction; returns how many were rewritten. A chunk is
+        rewritten only if its bytes still match its SHA-256 (a damaged one stays for the next load
+        to find), and only while the entry is still meta's: a delete meanwhile ends it
+        (EntryDeletedError). Bytes, offsets and hashes are unchanged, and readers take every
+        format, so stopping at any point leaves a valid entry."""
         rewritten = 0
         for index in range(int(meta["chunks"])):
             rec = await self._get_chunk(meta["key"], index)
-            if rec is None or not hasattr(getattr(rec, "data", None), "byteLength"):
-                continue  # a Blob already, or missing (the next load reports it)
-            data = rec.data
-            if await sha256_hex(data) != str(rec.sha256):
+            if rec is None:
+                continue  # missing: the next load reports it
+            if _stored_check(rec) is not None and not hasattr(getattr(rec, "data", None), "byteLength"):
+                continue  # today's format already
+            data = await _chunk_bytes(rec)
+            if data is None or await sha256_hex(data) != str(rec.sha256):
                 continue
-            record = _chunk_record(meta["key"], index, int(rec.offset), int(rec.size), str(rec.sha256), data)
+            check = chunk_checksum(js.Uint8Array.new(data).to_bytes())
+            record = _chunk_record(meta["key"], index, int(rec.offset), int(rec.size), str(rec.sha256), check, data)
             del rec, data
             await self._write_if_current(meta, record, f"rewrite chunk {index} as a Blob", write_meta=False)
             rewritten += 1
@@ -382,7 +398,9 @@ class ModelStore:
         return b"".join(parts)
 
 
-def _chunk_record(key: str, index: int, offset: int, size: int, sha256: str, data: JsProxy) -> dict[str, Any]:
+def _chunk_record(
+    key: str, index: int, offset: int, size: int, sha256: str, check: str, data: JsProxy
+) -> dict[str, Any]:
     """A chunks-store record: `data` (an ArrayBuffer) stored as a Blob (see the module docstring)."""
     return {
         "key": key,
@@ -390,8 +408,15 @@ def _chunk_record(key: str, index: int, offset: int, size: int, sha256: str, dat
         "offset": offset,
         "size": size,
         "sha256": sha256,
+        "check": check,
         "data": js.Blob.new(js_obj([data])),
     }
+
+
+def _stored_check(rec: JsProxy) -> str | None:
+    """A chunk record's `check` (checksum.chunk_checksum), or None in chunks of older builds."""
+    check = getattr(rec, "check", None)
+    return check if isinstance(check, str) else None
 
 
 async def _chunk_bytes(rec: JsProxy) -> JsProxy | None:
