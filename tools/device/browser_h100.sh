@@ -11,7 +11,9 @@
 # .whl. Steps, in the order given:
 #   overhead   static/bench/overhead.html (synthetic steps in plain JS, page + worker + Pyodide)
 #   decode     static/bench/decode.html on the bundled model and the synthetic 2B-4T model
+#   smallbatch decode.html on the bundled model: 384-token runs at batchings up to 64 steps per submit
 #   bench      static/bench/?full=1 on both models (the page's own benchmark)
+#   workloads  the bench page on the bundled model with speculative decoding's workloads (code, summary)
 #   native     `python -m bitnet_web bench` (wgpu-py) on both models
 #   nbatch     tools/device/decode_batching.py (wgpu-py decode speed against the decode batching), both models
 #   load       static/bench/load.html: the synthetic model stored in IndexedDB, then loaded from there
@@ -52,6 +54,8 @@ for step in "$@"; do
   case $step in
     overhead) page overhead '/bench/overhead.html?' 200 ;;
     decode) page decode_bundled '/bench/decode.html' 150; page decode_synth '/bench/decode.html?model=../synth.gguf' 240 ;;
+    smallbatch) page decode_bundled '/bench/decode.html?n=384&parts=batching&batchings=1x2,16x2,32x2,16x4,32x4,64x2,16x2' 200 ;;
+    workloads) page workloads_bundled '/bench/?full=1&workloads=1' 240 ;;
     bench) page bench_bundled '/bench/?full=1' 150; page bench_synth '/bench/?full=1&model=../synth.gguf' 240 ;;
     storage) page storage '/bench/storage.html?mb=600&chunks=16,64&ahead=4,16' 200 ;;
     load) page load_synth '/bench/load.html?model=../synth.gguf&runs=3&readahead=4,16&formats=blob,arraybuffer' 300 ;;
@@ -60,7 +64,8 @@ for step in "$@"; do
       for m in synth bundled; do
         f=$M; [ $m = bundled ] && f=$BUNDLED
         say "native $m"
-        BITNET_WEB_DEBUG=1 PYTHONPATH=/tmp/site:$PWD/$SITE/app timeout 200 python3 -m bitnet_web bench --model "$f" --out "$R/native_$m.json" > "$R/native_$m.out" 2>&1
+        W=(); [ $m = bundled ] && W=(--workload-model "$f")
+        BITNET_WEB_DEBUG=1 PYTHONPATH=/tmp/site:$PWD/$SITE/app timeout 200 python3 -m bitnet_web bench --model "$f" "${W[@]}" --out "$R/native_$m.json" > "$R/native_$m.out" 2>&1
         say "native $m: exit $?"
       done ;;
     nbatch)

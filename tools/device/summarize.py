@@ -48,7 +48,7 @@ def decode(name: str, report: dict) -> None:
             runs = value["runs"]
             print(
                 f"  {key}: median {value['median_tok_per_s']:.1f} tok/s, same tokens as 1x2: "
-                f"{value.get('same_tokens_as_1x2')}; runs "
+                f"{value.get('same_tokens_as_first', value.get('same_tokens_as_1x2'))}; runs "
                 + ", ".join(
                     f"{r['tok_per_s']:.0f} (await {r['await_read_ms_per_token']:.3f} ms, encode "
                     f"{r['encode_ms_per_token']:.3f} ms)"
