@@ -11,7 +11,7 @@
 # .whl. Steps, in the order given:
 #   overhead   static/bench/overhead.html (synthetic steps in plain JS, page + worker + Pyodide)
 #   decode     static/bench/decode.html on the bundled model and the synthetic 2B-4T model
-#   smallbatch decode.html on the bundled model: 384-token runs at batchings up to 64 steps per submit
+#   smallbatch decode.html on the bundled model: 384-token runs at several batchings (at most 16 steps per submit)
 #   bench      static/bench/?full=1 on both models (the page's own benchmark)
 #   workloads  the bench page on the bundled model with speculative decoding's workloads (code, summary)
 #   native     `python -m bitnet_web bench` (wgpu-py) on both models
@@ -54,7 +54,7 @@ for step in "$@"; do
   case $step in
     overhead) page overhead '/bench/overhead.html?' 200 ;;
     decode) page decode_bundled '/bench/decode.html' 150; page decode_synth '/bench/decode.html?model=../synth.gguf' 240 ;;
-    smallbatch) page decode_bundled '/bench/decode.html?n=384&parts=batching&batchings=1x2,16x2,32x2,16x4,32x4,64x2,16x2' 200 ;;
+    smallbatch) page decode_bundled '/bench/decode.html?n=384&parts=batching&batchings=1x2,16x2,16x3,16x4,8x2,16x2' 200 ;;
     workloads) page workloads_bundled '/bench/?full=1&workloads=1' 240 ;;
     bench) page bench_bundled '/bench/?full=1' 150; page bench_synth '/bench/?full=1&model=../synth.gguf' 240 ;;
     storage) page storage '/bench/storage.html?mb=600&chunks=16,64&ahead=4,16' 200 ;;
