@@ -181,7 +181,7 @@ _GPU_COUNTERS = """
 () => {
   if (self.gpuCounters) return;
   // Counts WebGPU calls from this point on, beside the app (an independent tally of what it creates).
-  const c = self.gpuCounters = {buffers: 0, destroyed: 0, bytes: 0, pipelines: 0, writes: 0};
+  const c = self.gpuCounters = {buffers: 0, destroyed: 0, bytes: 0, pipelines: 0, async_pipelines: 0, writes: 0};
   const made = new WeakSet(), gone = new WeakSet();
   const wrap = (proto, name, after) => {
     const orig = proto[name];
@@ -192,7 +192,7 @@ _GPU_COUNTERS = """
     if (made.has(b) && !gone.has(b)) { gone.add(b); c.destroyed++; c.bytes -= b.size; }
   });
   wrap(GPUDevice.prototype, "createComputePipeline", () => { c.pipelines++; });
-  wrap(GPUDevice.prototype, "createComputePipelineAsync", () => { c.pipelines++; });
+  wrap(GPUDevice.prototype, "createComputePipelineAsync", () => { c.pipelines++; c.async_pipelines++; });
   wrap(GPUQueue.prototype, "writeBuffer", () => { c.writes++; });
 }
 """
@@ -204,7 +204,8 @@ def install_gpu_counters(page) -> None:
 
 
 def gpu_counts(page) -> dict[str, int]:
-    """{buffers, destroyed, bytes (still alive), pipelines, writes} since install_gpu_counters."""
+    """{buffers, destroyed, bytes (still alive), pipelines (async_pipelines of them made with
+    createComputePipelineAsync), writes} since install_gpu_counters."""
     return engine_worker(page).evaluate("() => ({...self.gpuCounters})")
 
 

@@ -11,7 +11,11 @@ state the previous one left.
   message, the page offers "Load the model again", which loads the same model from IndexedDB on a
   new device without a page refresh; the next reply equals the CPython engine's for the kept history.
 
-A model load compiles ~30 pipelines, about a minute on SwiftShader: the module loads twice.
+- Kernels: a load makes its pipelines with createComputePipelineAsync, all started before any is
+  awaited (Chromium compiles them in parallel); one that fails to compile fails the load with its
+  name, frees what the load made, and the next load works.
+
+A model load compiles ~30 pipelines, about a minute on SwiftShader: the module loads three times.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from browser_helpers import (
     app_page,
     app_state,
     cpython_turn,
+    engine_worker,
     gpu_counts,
     install_gpu_counters,
     last_reply,
@@ -171,3 +176,41 @@ def test_device_lost_while_idle_is_reported_at_once(app):
     assert "GPU device was lost" in notice(app)["text"]
     assert app.is_disabled("#prompt") and app.is_disabled("#send")
     assert worker_python(app, "from bitnet_web.web.worker import main as w\nw._worker.loaded_key") is None
+
+
+# In the worker: createComputePipelineAsync rejects for pipelines whose label starts with `prefix`
+# (what a driver's compile failure looks like to the page), and records when each call was made and
+# when the first one was awaited to completion.
+_FAIL_PIPELINES = """(prefix) => {
+  const real = GPUDevice.prototype.createComputePipelineAsync;
+  self.__bitnetRealCreateAsync = real;
+  GPUDevice.prototype.createComputePipelineAsync = function (desc) {
+    if (prefix && (desc.label || "").startsWith(prefix)) {
+      return Promise.reject(new DOMException(`compile failed (test): ${desc.label}`, "OperationError"));
+    }
+    return real.call(this, desc);
+  };
+}"""
+_RESTORE_PIPELINES = "() => { GPUDevice.prototype.createComputePipelineAsync = self.__bitnetRealCreateAsync; }"
+
+
+def test_kernels_compile_together_and_a_failed_one_fails_the_load_cleanly(app, site, tiny_path):
+    url = site.url + "_test/" + tiny_path.name
+    before = gpu_counts(app)
+    engine_worker(app).evaluate(_FAIL_PIPELINES, "attention")
+    try:
+        assert load_custom(app, url) == "error"
+    finally:
+        engine_worker(app).evaluate(_RESTORE_PIPELINES)
+    n = notice(app)
+    assert n["visible"] and "creating pipeline 'attention" in n["text"] and "compile failed (test)" in n["text"], n
+    failed = gpu_counts(app)
+    assert failed["bytes"] == before["bytes"], "the failed load left GPU buffers behind"
+    assert load_custom(app, url) == "loaded", notice(app)
+    after = gpu_counts(app)
+    made = {k: after[k] - failed[k] for k in ("pipelines", "async_pipelines")}
+    assert made["pipelines"] >= 20 and made["async_pipelines"] == made["pipelines"], made
+    set_settings(app, SHORT, SYSTEM)
+    reply = send_and_wait(app, "after a failed compile")
+    assert reply["state"] == "done", reply
+    assert reply["text"] == cpython_turn(tiny_path, SYSTEM, [], "after a failed compile", parse_form(SHORT))

@@ -172,6 +172,14 @@ class Device(Protocol):
         """Bind `buffers` to @binding(0..n-1) of @group(0), each bound whole."""
         raise NotImplementedError
 
+    def begin_pipeline_batch(self) -> None:
+        """Pipelines made until `end_pipeline_batch` may be compiled together, in the background: their
+        bind groups can be made at once, but nothing may be recorded with them before the batch ends.
+        (Here: compiled one by one as they are made; the browser compiles a batch in parallel.)"""
+
+    async def end_pipeline_batch(self) -> None:
+        """Wait until every pipeline of the batch is compiled; raises GPUError naming one that failed."""
+
     def begin(self) -> Recorder:
         raise NotImplementedError
 

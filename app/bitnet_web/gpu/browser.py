@@ -195,6 +195,8 @@ class BrowserRecorder(Recorder):
         self.dispatches = 0
 
     def dispatch(self, pipeline: Pipeline, bind_group: BindGroup, x: int, y: int = 1, z: int = 1) -> None:
+        if pipeline.handle is None or bind_group.handle is None:
+            raise GPUError(f"dispatch of {pipeline.label!r}: its pipeline is still compiling (end_pipeline_batch)")
         self._commands.append((_DISPATCH, pipeline.handle, bind_group.handle, x, y, z))
         self.dispatches += 1
 
@@ -236,6 +238,8 @@ class BrowserDevice(Device):
         self._adapter = adapter
         self._device = device
         self._queue = device.queue
+        self._pipeline_batch: list[tuple[Pipeline, object]] | None = None  # (pipeline, its promise)
+        self._bind_group_batch: list[tuple[BindGroup, Pipeline]] = []  # made when the batch ends
         info = getattr(adapter, "info", None)
         vendor = getattr(info, "vendor", "") if info is not None else ""
         architecture = getattr(info, "architecture", "") if info is not None else ""
@@ -362,10 +366,37 @@ class BrowserDevice(Device):
     def pipeline(self, wgsl: str, label: str, entry_point: str = "main") -> Pipeline:
         _, obj = _js()
         module = self._device.createShaderModule(obj(code=wgsl, label=label))
-        handle = self._device.createComputePipeline(
-            obj(layout="auto", compute=obj(module=module, entryPoint=entry_point), label=label)
-        )
+        descriptor = obj(layout="auto", compute=obj(module=module, entryPoint=entry_point), label=label)
+        if self._pipeline_batch is not None:
+            pipeline = Pipeline(None, label)  # its handle and layout arrive at end_pipeline_batch
+            self._pipeline_batch.append((pipeline, self._device.createComputePipelineAsync(descriptor)))
+            return pipeline
+        handle = self._device.createComputePipeline(descriptor)
         return Pipeline(handle, label, handle.getBindGroupLayout(0))
+
+    def begin_pipeline_batch(self) -> None:
+        """Pipelines made until `end_pipeline_batch` are created with createComputePipelineAsync, all
+        at once: Chromium compiles them on its worker threads in parallel instead of one after the
+        other on the GPU process's main thread (docs/performance.md, "Session 8"). Bind groups of
+        those pipelines are made when their layout is known, at the end of the batch."""
+        if self._pipeline_batch is None:
+            self._pipeline_batch, self._bind_group_batch = [], []
+
+    async def end_pipeline_batch(self) -> None:
+        pipelines, self._pipeline_batch = self._pipeline_batch or [], None
+        groups, self._bind_group_batch = self._bind_group_batch, []
+        failed = None
+        for pipeline, promise in pipelines:  # all were started: waiting in order costs the slowest one
+            try:
+                handle = await promise
+            except Exception as exc:
+                failed = failed or GPUError(f"creating pipeline {pipeline.label!r} failed: {exc}")
+                continue
+            pipeline.handle, pipeline.bind_group_layout = handle, handle.getBindGroupLayout(0)
+        if failed is not None:
+            raise failed
+        for group, pipeline in groups:
+            group.handle = self._make_bind_group(pipeline, group.buffers, group.label)
 
     async def pipeline_checked(self, wgsl: str, label: str, entry_point: str = "main") -> Pipeline:
         """Compile and wait for the result, so a WGSL error names its kernel."""
@@ -385,14 +416,19 @@ class BrowserDevice(Device):
         return Pipeline(handle, label, handle.getBindGroupLayout(0))
 
     def bind_group(self, pipeline: Pipeline, buffers: list[Buffer], label: str = "") -> BindGroup:
+        label = label or pipeline.label
+        if pipeline.handle is None and self._pipeline_batch is not None:  # made at end_pipeline_batch
+            group = BindGroup(None, label, tuple(buffers))
+            self._bind_group_batch.append((group, pipeline))
+            return group
+        return BindGroup(self._make_bind_group(pipeline, buffers, label), label, tuple(buffers))
+
+    def _make_bind_group(self, pipeline: Pipeline, buffers: tuple[Buffer, ...] | list[Buffer], label: str):
         js, obj = _js()
         entries = js.Array.new()
         for i, b in enumerate(buffers):
             entries.push(obj(binding=i, resource=obj(buffer=b.handle, offset=0, size=b.nbytes)))
-        handle = self._device.createBindGroup(
-            obj(layout=pipeline.bind_group_layout, entries=entries, label=label or pipeline.label)
-        )
-        return BindGroup(handle, label or pipeline.label, tuple(buffers))
+        return self._device.createBindGroup(obj(layout=pipeline.bind_group_layout, entries=entries, label=label))
 
     def begin(self) -> BrowserRecorder:
         if self.lost_reason is not None:

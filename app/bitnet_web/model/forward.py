@@ -23,6 +23,7 @@ then logits = token_embd @ output_norm(x) (tied F16 head, sharded by rows when l
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -109,7 +110,14 @@ class BitNetModel(GPUDecodeLoop):
         self.layers = weights.layers
         self.output_norm, self.token_embd, self.output = weights.output_norm, weights.token_embd, weights.output
         self._allocate_run_state()
-        self._build_ops()
+        device.begin_pipeline_batch()  # the pipelines below compile together (in parallel in a browser)
+        try:
+            self._build_ops()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await device.end_pipeline_batch()  # nothing left compiling behind a failed load
+            raise
+        await device.end_pipeline_batch()
         await device.checkpoint("building kernels")
         if progress:
             progress("upload", cfg.n_layers + 2, cfg.n_layers + 2)
