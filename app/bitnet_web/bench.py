@@ -278,8 +278,9 @@ async def speculation_policy_bench(engine, prompt_ids: list[int], n_tokens: int,
                     "same_tokens_as_plain": list(engine.generated_tokens) == rows.get("plain", {}).get("ids"),
                     "ids": list(engine.generated_tokens),
                 }
-            for mode in modes:
-                rows[mode]["speedup"] = rows[mode]["tok_per_s"] / rows["plain"]["tok_per_s"]
+            plain_rate = rows["plain"]["tok_per_s"]
+            for mode in modes:  # None when the plain reply ended at once (an end-of-text token first)
+                rows[mode]["speedup"] = rows[mode]["tok_per_s"] / plain_rate if plain_rate > 0 else None
             for row in rows.values():
                 del row["ids"]
             rows["plain"]["same_tokens_as_plain"] = True

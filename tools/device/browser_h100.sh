@@ -14,7 +14,7 @@
 #   smallbatch decode.html on the bundled model: 384-token runs at several batchings (at most 16 steps per submit)
 #   bench      static/bench/?full=1 on both models (the page's own benchmark)
 #   workloads  the bench page on the bundled model with speculative decoding's workloads (code, summary)
-#   native     `python -m bitnet_web bench` (wgpu-py) on both models
+#   native     `python -m bitnet_web bench` (wgpu-py) on both models (nativebundled, benchbundled: the bundled model alone)
 #   nbatch     tools/device/decode_batching.py (wgpu-py decode speed against the decode batching), both models
 #   load       static/bench/load.html: the synthetic model stored in IndexedDB, then loaded from there
 #              (3 loads at each read-ahead 4, 16, chunks stored as Blobs and as ArrayBuffers; per-phase times, the wasm heap)
@@ -33,7 +33,7 @@ M=/opt/device-browser/synth/synthetic-2b4t-bitnet-25.gguf
 BUNDLED=$(ls "$SITE"/dist/models/*.gguf | head -1)
 T0=$(date +%s)
 say() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-if printf '%s\n' "$@" | grep -qxE 'native|nbatch'; then
+if printf '%s\n' "$@" | grep -qxE 'native|nativebundled|nbatch'; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "${WHL:-$SITE/whl}"/*.whl || exit 1
 fi
 for i in $(seq 90); do [ -f $M ] && break; sleep 2; done
@@ -57,11 +57,13 @@ for step in "$@"; do
     smallbatch) page decode_bundled '/bench/decode.html?n=384&parts=batching&batchings=1x2,16x2,16x3,16x4,8x2,16x2' 200 ;;
     workloads) page workloads_bundled '/bench/?full=1&workloads=1' 240 ;;
     bench) page bench_bundled '/bench/?full=1' 150; page bench_synth '/bench/?full=1&model=../synth.gguf' 240 ;;
+    benchbundled) page bench_bundled '/bench/?full=1' 150 ;;
     storage) page storage '/bench/storage.html?mb=600&chunks=16,64&ahead=4,16' 200 ;;
     load) page load_synth '/bench/load.html?model=../synth.gguf&runs=3&readahead=4,16&formats=blob,arraybuffer' 300 ;;
     loadblob) page load_synth '/bench/load.html?model=../synth.gguf&runs=5&readahead=4&formats=blob&readonly=sha256,nocheck,getonly' 300 ;;
-    native)
-      for m in synth bundled; do
+    native|nativebundled)
+      models="synth bundled"; [ $step = nativebundled ] && models=bundled
+      for m in $models; do
         f=$M; [ $m = bundled ] && f=$BUNDLED
         say "native $m"
         W=(); [ $m = bundled ] && W=(--workload-model "$f")
