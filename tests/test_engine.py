@@ -387,6 +387,37 @@ def test_a_file_still_arriving_is_uploaded_part_by_part_as_its_bytes_come(loaded
         engine.close()
 
 
+def test_kernels_are_made_while_the_file_still_arrives(tiny_path, monkeypatch):
+    """Each part's ops (and so their pipelines: compiled in parallel with the upload in a browser) are
+    built once that part is uploaded, not after the whole file: only the last part's own (the final
+    norm's three) are made after its bytes are asked for."""
+    from bitnet_web.gpu.native import NativeDevice
+
+    events: list[str] = []
+    make_pipeline = NativeDevice.pipeline
+
+    def pipeline(self, *args, **kwargs):
+        events.append("pipeline")
+        return make_pipeline(self, *args, **kwargs)
+
+    monkeypatch.setattr(NativeDevice, "pipeline", pipeline)
+    arriving = ArrivingFile(tiny_path)
+    ready = arriving.ready
+
+    async def logged_ready(n: int) -> None:
+        events.append("ask")
+        await ready(n)
+
+    engine = Engine(prefill_chunk=16)
+    try:
+        engine._run(engine.load_async(GGUFFile.from_buffer(arriving.data), "arriving", ready=logged_ready))
+    finally:
+        engine.close()
+    asks = [i for i, e in enumerate(events) if e == "ask"]  # each part in file order, then the whole file
+    made_late = events[asks[-2] :].count("pipeline")  # once the last part (the output norm) is asked for
+    assert events.count("pipeline") >= 20 and made_late <= 3, " ".join(events)
+
+
 def test_a_file_that_stops_arriving_fails_the_load_and_frees_what_was_uploaded(tiny_path, ref):
     arriving = ArrivingFile(tiny_path, fail_after=2)
     engine = Engine(prefill_chunk=16)

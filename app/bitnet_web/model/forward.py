@@ -100,19 +100,28 @@ class BitNetModel(GPUDecodeLoop):
     # Loading ---------------------------------------------------------------------------------
 
     async def upload(self, progress: ProgressCallback | None = None, ready: ReadyCallback | None = None) -> None:
-        """Upload every weight, then build the ops (pipelines and bind groups) once. `ready`: the file
-        is still being read into `gguf.data` (see upload_weights)."""
+        """Upload every weight and build the ops (pipelines and bind groups) once. `ready`: the file
+        is still being read into `gguf.data` (see upload_weights). Each part's ops are built as soon
+        as its weights are on the GPU, inside one pipeline batch: in a browser the kernels compile
+        in parallel while the rest of the file is read and uploaded, not after it."""
         cfg, device = self.config, self.device
         check_device_limits(cfg, device.limits, self.max_tokens, self.gguf.source, self.kv_dtype)
-        weights = await upload_weights(
-            device, self.gguf, cfg, self._buffers, int8_head=self.int8_head, progress=progress, ready=ready
-        )
-        self.layers = weights.layers
-        self.output_norm, self.token_embd, self.output = weights.output_norm, weights.token_embd, weights.output
         self._allocate_run_state()
-        device.begin_pipeline_batch()  # the pipelines below compile together (in parallel in a browser)
+        self.layer_ops = [None] * cfg.n_layers  # type: ignore[list-item]  # filled as layers arrive
+        device.begin_pipeline_batch()
         try:
-            self._build_ops()
+            self._build_sampling_ops()
+            weights = await upload_weights(
+                device,
+                self.gguf,
+                cfg,
+                self._buffers,
+                int8_head=self.int8_head,
+                progress=progress,
+                ready=ready,
+                uploaded=self._build_part_ops,
+            )
+            self.layers = weights.layers
         except BaseException:
             with contextlib.suppress(Exception):
                 await device.end_pipeline_batch()  # nothing left compiling behind a failed load
@@ -166,73 +175,81 @@ class BitNetModel(GPUDecodeLoop):
         self._buffers += [self.rope_table.buffer, self.attention_scratch.acc, self.attention_scratch.stats]
 
     def _build_ops(self) -> None:
-        cfg, layout, k, step = self.config, self.layout, self.kernels, self.step
-        eps, rows = cfg.norm_eps, self.max_tokens
+        """(Re)build every op from the uploaded weights (upload builds them part by part instead)."""
+        self._build_sampling_ops()
+        self.layer_ops = [self._layer_ops(i, w) for i, w in enumerate(self.layers)]
+        self._build_part_ops("embedding", (self.token_embd, self.output))
+        self._build_part_ops("output_norm", self.output_norm)
+
+    def _build_part_ops(self, part: int | str, weights: object) -> None:
+        """The ops that read one uploaded part (upload_weights' `uploaded` callback)."""
+        k, step = self.kernels, self.step
+        if isinstance(part, int):
+            self.layer_ops[part] = self._layer_ops(part, weights)
+        elif part == "embedding":
+            self.token_embd, self.output = weights  # type: ignore[misc]
+            self.embed = EmbeddingLookup(k, self.token_embd, self.token_ids, self.x, step)
+            self.lm_head = LMHead(k, self.output, self.x_final, self.logits, step)
+        else:
+            self.output_norm = weights  # type: ignore[assignment]
+            cfg = self.config
+            # norms of zero-padded rows divide by the model's true widths (model/layout.py)
+            self.final_norm = RMSNorm(
+                k, self.x, self.output_norm, self.x_final, step, self.layout.dim, cfg.norm_eps, mean_width=cfg.dim
+            )
+
+    def _build_sampling_ops(self) -> None:
+        k = self.kernels
+        # Greedy decoding on the GPU: the argmax goes straight into token_ids[0], the next step's input.
+        self.argmax = Argmax(k, self.logits, self.token_ids, self.config.vocab_size)
+        self._buffers.append(self.argmax.partials)
+        # Sampled decoding on the GPU likewise (top-k <= GPU_TOP_K_MAX), seeded from the host once.
+        self.gpu_sampler = GPUSampler(k, self.logits, self.token_ids, self.config.vocab_size)
+        self._buffers += self.gpu_sampler.buffers
+
+    def _layer_ops(self, i: int, w: LayerWeights) -> LayerOps:
+        cfg, k, step, rows = self.config, self.kernels, self.step, self.max_tokens
+        eps = cfg.norm_eps
         # norms of zero-padded rows divide by the model's true widths (model/layout.py)
         dim, q_dim, ffn_dim = cfg.dim, cfg.n_heads * cfg.head_dim, cfg.ffn_dim
         gate = "gate_relu2" if cfg.activation == "relu2" else "gate_silu"
-        self.embed = EmbeddingLookup(k, self.token_embd, self.token_ids, self.x, step)
-        self.layer_ops = []
         xq, xs = self.x_q, self.x_scale
-        for i, w in enumerate(self.layers):
-            self.layer_ops.append(
-                LayerOps(
-                    qkv=NormTernaryLinear(
-                        k, self.x, w.attn_norm, eps, w.qkv, xq, xs, self.qkv, step, "store", mean_width=dim
-                    ),
-                    attention=Attention(
-                        k,
-                        step,
-                        self.kv_cache,
-                        i,
-                        self.q,
-                        self.attn_out,
-                        n_heads=cfg.n_heads,
-                        max_tokens=rows,
-                        scratch=self.attention_scratch,
-                        scale=1.0 / float(np.sqrt(cfg.head_dim)),
-                        rope=RopeKV(
-                            k,
-                            step,
-                            self.kv_cache,
-                            i,
-                            self.rope_table,
-                            self.qkv,
-                            self.q,
-                            n_heads=cfg.n_heads,
-                            style=cfg.rope_style,
-                            max_tokens=rows,
-                        ),
-                    ),
-                    wo=NormTernaryLinear(
-                        k, self.attn_out, w.attn_sub_norm, eps, w.wo, xq, xs, self.x, step, "residual", mean_width=q_dim
-                    ),
-                    gate_up=NormTernaryLinear(
-                        k, self.x, w.ffn_norm, eps, w.gate_up, xq, xs, self.ffn_hidden, step, gate, mean_width=dim
-                    ),
-                    down=NormTernaryLinear(
-                        k,
-                        self.ffn_hidden,
-                        w.ffn_sub_norm,
-                        eps,
-                        w.down,
-                        xq,
-                        xs,
-                        self.x,
-                        step,
-                        "residual",
-                        mean_width=ffn_dim,
-                    ),
-                )
-            )
-        self.final_norm = RMSNorm(k, self.x, self.output_norm, self.x_final, step, layout.dim, eps, mean_width=dim)
-        self.lm_head = LMHead(k, self.output, self.x_final, self.logits, step)
-        # Greedy decoding on the GPU: the argmax goes straight into token_ids[0], the next step's input.
-        self.argmax = Argmax(k, self.logits, self.token_ids, cfg.vocab_size)
-        self._buffers.append(self.argmax.partials)
-        # Sampled decoding on the GPU likewise (top-k <= GPU_TOP_K_MAX), seeded from the host once.
-        self.gpu_sampler = GPUSampler(k, self.logits, self.token_ids, cfg.vocab_size)
-        self._buffers += self.gpu_sampler.buffers
+        return LayerOps(
+            qkv=NormTernaryLinear(k, self.x, w.attn_norm, eps, w.qkv, xq, xs, self.qkv, step, "store", mean_width=dim),
+            attention=Attention(
+                k,
+                step,
+                self.kv_cache,
+                i,
+                self.q,
+                self.attn_out,
+                n_heads=cfg.n_heads,
+                max_tokens=rows,
+                scratch=self.attention_scratch,
+                scale=1.0 / float(np.sqrt(cfg.head_dim)),
+                rope=RopeKV(
+                    k,
+                    step,
+                    self.kv_cache,
+                    i,
+                    self.rope_table,
+                    self.qkv,
+                    self.q,
+                    n_heads=cfg.n_heads,
+                    style=cfg.rope_style,
+                    max_tokens=rows,
+                ),
+            ),
+            wo=NormTernaryLinear(
+                k, self.attn_out, w.attn_sub_norm, eps, w.wo, xq, xs, self.x, step, "residual", mean_width=q_dim
+            ),
+            gate_up=NormTernaryLinear(
+                k, self.x, w.ffn_norm, eps, w.gate_up, xq, xs, self.ffn_hidden, step, gate, mean_width=dim
+            ),
+            down=NormTernaryLinear(
+                k, self.ffn_hidden, w.ffn_sub_norm, eps, w.down, xq, xs, self.x, step, "residual", mean_width=ffn_dim
+            ),
+        )
 
     # Context bookkeeping -----------------------------------------------------------------------
 

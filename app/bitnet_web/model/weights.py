@@ -25,6 +25,9 @@ from .layout import gather, gather_index, gpu_layout
 
 ProgressCallback = Callable[[str, int, int], None]
 ReadyCallback = Callable[[int], Awaitable[None]]  # `await ready(n)`: the file's first n bytes are loaded
+# `uploaded(part, weights)` after each part is on the GPU: (layer index, LayerWeights),
+# ("embedding", (token_embd, output)) or ("output_norm", its buffer)
+PartCallback = Callable[[int | str, object], None]
 
 LOGITS_ROWS = 64  # rows of the logits buffer: all-logits calls run in pieces of this many tokens
 
@@ -125,6 +128,7 @@ async def upload_weights(
     int8_head: bool = False,
     progress: ProgressCallback | None = None,
     ready: ReadyCallback | None = None,
+    uploaded: PartCallback | None = None,
 ) -> ModelWeights:
     """Upload every weight tensor. Each buffer is appended to `buffers` as soon as it exists, so the
     caller can free everything after a failure part way. Progress: ("upload", k, n_layers + 2) after
@@ -133,7 +137,8 @@ async def upload_weights(
 
     Parts (a layer, the embedding and head, the output norm) go in the order their bytes lie in the
     file, so a file still being read (`ready`: `await ready(n)` returns once the file's first n
-    bytes are in `gguf.data`) is uploaded while the rest of it arrives."""
+    bytes are in `gguf.data`) is uploaded while the rest of it arrives. `uploaded` hears of each part
+    once its buffers exist (the model builds its ops then: their kernels compile during the upload)."""
     cfg, layout = config, gpu_layout(config)
 
     def index(axis: str) -> np.ndarray | None:
@@ -221,11 +226,17 @@ async def upload_weights(
             await ready(nbytes)
         if part == "output_norm":
             norms[OUTPUT_NORM] = f32(OUTPUT_NORM, "output_norm")
+            if uploaded:
+                uploaded(part, norms[OUTPUT_NORM])
             continue  # a small vector: no progress step of its own
         if part == "embedding":
             embedding_and_head()
+            if uploaded:
+                uploaded(part, (embeddings["token_embd"], embeddings["output"]))
         else:
             layers[part] = layer(part)
+            if uploaded:
+                uploaded(part, layers[part])
         done += 1
         if progress:
             progress("upload", done, total)
