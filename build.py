@@ -781,7 +781,10 @@ def test(pytest_args: list[str]) -> int:
     # sync API in the kernel tests) for the rest of the session.
     status = 0
     for selection in (["tests", "--ignore=tests/browser"], ["tests/browser"]):
-        result = subprocess.run([str(python), "-m", "pytest", *selection, *pytest_args], cwd=ROOT, env=env)
+        # --durations: the slowest tests are listed, to keep the suite within CI's time
+        result = subprocess.run(
+            [str(python), "-m", "pytest", *selection, "--durations=15", *pytest_args], cwd=ROOT, env=env
+        )
         status = status or result.returncode
     return status
 

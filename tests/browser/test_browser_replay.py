@@ -176,13 +176,22 @@ def test_evicted_programs_are_rebuilt_correctly(worker):
     assert result["snapshots"][-1]["built"] == 6 and result["snapshots"][-1]["reused"] == 0
 
 
+ADD_ONE_WGSL = """
+@group(0) @binding(0) var<storage, read_write> words: array<u32>;
+@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) id: vec3<u32>) { words[id.x] += 1u; }
+"""
+
+
 def test_misuse_of_a_recorder_is_a_clear_error(worker):
     """A released buffer in a copy, and recording into a finished recorder (whose command list may
-    be a cached program's key), raise GPUError at the call instead of encoding something else."""
+    be a cached program's key), raise GPUError at the call instead of encoding something else; a
+    dispatch of a pipeline still compiling in a batch is refused when its step is encoded (replayed
+    or not), and the same dispatch works once the batch has ended."""
     found = run_python(
         worker,
         """
 import json
+import numpy as np
 from bitnet_web import gpu
 device = await gpu.open_device_async()
 a, b = device.buffer(256, gpu.STORAGE_USAGE, "kept"), device.buffer(256, gpu.STORAGE_USAGE, "freed")
@@ -198,13 +207,34 @@ for attempt in (lambda: device.begin().copy(a, 0, b, 0, 256), lambda: finished.c
         messages.append(None)
     except gpu.GPUError as exc:
         messages.append(str(exc))
+from bitnet_web.gpu.browser import recorded_programs
+device.begin_pipeline_batch()
+pending = device.pipeline(ADD_ONE, "pending")
+group = device.bind_group(pending, [c])
+for replay in (True, False):
+    recorded_programs(device).enabled = replay
+    recorder = device.begin()
+    recorder.dispatch(pending, group, 1)
+    try:
+        recorder.finish()
+        messages.append(None)
+    except gpu.GPUError as exc:
+        messages.append(str(exc))
+await device.end_pipeline_batch()
+recorder = device.begin()
+recorder.dispatch(pending, group, 1)
+recorder.submit()
+messages.append(int(np.frombuffer(bytes(await device.read(c)), dtype=np.uint32)[0]))
 device.destroy()
 json.dumps(messages)
-""",
+""".replace("ADD_ONE", repr(ADD_ONE_WGSL)),
     )
-    released, after_finish = found
+    released, after_finish, pending_replayed, pending_direct, after_batch = found
     assert released is not None and "'freed'" in released and "released" in released
     assert after_finish is not None and "finished" in after_finish
+    for message in (pending_replayed, pending_direct):
+        assert message is not None and "still compiling" in message
+    assert after_batch == 1  # the one dispatch that ran added 1 to the zeroed buffer
 
 
 _DECODE_RUNNER = """

@@ -22,6 +22,7 @@
 #              SHA-256 (older builds' chunks), unchecked, and the records alone (read_only_s_by_variant)
 #   storage    static/bench/storage.html: IndexedDB read speed by value type, chunk size, read-ahead (no engine)
 # The synthetic model is the one stage call 1 started writing into /opt/device-browser/synth.
+# COLD_SHADERS=1 empties the GPU driver's shader caches before each page (see page()).
 # Results: $OUT/summary.txt (tools/device/summarize.py, also printed) and $OUT/res.tgz (every page's JSON
 # and log, the /proc samples, the CPU time per phase, the nvidia-smi trace).
 set -u
@@ -46,6 +47,9 @@ python3 "$SITE/tools/device/proc_sample.py" "$R/procs.jsonl" &
 PROCS=$!
 page() {  # page NAME PATH [TIMEOUT]
   say "page $1: $2"
+  # COLD_SHADERS=1: the GPU driver's own shader caches emptied too (a fresh profile empties Chromium's),
+  # so a page's first load compiles every kernel as on a machine that never ran the app
+  [ "${COLD_SHADERS:-0}" = 1 ] && rm -rf ~/.cache/nvidia ~/.nv ~/.cache/mesa_shader_cache
   $OP --serve "$SITE/dist" --path "$2${QS:+&$QS}" --wait window.benchResult "${FL[@]}" --timeout "${3:-240}" \
     --progress 'document.getElementById("status").textContent' --out "$R/$1.json" > "$R/$1.out" 2>&1
   say "page $1: exit $?"; tail -c 1500 "$R/$1.out" | grep -v '^\s*\[' | tail -3

@@ -117,6 +117,7 @@ class RecordedPrograms:
                 return entry[1], entry[2]
         from pyodide.ffi import to_js  # noqa: PLC0415
 
+        _require_handles(commands)
         program = to_js([value for command in commands for value in command])
         entries.insert(0, (list(commands), program, _count_passes(commands)))  # a copy no recorder can extend
         del entries[self.capacity :]
@@ -156,8 +157,17 @@ class _FinishedCommands:
 _FINISHED = _FinishedCommands()
 
 
+def _require_handles(commands: list[tuple]) -> None:
+    """Refuse a command list naming an object that does not exist yet: a dispatch recorded with a
+    pipeline (or its bind group) still compiling in a batch. Checked once per distinct list."""
+    for command in commands:
+        if command[0] == _DISPATCH and (command[1] is None or command[2] is None):
+            raise GPUError("a dispatch of a pipeline still compiling was recorded (before end_pipeline_batch)")
+
+
 def _encode_directly(gpu_device, commands: list[tuple]):
     """Encode `commands` with one FFI call per WebGPU call (no JS helper, or replay disabled)."""
+    _require_handles(commands)
     encoder = gpu_device.createCommandEncoder()
     compute_pass = None
     for command in commands:
@@ -195,8 +205,7 @@ class BrowserRecorder(Recorder):
         self.dispatches = 0
 
     def dispatch(self, pipeline: Pipeline, bind_group: BindGroup, x: int, y: int = 1, z: int = 1) -> None:
-        if pipeline.handle is None or bind_group.handle is None:
-            raise GPUError(f"dispatch of {pipeline.label!r}: its pipeline is still compiling (end_pipeline_batch)")
+        # (a handle still None, a pipeline of an unfinished batch, is refused when the list is encoded)
         self._commands.append((_DISPATCH, pipeline.handle, bind_group.handle, x, y, z))
         self.dispatches += 1
 

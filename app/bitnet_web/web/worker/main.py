@@ -314,9 +314,9 @@ class EngineWorker:
             )
         except Exception as e:
             if e is not stream.failed and not isinstance(e, LoadCancelled):
-                # The engine refused bytes whose chunk hashes (and the whole-file check) may not have
-                # been checked yet: a damaged copy is deleted and fetched again (as when it was read
-                # first), not reported as a bad file, so let the read finish and say which it was.
+                # The engine refused bytes the whole-file check had not judged yet: a damaged copy
+                # is deleted and fetched again (as when it was read first), not reported as a bad
+                # file, so let the read finish and say which it was.
                 failed = await stream.finish()
                 if isinstance(failed, CorruptEntryError):
                     raise failed from None
@@ -350,7 +350,7 @@ class EngineWorker:
     def _verify(self, meta: dict[str, Any], data: np.ndarray, emit) -> None:
         expected = meta.get("sha256")
         if not expected:
-            return  # per-chunk SHA-256 and the size were checked while reading
+            return  # each chunk (its checksum or SHA-256) and the size were checked while reading
         emit({"event": "progress", "phase": "verify", "done": 0, "total": len(data)})
         actual = hashlib.sha256(data).hexdigest()
         if actual != expected:

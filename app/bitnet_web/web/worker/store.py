@@ -24,9 +24,9 @@ chunks missing, and none is marked complete after it was deleted.
 Every chunk is checked when it is read back, so storage damage is found and the entry re-fetched
 instead of loading damaged weights: against its `check` (checksum.chunk_checksum, computed by numpy
 over the bytes just copied into wasm memory), or, in chunks stored by builds before it, against its
-SHA-256 (WebCrypto: 1.2 GB read back in 3.1 s with it, 1.25 s without, on the H100 machine; those
-chunks' bytes are handed on while their hash runs, and `read_into` returns only once every check
-matched). Each chunk also keeps its SHA-256, written when it was downloaded.
+SHA-256 (WebCrypto: 1.2 GB read back in 3.1 s with it, 1.25 s without, on the H100 machine; such an
+entry is rewritten with checks after its first load, `upgrade_chunks`). Each chunk also keeps its
+SHA-256, written when it was downloaded.
 Why Blob values: Chromium reads a Blob value back (get + arrayBuffer()) about 3x faster than an
 ArrayBuffer value of the same size (1.9 against 0.6 GB/s on the H100 machine, static/bench/storage.html;
 docs/performance.md), which is most of the time a cached model takes to load.
@@ -52,9 +52,6 @@ DB_VERSION = 1
 META = "models"
 CHUNKS = "chunks"
 READ_AHEAD = 4  # chunks being read at once while loading (16 MB each by default)
-# Chunks handed on whose SHA-256 is still being computed (WebCrypto keeps a copy of each: 128 MB at
-# most at 16 MB chunks); the read waits for the oldest hash when there are more.
-HASHES_AHEAD = 8
 
 
 class StoreError(Exception):
@@ -218,8 +215,7 @@ class ModelStore:
         size = int(data.byteLength)
         digest = await sha256_hex(data)  # before the transaction: an await inside would commit it
         index = int(meta["chunks"])
-        check = chunk_checksum(js.Uint8Array.new(data).to_bytes())
-        record = _chunk_record(meta["key"], index, int(meta["stored"]), size, digest, check, data)
+        record = _chunk_record(meta["key"], index, int(meta["stored"]), size, digest, _checksum_of(data), data)
         meta["chunks"] = index + 1
         meta["stored"] = int(meta["stored"]) + size
         meta["updated"] = _now()
@@ -233,24 +229,21 @@ class ModelStore:
 
     async def read_into(self, meta: dict[str, Any], out: Any, progress=None, timings: dict | None = None) -> None:
         """Copy every chunk of a complete entry into `out` (a writable uint8 buffer of meta's total
-        size), checking offsets, sizes and each chunk's SHA-256. `progress(done, total)` is called
+        size), checking offsets, sizes and each chunk's bytes. `progress(done, total)` is called
         after each chunk is in `out` (chunks land in order); an exception it raises ends the read.
 
-        READ_AHEAD chunks are read at once, each in its own transaction. A chunk with a `check` is
-        checked as soon as it is in `out`. One without (an older build's) is in `out` (and reported)
-        before its SHA-256 is known: WebCrypto hashes up to HASHES_AHEAD chunks while later ones are
-        read and used, and a mismatch raises CorruptEntryError when it is found. So the bytes
-        reported may not be checked yet: the whole file is checked only when this returns.
-        `timings` (if given) gets the seconds this coroutine waited for chunks, spent copying and
-        waited for hashes."""
+        READ_AHEAD chunks are read at once, each in its own transaction. A chunk is checked against
+        its `check` right after it is copied into `out`, or, an older build's chunk without one,
+        against its SHA-256 before (CorruptEntryError names the chunk). `timings` (if given) gets
+        the seconds this coroutine waited for chunks, spent copying and checking, and spent on
+        SHA-256s."""
         mv = memoryview(out).cast("B")
         total = int(meta["total"])
         if len(mv) != total:
             raise ValueError(f"output buffer has {len(mv)} bytes, the entry {total}")
         n_chunks = int(meta["chunks"])
         pending: collections.deque[asyncio.Task] = collections.deque()
-        hashing: collections.deque[tuple[int, int, int, str, asyncio.Task]] = collections.deque()
-        wait_s = copy_s = hash_wait_s = 0.0
+        wait_s = copy_s = hash_s = 0.0
 
         def fetch_next() -> None:
             index = len(pending) + fetched[0]
@@ -263,11 +256,6 @@ class ModelStore:
                 f"does not match its {what}: the stored copy is damaged"
             )
 
-        async def check_oldest() -> None:
-            index, offset, size, expected, task = hashing.popleft()
-            if await task != expected:
-                raise damaged(index, offset, size, "SHA-256")
-
         fetched = [0]  # chunks taken from the front of `pending`
         try:
             for _ in range(min(READ_AHEAD, n_chunks)):
@@ -279,6 +267,7 @@ class ModelStore:
                 fetched[0] += 1
                 fetch_next()
                 t1 = time.perf_counter()
+                wait_s += t1 - t0
                 if rec is None:
                     await self._raise_if_deleted(meta)
                     raise CorruptEntryError(f"chunk {index} of {meta['key']} is missing from browser storage")
@@ -293,31 +282,28 @@ class ModelStore:
                         f"chunk {index} of {meta['key']} has offset {int(rec.offset)} and "
                         f"{int(data.byteLength)} bytes; expected offset {offset} and {size} bytes"
                     )
+                view = mv[offset : offset + size]
                 check = _stored_check(rec)
-                if check is None:
-                    hashing.append((index, offset, size, str(rec.sha256), asyncio.ensure_future(sha256_hex(data))))
-                js.Uint8Array.new(data).assign_to(mv[offset : offset + size])
-                if check is not None and chunk_checksum(mv[offset : offset + size]) != check:
-                    raise damaged(index, offset, size, "checksum")
+                if check is None:  # an older build's chunk (upgrade_chunks rewrites it after this load)
+                    if await sha256_hex(data) != str(rec.sha256):
+                        raise damaged(index, offset, size, "SHA-256")
+                    hash_s += time.perf_counter() - t1
+                    t1 = time.perf_counter()
+                    js.Uint8Array.new(data).assign_to(view)
+                else:
+                    js.Uint8Array.new(data).assign_to(view)
+                    if chunk_checksum(view) != check:
+                        raise damaged(index, offset, size, "checksum")
                 offset += size
-                del rec, data
-                wait_s += t1 - t0
-                t2 = time.perf_counter()
-                copy_s += t2 - t1
-                while len(hashing) > HASHES_AHEAD:
-                    await check_oldest()
-                hash_wait_s += time.perf_counter() - t2
+                del rec, data, view
+                copy_s += time.perf_counter() - t1
                 if progress is not None:
                     progress(offset, total)
             if offset != total:
                 raise CorruptEntryError(f"{meta['key']}: chunks hold {offset} bytes, the file has {total}")
-            t2 = time.perf_counter()
-            while hashing:
-                await check_oldest()
-            hash_wait_s += time.perf_counter() - t2
         finally:
-            # A failure or Cancel: the reads and hashes ahead are not wanted.
-            for task in [*pending, *(entry[-1] for entry in hashing)]:
+            # A failure or Cancel: the reads ahead are not wanted.
+            for task in pending:
                 if task.done() and not task.cancelled():
                     task.exception()  # retrieved: a failed read ahead is not logged as unhandled
                 else:
@@ -325,7 +311,7 @@ class ModelStore:
             if timings is not None:
                 timings["read_wait_s"] = timings.get("read_wait_s", 0.0) + wait_s
                 timings["read_copy_s"] = timings.get("read_copy_s", 0.0) + copy_s
-                timings["hash_wait_s"] = timings.get("hash_wait_s", 0.0) + hash_wait_s
+                timings["hash_wait_s"] = timings.get("hash_wait_s", 0.0) + hash_s
 
     async def _get_chunk(self, key: str, index: int) -> JsProxy | None:
         """The stored record of chunk `index` of `key` (its own readonly transaction), or None."""
@@ -370,8 +356,9 @@ class ModelStore:
             data = await _chunk_bytes(rec)
             if data is None or await sha256_hex(data) != str(rec.sha256):
                 continue
-            check = chunk_checksum(js.Uint8Array.new(data).to_bytes())
-            record = _chunk_record(meta["key"], index, int(rec.offset), int(rec.size), str(rec.sha256), check, data)
+            record = _chunk_record(
+                meta["key"], index, int(rec.offset), int(rec.size), str(rec.sha256), _checksum_of(data), data
+            )
             del rec, data
             await self._write_if_current(meta, record, f"rewrite chunk {index} as a Blob", write_meta=False)
             rewritten += 1
@@ -411,6 +398,11 @@ def _chunk_record(
         "check": check,
         "data": js.Blob.new(js_obj([data])),
     }
+
+
+def _checksum_of(data: JsProxy) -> str:
+    """checksum.chunk_checksum of an ArrayBuffer's bytes."""
+    return chunk_checksum(js.Uint8Array.new(data).to_bytes())
 
 
 def _stored_check(rec: JsProxy) -> str | None:

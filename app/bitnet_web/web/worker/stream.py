@@ -2,10 +2,9 @@
 
 The engine parses the header as soon as its bytes are in and uploads each part of the model when
 its bytes are (`Engine.load_async(..., ready=stream.wait)`), so reading and uploading overlap
-instead of taking turns. A chunk's bytes are in as soon as they are copied, while WebCrypto still
-hashes them (ModelStore.read_into); the whole file is in only after every chunk's SHA-256 matched
-and the whole file's expected SHA-256 (if the entry has one) did: the engine waits for that before
-it reports ready, so a damaged copy never becomes the loaded model.
+instead of taking turns. A chunk's bytes are in once copied and checked (ModelStore.read_into); the
+whole file is in only after the whole file's expected SHA-256 (if the entry has one) matched too:
+the engine waits for that before it reports ready, so a damaged copy never becomes the loaded model.
 """
 
 from __future__ import annotations
@@ -38,8 +37,8 @@ class FileStream:
         except MemoryError:
             raise MemoryError(f"could not reserve {total:,} bytes of WebAssembly memory for {meta['name']}") from None
         self.store, self.meta, self.total = store, meta, total
-        self.filled = 0  # bytes copied into `data` (their chunks' hashes may still be running)
-        self._checked = False  # every chunk's SHA-256 (and the file's) matched: the read is complete
+        self.filled = 0  # bytes copied into `data`, each chunk checked
+        self._checked = False  # the read is complete (and the file's SHA-256, if known, matched)
         self.timings: dict[str, float] = {}
         self._on_chunk = on_chunk
         self._error: BaseException | None = None
