@@ -20,6 +20,7 @@
 #              (3 loads at each read-ahead 4, 16, chunks stored as Blobs and as ArrayBuffers; per-phase times, the wasm heap)
 #   loadblob   the same, 5 loads of Blob chunks at read-ahead 4, then the chunks read alone checked by their
 #              SHA-256 (older builds' chunks), unchecked, and the records alone (read_only_s_by_variant)
+#   loadfirst  3 loads of Blob chunks at read-ahead 4 (a fresh page's first load and two more; with COLD_SHADERS=1)
 #   storage    static/bench/storage.html: IndexedDB read speed by value type, chunk size, read-ahead (no engine)
 # The synthetic model is the one stage call 1 started writing into /opt/device-browser/synth.
 # COLD_SHADERS=1 empties the GPU driver's shader caches before each page (see page()).
@@ -64,6 +65,7 @@ for step in "$@"; do
     benchbundled) page bench_bundled '/bench/?full=1' 150 ;;
     storage) page storage '/bench/storage.html?mb=600&chunks=16,64&ahead=4,16' 200 ;;
     load) page load_synth '/bench/load.html?model=../synth.gguf&runs=3&readahead=4,16&formats=blob,arraybuffer' 300 ;;
+    loadfirst) page load_synth '/bench/load.html?model=../synth.gguf&runs=3&readahead=4&formats=blob' 200 ;;
     loadblob) page load_synth '/bench/load.html?model=../synth.gguf&runs=5&readahead=4&formats=blob&readonly=sha256,nocheck,getonly' 300 ;;
     native|nativebundled)
       models="synth bundled"; [ $step = nativebundled ] && models=bundled
