@@ -21,6 +21,7 @@ from bitnet_web.engine import Engine, EngineError  # noqa: E402
 from bitnet_web.formats.ggml import GGUFError, Keys  # noqa: E402
 from bitnet_web.formats.gguf_reader import GGUFFile, open_gguf
 from bitnet_web.model.config import ModelConfigError  # noqa: E402
+from bitnet_web.model.forward import BitNetModel  # noqa: E402
 from bitnet_web.model.reference import ReferenceModel  # noqa: E402
 from bitnet_web.text.sampler import SamplerSettings  # noqa: E402
 
@@ -138,6 +139,134 @@ def test_gpu_sampling_draws_the_cpu_samplers_tokens(loaded, settings):
         assert loaded.last_stats.n_generated == 24
     assert runs[True] == runs[False]
     assert len(set(runs[True][1])) > 3  # a sampler stuck on one token would also "agree"
+
+
+def test_each_readback_is_asked_for_before_the_next_submit_and_every_one_ends(loaded, monkeypatch):
+    """A browser maps a buffer only after all work submitted before the request (WebGPU's queue
+    timeline), so the decode loops (plain and speculative) and a watched prefill ask for each
+    staging buffer's readback (gpu.Device.start_read) right after the submit that writes it, before
+    any later submit; and every read asked for is awaited or cancelled (a reply stopped early leaves
+    steps queued), so no buffer stays mapped into the next reply."""
+    from bitnet_web.gpu.native import NativeDevice, NativeRecorder
+
+    events: list[tuple[str, object]] = []
+    real = NativeRecorder.submit, NativeDevice.start_read, NativeDevice.cancel_read, NativeDevice.read_staging
+    real_copy = NativeRecorder.copy
+    staged: dict[int, object] = {}  # recorder id -> the staging buffer its commands write
+
+    def copy(self, src, src_offset, dst, dst_offset, nbytes):
+        if dst.usage & gpu.MAP_READ:
+            staged[id(self)] = dst
+        return real_copy(self, src, src_offset, dst, dst_offset, nbytes)
+
+    def submit(self):
+        events.append(("submit", staged.pop(id(self), None)))
+        return real[0](self)
+
+    async def read_staging(self, staging, nbytes):
+        events.append(("read", staging))
+        return await real[3](self, staging, nbytes)
+
+    monkeypatch.setattr(NativeRecorder, "submit", submit)
+    monkeypatch.setattr(NativeRecorder, "copy", copy)
+    monkeypatch.setattr(NativeDevice, "start_read", lambda self, b: events.append(("start", b)) or real[1](self, b))
+    monkeypatch.setattr(NativeDevice, "cancel_read", lambda self, b: events.append(("cancel", b)) or real[2](self, b))
+    monkeypatch.setattr(NativeDevice, "read_staging", read_staging)
+    loaded.model.DECODE_BATCHING = (3, 2)  # several steps a submit, two submits queued: a stop leaves some
+    try:
+        for speculate in (0, 2):
+            loaded.reset()
+            reply = loaded.generate(tokens=PROMPT, settings=GREEDY, max_tokens=20, speculate=speculate)
+            next(reply), next(reply)
+            reply.close()  # the consumer stops early (Stop): steps are still queued
+            generate(loaded, tokens=PROMPT * 3, max_tokens=7, speculate=speculate)  # the next reply works
+        loaded.reset()
+        loaded._run(loaded.model.prefill(PROMPT * 4, chunk=8, progress=lambda done, total: None))
+    finally:
+        loaded.model.__dict__.pop("DECODE_BATCHING", None)
+    started = [b for kind, b in events if kind == "start"]
+    assert len(started) >= 8
+    for i, (kind, buffer) in enumerate(events):
+        if kind == "start":  # the submit just before it wrote this buffer: no other submit in between
+            assert events[i - 1] == ("submit", buffer), events[max(0, i - 3) : i + 1]
+    # each start is ended, in order, by one read or one cancel of the same buffer
+    open_reads: list[object] = []
+    for kind, buffer in events:
+        if kind == "start":
+            assert buffer not in open_reads
+            open_reads.append(buffer)
+        elif kind in ("read", "cancel") and buffer in open_reads:
+            open_reads.remove(buffer)
+    assert open_reads == []
+    assert any(kind == "cancel" for kind, _ in events)  # a stopped reply left queued steps
+
+
+def test_the_next_submit_is_recorded_while_the_host_waits_for_a_readback(loaded, monkeypatch):
+    """With steps queued, the decode loop records the submit that refills the queue before it awaits
+    the oldest readback (the host is idle then), so after the readback only a submit stands between
+    the GPU and its next work; the reply is the same as recording it afterwards (the batching test
+    below compares batchings)."""
+    from bitnet_web.gpu.native import NativeDevice, NativeRecorder
+
+    events: list[str] = []
+    record, submit, read = BitNetModel._record_gpu_steps, NativeRecorder.submit, NativeDevice.read_staging
+
+    def recording(self, *args, **kwargs):
+        events.append("record")
+        return record(self, *args, **kwargs)
+
+    def submitting(self):
+        events.append("submit")
+        return submit(self)
+
+    async def reading(self, staging, nbytes):
+        events.append("read")
+        return await read(self, staging, nbytes)
+
+    verify_record = BitNetModel._record_verify_steps
+
+    def recording_verify(self, *args, **kwargs):
+        events.append("record")
+        return verify_record(self, *args, **kwargs)
+
+    monkeypatch.setattr(BitNetModel, "_record_gpu_steps", recording)
+    monkeypatch.setattr(BitNetModel, "_record_verify_steps", recording_verify)
+    monkeypatch.setattr(NativeRecorder, "submit", submitting)
+    monkeypatch.setattr(NativeDevice, "read_staging", reading)
+    model = loaded.model
+    model.DECODE_BATCHING = (3, 2)
+
+    async def reply(speculate: int) -> list[int]:
+        model.truncate(0)
+        await model.prefill(PROMPT[:-1])
+        events.clear()
+        if speculate:
+            steps = model.decode_speculative(PROMPT[-1], speculate, limit=25)
+        else:
+            steps = model.decode_greedy(PROMPT[-1], limit=25)
+        tokens = []
+        async for token in steps:
+            tokens.append(token)
+            if len(tokens) == 25:
+                break
+        await steps.aclose()
+        return tokens
+
+    try:
+        for speculate in (0, 2):  # plain decode steps, then verify steps (every step verifies: no policy)
+            tokens = loaded._run(reply(speculate))
+            assert len(tokens) == 25
+            refills = 0
+            for i, event in enumerate(events):
+                if event == "read" and "submit" in events[i + 1 :]:
+                    refills += 1
+                    before = [e for e in events[:i] if e in ("record", "submit")]
+                    assert before[-1] == "record", (speculate, events[max(0, i - 4) : i + 2])  # not yet submitted
+            assert refills >= 3, (speculate, events)
+            assert events.count("record") <= events.count("submit") + 1  # at most one recorded ahead unused
+    finally:
+        model.__dict__.pop("DECODE_BATCHING", None)
+        loaded.reset()
 
 
 @pytest.mark.parametrize("batching", [(1, 1), (1, 3), (4, 2), (5, 3)])

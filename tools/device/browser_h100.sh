@@ -11,6 +11,9 @@
 # .whl. Steps, in the order given:
 #   overhead   static/bench/overhead.html (synthetic steps in plain JS, page + worker + Pyodide)
 #   decode     static/bench/decode.html on the bundled model and the synthetic 2B-4T model
+#   decodevar  decode.html on the synthetic 2B-4T model: 256-token runs at 16x2 (three times) and 16x3 (twice), then 4 timed runs
+#   decodegaps decode.html on the synthetic model: 4 timed runs at 16x2 and 4 at 16x3 (GPU gaps, host submit/readback times)
+#   decodeq2   the same at the default batching (16x2) only
 #   smallbatch decode.html on the bundled model: 384-token runs at several batchings (at most 16 steps per submit)
 #   bench      static/bench/?full=1 on both models (the page's own benchmark)
 #   workloads  the bench page on the bundled model with speculative decoding's workloads (code, summary)
@@ -59,6 +62,10 @@ for step in "$@"; do
   case $step in
     overhead) page overhead '/bench/overhead.html?' 200 ;;
     decode) page decode_bundled '/bench/decode.html' 150; page decode_synth '/bench/decode.html?model=../synth.gguf' 240 ;;
+    decodevar) page decode_synth '/bench/decode.html?model=../synth.gguf&n=256&parts=batching,timestamps&batchings=1x2,16x2,16x2,16x2,16x3,16x3&tsruns=4' 300 ;;
+    decodegaps|decodeq2)  # the timed runs alone, at the default batching (and at 16x3)
+      page decode_synth '/bench/decode.html?model=../synth.gguf&n=256&parts=timestamps&tsruns=4' 200
+      [ $step = decodeq2 ] || page decode_synth_q3 '/bench/decode.html?model=../synth.gguf&n=256&parts=timestamps&tsruns=4&tsbatching=16x3' 200 ;;
     smallbatch) page decode_bundled '/bench/decode.html?n=384&parts=batching&batchings=1x2,16x2,16x3,16x4,8x2,16x2' 200 ;;
     workloads) page workloads_bundled '/bench/?full=1&workloads=1' 240 ;;
     bench) page bench_bundled '/bench/?full=1' 150; page bench_synth '/bench/?full=1&model=../synth.gguf' 240 ;;
@@ -73,14 +80,14 @@ for step in "$@"; do
         f=$M; [ $m = bundled ] && f=$BUNDLED
         say "native $m"
         W=(); [ $m = bundled ] && W=(--workload-model "$f")
-        BITNET_WEB_DEBUG=1 PYTHONPATH=/tmp/site:$PWD/$SITE/app timeout 200 python3 -m bitnet_web bench --model "$f" "${W[@]}" --out "$R/native_$m.json" > "$R/native_$m.out" 2>&1
+        BITNET_WEB_DEBUG=1 PYTHONPATH=/tmp/site:$(cd "$SITE" && pwd)/app timeout 200 python3 -m bitnet_web bench --model "$f" "${W[@]}" --out "$R/native_$m.json" > "$R/native_$m.out" 2>&1
         say "native $m: exit $?"
       done ;;
     nbatch)
       for m in synth bundled; do
         f=$M; [ $m = bundled ] && f=$BUNDLED
         say "native batching $m"
-        PYTHONPATH=/tmp/site:$PWD/$SITE/app timeout 150 python3 "$SITE/tools/device/decode_batching.py" "$f" \
+        PYTHONPATH=/tmp/site:$(cd "$SITE" && pwd)/app timeout 150 python3 "$SITE/tools/device/decode_batching.py" "$f" \
           "$R/nbatch_$m.list" 2>&1 | tee "$R/nbatch_$m.out" | tail -8
       done ;;
     *) say "unknown step $step" ;;

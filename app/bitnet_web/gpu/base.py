@@ -198,6 +198,17 @@ class Device(Protocol):
         """Wait for the work that last wrote `staging`, then copy its first `nbytes` out."""
         raise NotImplementedError
 
+    def start_read(self, staging: Buffer) -> None:
+        """Ask for `staging` to be read back now, right after the submit that writes it, before any
+        later submit: a browser maps a buffer only once all work submitted before the request is done
+        (WebGPU's queue timeline), so a request made after the next submit would wait for that one
+        too, and the GPU would idle while the host catches up. `read_staging` then waits for it;
+        `cancel_read` drops one nobody will wait for. (Here: nothing; read_staging maps.)"""
+
+    def cancel_read(self, staging: Buffer) -> None:
+        """Drop a read started by `start_read` that will not be awaited (a reply stopped early), so the
+        buffer can be written again."""
+
     def release(self, buffer: Buffer) -> None:
         """Destroy `buffer` now (not at garbage collection) and account for it; releasing twice is a no-op."""
         if buffer.handle is None:

@@ -8,6 +8,8 @@ per call because the heap's ArrayBuffer is replaced when wasm memory grows.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from .base import (
@@ -248,6 +250,8 @@ class BrowserDevice(Device):
         self._device = device
         self._queue = device.queue
         self._pipeline_batch: list[tuple[Pipeline, object]] | None = None  # (pipeline, its promise)
+        self._pending_maps: dict[Buffer, object] = {}  # start_read's mapAsync promises, by staging buffer
+        self._ignore_rejection = None  # a JS callback made on first use (start_read)
         self._bind_group_batch: list[tuple[BindGroup, Pipeline]] = []  # made when the batch ends
         info = getattr(adapter, "info", None)
         vendor = getattr(info, "vendor", "") if info is not None else ""
@@ -452,10 +456,32 @@ class BrowserDevice(Device):
         recorder.submit()
         return await self.read_staging(staging, nbytes)
 
+    def start_read(self, staging: Buffer) -> None:
+        js, _ = _js()
+        promise = staging.handle.mapAsync(js.GPUMapMode.READ, 0, staging.nbytes)
+        if self._ignore_rejection is None:
+            from pyodide.ffi import create_proxy  # noqa: PLC0415
+
+            self._ignore_rejection = create_proxy(lambda *_: None)
+        # A cancelled read rejects its promise (AbortError): handled here, never an uncaught rejection;
+        # read_staging still sees a real failure, as it awaits the promise itself.
+        promise.catch(self._ignore_rejection)
+        self._pending_maps[staging] = promise
+
+    def release(self, buffer: Buffer) -> None:
+        self._pending_maps.pop(buffer, None)  # destroying it rejects the map (handled in start_read)
+        super().release(buffer)
+
+    def cancel_read(self, staging: Buffer) -> None:
+        if self._pending_maps.pop(staging, None) is not None and staging.handle is not None:
+            with contextlib.suppress(Exception):  # a lost device has nothing left to unmap
+                staging.handle.unmap()
+
     async def read_staging(self, staging: Buffer, nbytes: int) -> np.ndarray:
         js, _ = _js()
+        started = self._pending_maps.pop(staging, None)
         try:
-            await staging.handle.mapAsync(js.GPUMapMode.READ, 0, staging.nbytes)
+            await (started if started is not None else staging.handle.mapAsync(js.GPUMapMode.READ, 0, staging.nbytes))
         except Exception as exc:
             lost = await self._lost_during(f"reading back {staging.label!r}", exc)
             if lost is not None:

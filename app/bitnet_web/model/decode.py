@@ -155,39 +155,58 @@ class GPUDecodeLoop:
             n = min(steps, context - start - submitted)
             return n if limit is None else min(n, limit - submitted)
 
-        def launch(k: int) -> None:
-            nonlocal submitted, launched
+        prepared: list[tuple[int, int, gpu.Recorder]] = []  # (position, steps, recorder) of the next submit
+
+        def prepare(k: int) -> gpu.Recorder:
+            """Record (and encode) the next submit's k steps without submitting them."""
             encode_start = time.perf_counter()
-            staging = ring[launched % len(ring)]
-            rec = self._record_gpu_steps(chooser, start + submitted, k, staging)
+            rec = self._record_gpu_steps(chooser, start + submitted, k, ring[launched % len(ring)])
             rec.finish()
             self.encode_seconds += time.perf_counter() - encode_start
+            return rec
+
+        def launch(k: int) -> None:
+            nonlocal submitted, launched
+            ready = prepared.pop() if prepared else None
+            rec = ready[2] if ready is not None and ready[:2] == (start + submitted, k) else prepare(k)
+            staging = ring[launched % len(ring)]
             rec.submit()
+            self.device.start_read(staging)  # before any later submit (gpu.Device.start_read)
             self.last_dispatches, self.last_passes = rec.dispatches // k, rec.passes // k
             queued.append((staging, k))
             submitted += k
             launched += 1
 
-        launch(max(1, room()))
-        self.cached_tokens.append(first_token)
-        while len(queued) < in_flight and room() > 0:
-            launch(room())  # their inputs are earlier steps' outputs, still on the GPU
-        read = 0
-        while True:
-            staging, k = queued.popleft()
-            raw = await self.device.read_staging(staging, 4 * k)
-            for token in raw.view(np.uint32)[:k].tolist():
-                read += 1
-                if read < submitted:
-                    self.cached_tokens.append(token)  # it is already the input of a submitted step
-                yield token
-            if not queued:  # nothing submitted consumes the last token read
-                if start + submitted >= context or (until is not None and until()):
-                    return  # the context is full, or the caller's next phase is due
-                self.cached_tokens.append(token)
-                launch(max(1, room()))
+        try:
+            launch(max(1, room()))
+            self.cached_tokens.append(first_token)
             while len(queued) < in_flight and room() > 0:
-                launch(room())
+                launch(room())  # their inputs are earlier steps' outputs, still on the GPU
+            read = 0
+            while True:
+                staging, k = queued.popleft()
+                ahead = room() if queued else 0
+                if ahead > 0:
+                    # The submit that will refill the queue once these ids are yielded, recorded now,
+                    # while the host waits for them: then only its submit stands between the readback
+                    # and the GPU's next work. Used only if it is still the submit wanted then.
+                    prepared.append((start + submitted, ahead, prepare(ahead)))
+                raw = await self.device.read_staging(staging, 4 * k)
+                for token in raw.view(np.uint32)[:k].tolist():
+                    read += 1
+                    if read < submitted:
+                        self.cached_tokens.append(token)  # it is already the input of a submitted step
+                    yield token
+                if not queued:  # nothing submitted consumes the last token read
+                    if start + submitted >= context or (until is not None and until()):
+                        return  # the context is full, or the caller's next phase is due
+                    self.cached_tokens.append(token)
+                    launch(max(1, room()))
+                while len(queued) < in_flight and room() > 0:
+                    launch(room())
+        finally:
+            for staging, _ in queued:  # stopped early: steps still queued are never read
+                self.device.cancel_read(staging)
 
     # Speculative decoding ----------------------------------------------------------------------
 
@@ -371,44 +390,63 @@ class GPUDecodeLoop:
             n = min(steps, (context - pos) // (k + 1) - pending)
             return n if limit is None else min(n, limit - emitted - pending)
 
-        def launch(n: int) -> None:
-            nonlocal pending, launched
+        prepared: list[tuple[int, int, gpu.Recorder]] = []  # (position bound, steps, recorder): see below
+
+        def prepare(n: int, bound: int) -> gpu.Recorder:
+            """Record (and encode) n verify steps, the first at a position <= bound, without submitting."""
             encode_start = time.perf_counter()
-            if self.kv_cache.ensure_capacity(pos + (pending + n) * (k + 1)):
+            if self.kv_cache.ensure_capacity(bound + n * (k + 1)):
                 buffers.set_kv_capacity(self.kv_cache.capacity)
-            staging = ring[launched % len(ring)]
-            rec = self._record_verify_steps(k, n, staging, pos + pending * (k + 1), accept)
+            rec = self._record_verify_steps(k, n, ring[launched % len(ring)], bound, accept)
             rec.finish()
             self.encode_seconds += time.perf_counter() - encode_start
+            return rec
+
+        def launch(n: int) -> None:
+            nonlocal pending, launched
+            bound = pos + pending * (k + 1)
+            ready = prepared.pop() if prepared else None
+            # a recording made for a larger bound is as exact (attention covers more splits, unused ones exit)
+            rec = ready[2] if ready is not None and ready[1] == n and ready[0] >= bound else prepare(n, bound)
+            staging = ring[launched % len(ring)]
             rec.submit()
+            self.device.start_read(staging)  # before any later submit (gpu.Device.start_read)
             self.last_dispatches, self.last_passes = rec.dispatches // n, rec.passes // n
             queued.append((staging, n))
             pending += n
             launched += 1
 
-        while queued or (pos + k + 1 <= context and not (until is not None and until())):
-            if not queued:
-                launch(max(1, room()))
-                if len(self.cached_tokens) == pos:
-                    self.cached_tokens.append(last)  # the step computes its row
-            while len(queued) < in_flight and room() > 0:
-                launch(room())
-            staging, n = queued.popleft()
-            raw = (await self.device.read_staging(staging, 4 * stride * n)).view(np.uint32)
-            for j in range(n):
-                pending -= 1
-                row = raw[stride * j : stride * (j + 1)].tolist()
-                n_emitted, tokens, draft_len = row[0], row[1 : 1 + row[0]], row[k + 2]
-                self._spec_history_folded = pos + 1  # the draft kernel folded the text up to this step's input
-                pos += n_emitted
-                last = tokens[-1]
-                self.draft_proposed += draft_len
-                self.verify_steps += 1
-                for i, token in enumerate(tokens):
-                    emitted += 1
-                    if i < n_emitted - 1:
-                        self.draft_accepted += 1
-                        self.cached_tokens.append(token)  # an accepted draft: its row was computed
-                    elif pending:
-                        self.cached_tokens.append(token)  # the input of a submitted step
-                    yield token
+        try:
+            while queued or (pos + k + 1 <= context and not (until is not None and until())):
+                if not queued:
+                    launch(max(1, room()))
+                    if len(self.cached_tokens) == pos:
+                        self.cached_tokens.append(last)  # the step computes its row
+                while len(queued) < in_flight and room() > 0:
+                    launch(room())
+                staging, n = queued.popleft()
+                ahead = room() if queued else 0
+                if ahead > 0:  # the refilling submit, recorded while the host waits (as in _decode_on_gpu),
+                    bound = pos + pending * (k + 1)  # for the largest position its first step can have
+                    prepared.append((bound, ahead, prepare(ahead, bound)))
+                raw = (await self.device.read_staging(staging, 4 * stride * n)).view(np.uint32)
+                for j in range(n):
+                    pending -= 1
+                    row = raw[stride * j : stride * (j + 1)].tolist()
+                    n_emitted, tokens, draft_len = row[0], row[1 : 1 + row[0]], row[k + 2]
+                    self._spec_history_folded = pos + 1  # the draft kernel folded the text up to this step's input
+                    pos += n_emitted
+                    last = tokens[-1]
+                    self.draft_proposed += draft_len
+                    self.verify_steps += 1
+                    for i, token in enumerate(tokens):
+                        emitted += 1
+                        if i < n_emitted - 1:
+                            self.draft_accepted += 1
+                            self.cached_tokens.append(token)  # an accepted draft: its row was computed
+                        elif pending:
+                            self.cached_tokens.append(token)  # the input of a submitted step
+                        yield token
+        finally:
+            for staging, _ in queued:  # stopped early: steps still queued are never read
+                self.device.cancel_read(staging)

@@ -372,25 +372,31 @@ class BitNetModel(GPUDecodeLoop):
         watched = progress is not None or stop is not None
         queued: list[tuple[gpu.Buffer, int]] = []  # (its finish mark, tokens done when it finishes)
         last = (len(token_ids) - 1) // chunk * chunk
-        for i, start in enumerate(range(0, last, chunk)):
-            part = token_ids[start : start + chunk]
-            self.device.upload(self.token_ids, 0, np.asarray(part, dtype=np.uint32))
-            rec = self._record_step(len(part), all_logits=False, head=False)
-            if watched:
-                mark = self._prefill_marks()[i % 2]
-                rec.copy(self.token_ids, 0, mark, 0, 4)  # any 4 bytes the chunk has read
-                queued.append((mark, start + len(part)))
-            rec.submit()
-            self.cached_tokens.extend(part)
-            # wait for the chunk before this one (its mark is then free for the chunk after this one)
-            while len(queued) > 1 or (queued and start + chunk >= last):
-                mark, done = queued.pop(0)
-                await self.device.read_staging(mark, 4)
-                if progress is not None:
-                    progress(done, len(token_ids))
-                if stop is not None and stop():
-                    await self._drain(queued)
-                    return None
+        try:
+            for i, start in enumerate(range(0, last, chunk)):
+                part = token_ids[start : start + chunk]
+                self.device.upload(self.token_ids, 0, np.asarray(part, dtype=np.uint32))
+                rec = self._record_step(len(part), all_logits=False, head=False)
+                if watched:
+                    mark = self._prefill_marks()[i % 2]
+                    rec.copy(self.token_ids, 0, mark, 0, 4)  # any 4 bytes the chunk has read
+                    queued.append((mark, start + len(part)))
+                rec.submit()
+                if watched:
+                    self.device.start_read(mark)  # before the next chunk's submit (gpu.Device.start_read)
+                self.cached_tokens.extend(part)
+                # wait for the chunk before this one (its mark is then free for the chunk after this one)
+                while len(queued) > 1 or (queued and start + chunk >= last):
+                    mark, done = queued.pop(0)
+                    await self.device.read_staging(mark, 4)
+                    if progress is not None:
+                        progress(done, len(token_ids))
+                    if stop is not None and stop():
+                        await self._drain(queued)
+                        return None
+        finally:
+            for mark, _ in queued:  # a failure part way: marks never read are free again
+                self.device.cancel_read(mark)
         return await self.forward(token_ids[last:])
 
     def _prefill_marks(self) -> list[gpu.Buffer]:
