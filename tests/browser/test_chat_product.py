@@ -247,12 +247,12 @@ def test_every_load_phase_shows_its_progress(bundled, site, bundled_model):
 def test_a_long_prompt_shows_its_prefill_and_stop_ends_it(bundled, site, bundled_model):
     page, key = bundled, site.url + bundled_model["url"]
     set_settings(page, {**GREEDY_FORM, "max_tokens": "2"})
-    # chunks of 16 tokens: the ~300-token prompt is read in ~19 of them
+    # chunks of 16 tokens: the 67-token prompt is read in 5 of them, the ~134-token one in ~9
     worker_python(page, "from bitnet_web.web.worker import main as w\nw._worker.engine_options = {'prefill_chunk': 16}")
     try:
         assert load_option(page, key) == "loaded"
         page.evaluate(RECORD_TEXTS, ["stats"])
-        page.fill("#prompt", CODE * 3)
+        page.fill("#prompt", CODE)
         page.press("#prompt", "Enter")
         page.wait_for_function("() => /Reading the prompt: [0-9]/.test(document.getElementById('stats').textContent)")
         screenshot(page, "chat-prefill-progress")
@@ -267,7 +267,7 @@ def test_a_long_prompt_shows_its_prefill_and_stop_ends_it(bundled, site, bundled
         # Stop while the prompt is read: the turn ends after the chunk in progress, nothing generated
         page.click("#new-chat")
         page.evaluate(RECORD_TEXTS, ["stats"])
-        page.fill("#prompt", CODE * 3)
+        page.fill("#prompt", CODE * 2)
         page.press("#prompt", "Enter")
         page.wait_for_function("() => /Reading the prompt: [0-9]/.test(document.getElementById('stats').textContent)")
         page.click("#stop")
