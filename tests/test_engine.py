@@ -547,6 +547,75 @@ def test_kernels_are_made_while_the_file_still_arrives(tiny_path, monkeypatch):
     assert events.count("pipeline") >= 20 and made_late <= 3, " ".join(events)
 
 
+def test_a_model_loaded_again_on_the_same_device_compiles_no_kernel(tiny_path, ref, monkeypatch):
+    """Kernels are kept per device: a second load of the same shapes (a page switching back to a
+    model) makes no pipeline, and computes what the first load did."""
+    from bitnet_web.gpu.native import NativeDevice
+
+    made: list[str] = []
+    make_pipeline = NativeDevice.pipeline
+
+    def pipeline(self, wgsl, label, entry_point="main"):
+        made.append(label)
+        return make_pipeline(self, wgsl, label, entry_point)
+
+    monkeypatch.setattr(NativeDevice, "pipeline", pipeline)
+    engine = Engine(prefill_chunk=16)
+    try:
+        engine.load(tiny_path)
+        first = engine.logits(PROMPT)
+        n_first = len(made)
+        engine.unload()
+        engine.load(tiny_path)
+        assert n_first >= 20 and len(made) == n_first, made[n_first:]
+        assert np.array_equal(engine.logits(PROMPT), first)
+        assert_recovers(engine, tiny_path, ref)
+    finally:
+        engine.close()
+
+
+def test_kernels_a_failed_pipeline_batch_left_unbuilt_are_compiled_again(tiny_path, ref, monkeypatch):
+    """A batch that fails (a browser's compile failure) leaves pipelines without a handle: the device's
+    cache must not hand them to the next load, which compiles them again and works."""
+    from bitnet_web.gpu.native import NativeDevice
+
+    make_pipeline = NativeDevice.pipeline
+    batch: list = []  # (pipeline, real handle) of the simulated batch, or None when none is open
+
+    def pipeline(self, wgsl, label, entry_point="main"):
+        real = make_pipeline(self, wgsl, label, entry_point)
+        if batch is not None and label.startswith("attention"):
+            unbuilt = gpu.Pipeline(None, label)  # as a browser's batch hands it out, and never fills in
+            batch.append(unbuilt)
+            return unbuilt
+        return real
+
+    make_bind_group = NativeDevice.bind_group
+
+    def bind_group(self, pipeline, buffers, label=""):
+        if pipeline.handle is None:  # a browser's batch makes these once the pipeline exists
+            return gpu.BindGroup(None, label, tuple(buffers))
+        return make_bind_group(self, pipeline, buffers, label)
+
+    async def end_pipeline_batch(self):
+        if batch:
+            raise gpu.GPUError(f"creating pipeline {batch[0].label!r} failed: simulated")
+
+    monkeypatch.setattr(NativeDevice, "pipeline", pipeline)
+    monkeypatch.setattr(NativeDevice, "bind_group", bind_group)
+    monkeypatch.setattr(NativeDevice, "end_pipeline_batch", end_pipeline_batch)
+    engine = Engine(prefill_chunk=16)
+    try:
+        with pytest.raises(gpu.GPUError, match="creating pipeline 'attention.*simulated"):
+            engine.load(tiny_path)
+        assert batch and engine.model is None and engine.device.live_buffers == 0
+        batch = None  # compiles work again
+        monkeypatch.setattr(NativeDevice, "end_pipeline_batch", lambda self: asyncio.sleep(0))
+        assert_recovers(engine, tiny_path, ref)
+    finally:
+        engine.close()
+
+
 def test_a_file_that_stops_arriving_fails_the_load_and_frees_what_was_uploaded(tiny_path, ref):
     arriving = ArrivingFile(tiny_path, fail_after=2)
     engine = Engine(prefill_chunk=16)

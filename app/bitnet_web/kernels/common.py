@@ -12,6 +12,7 @@ kernel as the compiler gets it.
 from __future__ import annotations
 
 import functools
+import weakref
 from pathlib import Path
 from string import Template
 
@@ -228,11 +229,29 @@ def _wgsl_literal(value: object) -> str:
 
 
 class KernelCache:
-    """Compiled pipelines keyed by shader name and constants: one pipeline per shape, shared by layers."""
+    """Compiled pipelines keyed by shader name and constants: one pipeline per shape, shared by layers.
 
-    def __init__(self, device: gpu.Device):
+    `KernelCache.of(device)` is the device's own cache, which models share: a model loaded again on
+    the same device (a page switching back to a model, a load retried after a failure) compiles no
+    kernel it already has. A pipeline holds no buffer (bind groups are made per model), so sharing it
+    is safe; a new device (after a loss) starts an empty cache.
+    """
+
+    def __init__(self, device: gpu.Device, pipelines: dict[tuple, gpu.Pipeline] | None = None):
         self.device = device
-        self._pipelines: dict[tuple, gpu.Pipeline] = {}
+        self._pipelines: dict[tuple, gpu.Pipeline] = {} if pipelines is None else pipelines
+
+    @classmethod
+    def of(cls, device: gpu.Device) -> KernelCache:
+        # keyed weakly by the device, and the pipelines do not refer back to it: a lost device goes
+        pipelines = _DEVICE_PIPELINES.setdefault(device, {})
+        return cls(device, pipelines)
+
+    def forget_unbuilt(self) -> None:
+        """Drop pipelines a failed pipeline batch left without a handle, so the next use compiles them
+        again instead of reusing one that never came to exist."""
+        for key in [key for key, p in self._pipelines.items() if p.handle is None]:
+            del self._pipelines[key]
 
     def pipeline(
         self,
@@ -258,6 +277,8 @@ class KernelCache:
     def count(self) -> int:
         return len(self._pipelines)
 
+
+_DEVICE_PIPELINES: weakref.WeakKeyDictionary[gpu.Device, dict[tuple, gpu.Pipeline]] = weakref.WeakKeyDictionary()
 
 STEP_PARAMS_WGSL = """
 struct StepParams {

@@ -85,7 +85,7 @@ class BitNetModel(GPUDecodeLoop):
         self.config = config
         self.layout: GPULayout = gpu_layout(config)  # widths as padded on the GPU (model/layout.py)
         self.max_tokens = max_tokens  # rows per forward call (prefill chunk)
-        self.kernels = KernelCache(device)
+        self.kernels = KernelCache.of(device)  # shared with earlier models on this device
         self.cached_tokens: list[int] = []  # tokens whose K/V rows are in the cache, in order
         self.layers: list[LayerWeights] = []
         self._buffers: list[gpu.Buffer] = []
@@ -125,8 +125,13 @@ class BitNetModel(GPUDecodeLoop):
         except BaseException:
             with contextlib.suppress(Exception):
                 await device.end_pipeline_batch()  # nothing left compiling behind a failed load
+            self.kernels.forget_unbuilt()
             raise
-        await device.end_pipeline_batch()
+        try:
+            await device.end_pipeline_batch()
+        except BaseException:
+            self.kernels.forget_unbuilt()  # a kernel that failed to compile is compiled again next time
+            raise
         await device.checkpoint("building kernels")
         if progress:
             progress("upload", cfg.n_layers + 2, cfg.n_layers + 2)

@@ -61,6 +61,9 @@ class EngineWorker:
         self.engine_module: Any = None
         self.engine_options: dict[str, Any] = {}  # keyword arguments of every Engine the worker makes
         self.engine_error: str | None = None
+        # (device, engine_options) of a failed load that opened a GPU device while no model was loaded:
+        # a next load with the same options reuses it, and the kernels compiled on it (KernelCache.of)
+        self.spare_device: tuple[Any, dict[str, Any]] | None = None
         self.downloader: ModelDownloader | None = None
         self.load_task: asyncio.Task | None = None
         self.upgrade_task: asyncio.Task | None = None  # an older entry's chunks rewritten as Blobs
@@ -380,8 +383,13 @@ class EngineWorker:
 
         old = self.engine
         new = self.engine_module.Engine(**self.engine_options)
-        if old is not None and old.device is not None:
-            new.device = old.device  # Engine._load reuses a device that is not lost
+        device = old.device if old is not None else None
+        if device is not None and device.lost_reason is not None:
+            device = None
+        if device is None and self.spare_device is not None and self.spare_device[1] == self.engine_options:
+            device = self.spare_device[0]
+        if device is not None:
+            new.device = device  # Engine._load reuses a device that is not lost
         hooks = testing_hooks()  # browser tests: hold the parse phase, or Cancel at an upload step
 
         def progress(phase: str, done: int, total: int) -> None:
@@ -407,7 +415,9 @@ class EngineWorker:
         except BaseException:
             with contextlib.suppress(Exception):
                 new.unload()
+            self.spare_device = (new.device, dict(self.engine_options)) if new.device is not None else None
             raise
+        self.spare_device = None
         if old is not None:
             with contextlib.suppress(Exception):
                 old.unload()  # its buffers on the shared device; the device itself stays open
