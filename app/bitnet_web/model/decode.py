@@ -9,6 +9,7 @@ staging ring it reads token ids from.
 
 from __future__ import annotations
 
+import operator
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -47,6 +48,25 @@ class SpeculativeSampling:
 
 
 MAX_STEPS_PER_SUBMIT = 16  # decode steps one submit may hold (rows of the model's step_rows)
+
+
+class RecordedAhead:
+    """One submit recorded (and encoded) ahead, while the host waits for a readback, so that only its
+    submit stands between the readback and the GPU's next work. The next launch takes it only if it
+    is still the submit wanted then: the same number of steps, at a position the recording covers."""
+
+    def __init__(self, covers: Callable[[int, int], bool]) -> None:
+        self._covers = covers  # covers(recorded position, wanted position)
+        self._slot: tuple[int, int, gpu.Recorder] | None = None
+
+    def keep(self, position: int, steps: int, rec: gpu.Recorder) -> None:
+        self._slot = (position, steps, rec)
+
+    def take(self, position: int, steps: int) -> gpu.Recorder | None:
+        slot, self._slot = self._slot, None
+        if slot is not None and slot[1] == steps and self._covers(slot[0], position):
+            return slot[2]
+        return None
 
 
 class GPUDecodeLoop:
@@ -155,7 +175,7 @@ class GPUDecodeLoop:
             n = min(steps, context - start - submitted)
             return n if limit is None else min(n, limit - submitted)
 
-        prepared: list[tuple[int, int, gpu.Recorder]] = []  # (position, steps, recorder) of the next submit
+        ahead_rec = RecordedAhead(operator.eq)  # a decode step's recording holds its exact position
 
         def prepare(k: int) -> gpu.Recorder:
             """Record (and encode) the next submit's k steps without submitting them."""
@@ -167,8 +187,7 @@ class GPUDecodeLoop:
 
         def launch(k: int) -> None:
             nonlocal submitted, launched
-            ready = prepared.pop() if prepared else None
-            rec = ready[2] if ready is not None and ready[:2] == (start + submitted, k) else prepare(k)
+            rec = ahead_rec.take(start + submitted, k) or prepare(k)
             staging = ring[launched % len(ring)]
             rec.submit()
             self.device.start_read(staging)  # before any later submit (gpu.Device.start_read)
@@ -190,7 +209,7 @@ class GPUDecodeLoop:
                     # The submit that will refill the queue once these ids are yielded, recorded now,
                     # while the host waits for them: then only its submit stands between the readback
                     # and the GPU's next work. Used only if it is still the submit wanted then.
-                    prepared.append((start + submitted, ahead, prepare(ahead)))
+                    ahead_rec.keep(start + submitted, ahead, prepare(ahead))
                 raw = await self.device.read_staging(staging, 4 * k)
                 for token in raw.view(np.uint32)[:k].tolist():
                     read += 1
@@ -390,7 +409,8 @@ class GPUDecodeLoop:
             n = min(steps, (context - pos) // (k + 1) - pending)
             return n if limit is None else min(n, limit - emitted - pending)
 
-        prepared: list[tuple[int, int, gpu.Recorder]] = []  # (position bound, steps, recorder): see below
+        # a recording made for a larger position bound is as exact (attention covers more splits, unused ones exit)
+        ahead_rec = RecordedAhead(operator.ge)
 
         def prepare(n: int, bound: int) -> gpu.Recorder:
             """Record (and encode) n verify steps, the first at a position <= bound, without submitting."""
@@ -405,9 +425,7 @@ class GPUDecodeLoop:
         def launch(n: int) -> None:
             nonlocal pending, launched
             bound = pos + pending * (k + 1)
-            ready = prepared.pop() if prepared else None
-            # a recording made for a larger bound is as exact (attention covers more splits, unused ones exit)
-            rec = ready[2] if ready is not None and ready[1] == n and ready[0] >= bound else prepare(n, bound)
+            rec = ahead_rec.take(bound, n) or prepare(n, bound)
             staging = ring[launched % len(ring)]
             rec.submit()
             self.device.start_read(staging)  # before any later submit (gpu.Device.start_read)
@@ -428,7 +446,7 @@ class GPUDecodeLoop:
                 ahead = room() if queued else 0
                 if ahead > 0:  # the refilling submit, recorded while the host waits (as in _decode_on_gpu),
                     bound = pos + pending * (k + 1)  # for the largest position its first step can have
-                    prepared.append((bound, ahead, prepare(ahead, bound)))
+                    ahead_rec.keep(bound, ahead, prepare(ahead, bound))
                 raw = (await self.device.read_staging(staging, 4 * stride * n)).view(np.uint32)
                 for j in range(n):
                     pending -= 1

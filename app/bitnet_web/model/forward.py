@@ -33,7 +33,7 @@ from .. import gpu
 from ..formats.gguf_reader import GGUFFile
 from ..kernels.attention import MAX_SPLITS, Attention, AttentionScratch
 from ..kernels.common import KernelCache, StepParams
-from ..kernels.embedding import Argmax, EmbeddingLookup, LMHead
+from ..kernels.embedding import Argmax, EmbeddingLookup, F16Matrix, Int8Matrix, LMHead
 from ..kernels.kv_cache import KVCache
 from ..kernels.linear import NormTernaryLinear
 from ..kernels.norm import RMSNorm
@@ -119,7 +119,7 @@ class BitNetModel(GPUDecodeLoop):
                 int8_head=self.int8_head,
                 progress=progress,
                 ready=ready,
-                uploaded=self._build_part_ops,
+                uploaded=self,  # each part's ops are built as it arrives (layer_uploaded, ...)
             )
             self.layers = weights.layers
         except BaseException:
@@ -183,25 +183,26 @@ class BitNetModel(GPUDecodeLoop):
         """(Re)build every op from the uploaded weights (upload builds them part by part instead)."""
         self._build_sampling_ops()
         self.layer_ops = [self._layer_ops(i, w) for i, w in enumerate(self.layers)]
-        self._build_part_ops("embedding", (self.token_embd, self.output))
-        self._build_part_ops("output_norm", self.output_norm)
+        self.embedding_uploaded(self.token_embd, self.output)
+        self.output_norm_uploaded(self.output_norm)
 
-    def _build_part_ops(self, part: int | str, weights: object) -> None:
-        """The ops that read one uploaded part (upload_weights' `uploaded` callback)."""
-        k, step = self.kernels, self.step
-        if isinstance(part, int):
-            self.layer_ops[part] = self._layer_ops(part, weights)
-        elif part == "embedding":
-            self.token_embd, self.output = weights  # type: ignore[misc]
-            self.embed = EmbeddingLookup(k, self.token_embd, self.token_ids, self.x, step)
-            self.lm_head = LMHead(k, self.output, self.x_final, self.logits, step)
-        else:
-            self.output_norm = weights  # type: ignore[assignment]
-            cfg = self.config
-            # norms of zero-padded rows divide by the model's true widths (model/layout.py)
-            self.final_norm = RMSNorm(
-                k, self.x, self.output_norm, self.x_final, step, self.layout.dim, cfg.norm_eps, mean_width=cfg.dim
-            )
+    # The ops that read one uploaded part (upload_weights' UploadListener)
+
+    def layer_uploaded(self, i: int, weights: LayerWeights) -> None:
+        self.layer_ops[i] = self._layer_ops(i, weights)
+
+    def embedding_uploaded(self, token_embd: F16Matrix, output: F16Matrix | Int8Matrix) -> None:
+        self.token_embd, self.output = token_embd, output
+        self.embed = EmbeddingLookup(self.kernels, token_embd, self.token_ids, self.x, self.step)
+        self.lm_head = LMHead(self.kernels, output, self.x_final, self.logits, self.step)
+
+    def output_norm_uploaded(self, norm: gpu.Buffer) -> None:
+        self.output_norm = norm
+        cfg = self.config
+        # norms of zero-padded rows divide by the model's true widths (model/layout.py)
+        self.final_norm = RMSNorm(
+            self.kernels, self.x, norm, self.x_final, self.step, self.layout.dim, cfg.norm_eps, mean_width=cfg.dim
+        )
 
     def _build_sampling_ops(self) -> None:
         k = self.kernels

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -25,9 +26,6 @@ from .layout import gather, gather_index, gpu_layout
 
 ProgressCallback = Callable[[str, int, int], None]
 ReadyCallback = Callable[[int], Awaitable[None]]  # `await ready(n)`: the file's first n bytes are loaded
-# `uploaded(part, weights)` after each part is on the GPU: (layer index, LayerWeights),
-# ("embedding", (token_embd, output)) or ("output_norm", its buffer)
-PartCallback = Callable[[int | str, object], None]
 
 LOGITS_ROWS = 64  # rows of the logits buffer: all-logits calls run in pieces of this many tokens
 
@@ -119,6 +117,16 @@ class ModelWeights:
     output: F16Matrix | Int8Matrix  # the LM head (vocab, dim): token_embd itself when tied
 
 
+class UploadListener(Protocol):
+    """Hears of each part of the model as soon as its buffers are on the GPU (upload_weights)."""
+
+    def layer_uploaded(self, i: int, weights: LayerWeights) -> None: ...
+
+    def embedding_uploaded(self, token_embd: F16Matrix, output: F16Matrix | Int8Matrix) -> None: ...
+
+    def output_norm_uploaded(self, norm: gpu.Buffer) -> None: ...
+
+
 async def upload_weights(
     device: gpu.Device,
     gguf: GGUFFile,
@@ -128,7 +136,7 @@ async def upload_weights(
     int8_head: bool = False,
     progress: ProgressCallback | None = None,
     ready: ReadyCallback | None = None,
-    uploaded: PartCallback | None = None,
+    uploaded: UploadListener | None = None,
 ) -> ModelWeights:
     """Upload every weight tensor. Each buffer is appended to `buffers` as soon as it exists, so the
     caller can free everything after a failure part way. Progress: ("upload", k, n_layers + 2) after
@@ -227,16 +235,16 @@ async def upload_weights(
         if part == "output_norm":
             norms[OUTPUT_NORM] = f32(OUTPUT_NORM, "output_norm")
             if uploaded:
-                uploaded(part, norms[OUTPUT_NORM])
+                uploaded.output_norm_uploaded(norms[OUTPUT_NORM])
             continue  # a small vector: no progress step of its own
         if part == "embedding":
             embedding_and_head()
             if uploaded:
-                uploaded(part, (embeddings["token_embd"], embeddings["output"]))
+                uploaded.embedding_uploaded(embeddings["token_embd"], embeddings["output"])
         else:
             layers[part] = layer(part)
             if uploaded:
-                uploaded(part, layers[part])
+                uploaded.layer_uploaded(part, layers[part])
         done += 1
         if progress:
             progress("upload", done, total)
