@@ -37,6 +37,13 @@
 //              and appended to the cache by the workgroup whose tiles hold it (nothing in the
 //              dispatch reads it back from memory). n_tokens must be 1. Rotation as in rope.wgsl;
 //              needs ROPE_DIM % 8 == 0.
+//   main_rope_rows (built with DRAFT_ROWS; BQ = 1): main_rope for the T <= MAX_DRAFT rows of a
+//              speculative verify step, one token per workgroup row z. Token t's workgroups rotate
+//              rows pos .. pos + t of their KV head (the draft's rows up to t) into workgroup memory,
+//              so no workgroup waits for another's append; each token's row is appended by the
+//              workgroup whose tiles hold it. Row for row what main_rope computes for that token's
+//              decode step (the same rotation and packing, the same tiles), so verify rows round
+//              exactly as decode steps.
 //
 // Bindings (main uses 0-5, main_rope 0-6):
 //   0 params   uniform StepParams
@@ -89,6 +96,12 @@ var<workgroup> probs: array<f32, NQ * TILE>;         // scores, then p [NQ, TILE
 var<workgroup> m_run: array<f32, NQ>;                // running max score per query
 var<workgroup> l_run: array<f32, NQ>;                // running sum of exp(score - m_run) per query
 var<workgroup> alpha: array<f32, NQ>;                // exp(m_old - m_new) of the current tile
+//#if DRAFT_ROWS
+const MAX_DRAFT: u32 = ${MAX_DRAFT};
+const QKV_ROW4: u32 = (HQ + 2u * HKV) * C4;
+var<workgroup> draft_k: array<KVWord, MAX_DRAFT * C4>;  // rows pos .. pos + t of this KV head, packed
+var<workgroup> draft_v: array<KVWord, MAX_DRAFT * C4>;
+//#endif
 
 // Max of probs[b .. b + 8].
 fn max8(b: u32) -> f32 {
@@ -148,6 +161,7 @@ fn rope_vec4(head: u32, c: u32, position: u32) -> vec4<f32> {
                      x.z * cs.z - x.w * cs.w, x.w * cs.z + x.z * cs.w);
 }
 
+//#if !DRAFT_ROWS
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let w = plan(wid);
@@ -192,7 +206,61 @@ fn main_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) w
     attend(tid, wid, w, true, new_k, new_v);
 }
 
-// The tile walk shared by both entry points; qs must be written (the first barrier orders it).
+//#endif
+
+//#if DRAFT_ROWS
+@compute @workgroup_size(WG)
+fn main_rope_rows(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let w = plan(wid);
+    if (!w.ok) {
+        return;
+    }
+    let kvh = wid.y;
+    let t = w.t0;
+    let pos = params.pos;
+    // Rows pos .. pos + t of this KV head, as main_rope computes its row pos (packed as stored).
+    for (var i = tid; i < (t + 1u) * C4; i += WG) {
+        let j = i / C4;
+        draft_k[i] = kv_pack(rope_vec4(j * QKV_ROW4 + (HQ + kvh) * C4, i % C4, pos + j));
+        draft_v[i] = kv_pack(q[j * QKV_ROW4 + (HQ + HKV + kvh) * C4 + i % C4]);
+    }
+    if (tid < NQ * C4) {
+        qs[tid] = rope_vec4(t * QKV_ROW4 + (kvh * G + tid / C4) * C4, tid % C4, pos + t) * SCALE;
+    }
+    workgroupBarrier();
+    let row = pos + t;
+    // The workgroup whose tiles hold this token's row appends it; nothing in this dispatch reads it back.
+    if (row < w.tile_end * TILE && row >= w.tile_begin * TILE && row < params.kv_capacity && tid < C4) {
+        k_cache[row * KV_ROW4 + kvh * C4 + tid] = draft_k[t * C4 + tid];
+        v_cache[row * KV_ROW4 + kvh * C4 + tid] = draft_v[t * C4 + tid];
+    }
+    attend(tid, wid, w, true, kv_zero(), kv_zero());
+}
+
+// Cache row `row` of column `col` (lc): rows from pos on are the draft's, in workgroup memory.
+fn k_row(row: u32, head_col: u32, lc: u32, new_row: u32, new_k: KVWord) -> KVWord {
+    let pos = params.pos;
+    return select(k_cache[row * KV_ROW4 + head_col], draft_k[min(row - pos, MAX_DRAFT - 1u) * C4 + lc],
+                  row >= pos);
+}
+
+fn v_row(row: u32, head_col: u32, lc: u32, new_row: u32, new_v: KVWord) -> KVWord {
+    let pos = params.pos;
+    return select(v_cache[row * KV_ROW4 + head_col], draft_v[min(row - pos, MAX_DRAFT - 1u) * C4 + lc],
+                  row >= pos);
+}
+//#else
+// Cache row `row` of this invocation's column, or (new_k, new_v) for row new_row.
+fn k_row(row: u32, head_col: u32, lc: u32, new_row: u32, new_k: KVWord) -> KVWord {
+    return select(k_cache[row * KV_ROW4 + head_col], new_k, row == new_row);
+}
+
+fn v_row(row: u32, head_col: u32, lc: u32, new_row: u32, new_v: KVWord) -> KVWord {
+    return select(v_cache[row * KV_ROW4 + head_col], new_v, row == new_row);
+}
+//#endif
+
+// The tile walk shared by the entry points; qs must be written (the first barrier orders it).
 // With `has_new`, cache row pos is taken as (new_k, new_v) (this invocation's column) instead of
 // being loaded.
 fn attend(tid: u32, wid: vec3<u32>, w: Work, has_new: bool, new_k: KVWord, new_v: KVWord) {
@@ -213,10 +281,10 @@ fn attend(tid: u32, wid: vec3<u32>, w: Work, has_new: bool, new_k: KVWord, new_v
     var base = tile_begin * TILE;
     var row_a = min(base + lr, last_row);
     var row_b = min(base + lr + LOAD_ROWS, last_row);
-    var k_a = select(k_cache[row_a * KV_ROW4 + head_col], new_k, row_a == new_row);
-    var k_b = select(k_cache[row_b * KV_ROW4 + head_col], new_k, row_b == new_row);
-    var v_a = select(v_cache[row_a * KV_ROW4 + head_col], new_v, row_a == new_row);
-    var v_b = select(v_cache[row_b * KV_ROW4 + head_col], new_v, row_b == new_row);
+    var k_a = k_row(row_a, head_col, lc, new_row, new_k);
+    var k_b = k_row(row_b, head_col, lc, new_row, new_k);
+    var v_a = v_row(row_a, head_col, lc, new_row, new_v);
+    var v_b = v_row(row_b, head_col, lc, new_row, new_v);
 
     if (tid < NQ) {
         m_run[tid] = NEG;
@@ -241,10 +309,10 @@ fn attend(tid: u32, wid: vec3<u32>, w: Work, has_new: bool, new_k: KVWord, new_v
         let next = min(tile + 1u, tile_end - 1u) * TILE;
         row_a = min(next + lr, last_row);
         row_b = min(next + lr + LOAD_ROWS, last_row);
-        k_a = select(k_cache[row_a * KV_ROW4 + head_col], new_k, row_a == new_row);
-        k_b = select(k_cache[row_b * KV_ROW4 + head_col], new_k, row_b == new_row);
-        v_a = select(v_cache[row_a * KV_ROW4 + head_col], new_v, row_a == new_row);
-        v_b = select(v_cache[row_b * KV_ROW4 + head_col], new_v, row_b == new_row);
+        k_a = k_row(row_a, head_col, lc, new_row, new_k);
+        k_b = k_row(row_b, head_col, lc, new_row, new_k);
+        v_a = v_row(row_a, head_col, lc, new_row, new_v);
+        v_b = v_row(row_b, head_col, lc, new_row, new_v);
 
         // 1. scores.
         if (sq < NQ) {

@@ -64,6 +64,7 @@ def test_verify_rows_equal_decode_steps_bit_for_bit(tmp_path, gpu_kernels):
         engine.load(str(path))
         model = engine.model
         tile = model.layer_ops[0].attention.tile
+        assert model.layer_ops[0].attention.draft_rows >= 5, "verify rows must take the fused RoPE kernel"
         if gpu_kernels:
             for layer in model.layer_ops:
                 for op in (layer.qkv, layer.wo, layer.gate_up, layer.down):
@@ -76,7 +77,11 @@ def test_verify_rows_equal_decode_steps_bit_for_bit(tmp_path, gpu_kernels):
             asyncio.run(model.prefill(ids[:cached]))
             decoded = np.stack([asyncio.run(model.forward([t])).reshape(-1) for t in ids[cached:]])
             model.truncate(cached)
+            decode_dispatches = model.last_dispatches
             verified = asyncio.run(model.forward(ids[cached:], all_logits=True))
+            # RoPE and the KV append run inside the attention kernel for verify rows as for a decode
+            # step: a verify step takes no more dispatches than the decode step at the same position
+            assert model.last_dispatches <= decode_dispatches, (model.last_dispatches, decode_dispatches)
             differ = [i for i in range(rows) if not np.array_equal(decoded[i], verified[i])]
             assert not differ, f"after {cached} cached tokens, verify rows {differ} differ from their decode steps"
     finally:

@@ -9,7 +9,8 @@ Two paths, both built at construction, chosen per step by the number of tokens:
   rows x 32 keys per tile, register-blocked) where the head dim and workgroup memory allow it, else
   attention.wgsl's prefill path (8 query rows x 16 keys).
 Built with `rope=` (the layer's RopeKV), a one-token step also folds RoPE + the KV append into the
-attention kernel, and runs in a single dispatch (no split) while pos < DIRECT_MAX_TILES tiles.
+attention kernel, and runs in a single dispatch (no split) while pos < DIRECT_MAX_TILES tiles; so do the
+2..max_tokens_split rows of a speculative verify step (`main_rope_rows`), each row as its decode step.
 Timings per layer on an H100 (2B-4T shapes, tools/bench_attention.py): ~7 us at pos < 64, ~12-16 us up
 to pos 1024, ~21 us at 2048, ~30 us at 4000; each dependent dispatch costs ~4 us there by itself.
 """
@@ -185,6 +186,26 @@ class Attention:
             self.rope_direct_pipeline = kernels.pipeline(
                 "attention", "main_rope", defines=kv, BQ=1, SPLIT=False, **shape
             )
+        # Verify rows (2..max_tokens_split tokens) with RoPE and the KV append fused in, where the
+        # draft's rows fit in workgroup memory beside the tiles: one dispatch fewer per layer.
+        self.draft_rows = scratch.max_tokens_split if self.fused_rope and scratch.max_tokens_split > 1 else 0
+        draft_bytes = 2 * self.draft_rows * head_dim * cache.np_dtype.itemsize  # draft_k, draft_v
+        if self.draft_rows and _workgroup_bytes(group, head_dim) + draft_bytes > limit:
+            self.draft_rows = 0
+        if self.draft_rows:
+            rows_defines = (*kv, "DRAFT_ROWS")
+            self.rope_rows_split_pipeline, self.rope_rows_direct_pipeline = (
+                kernels.pipeline(
+                    "attention",
+                    "main_rope_rows",
+                    defines=rows_defines,
+                    BQ=1,
+                    SPLIT=split,
+                    MAX_DRAFT=self.draft_rows,
+                    **shape,
+                )
+                for split in (True, False)
+            )
         self.combine_pipeline = kernels.pipeline(
             "attention_combine",
             STEP_PARAMS=STEP_PARAMS_WGSL,
@@ -225,6 +246,17 @@ class Attention:
             self.rope_direct_group = self.device.bind_group(
                 self.rope_direct_pipeline, [params, qkv, k, v, self.out, stats, table], f"rope+attention {label}"
             )
+        if self.draft_rows:
+            self.rope_rows_split_group = self.device.bind_group(
+                self.rope_rows_split_pipeline,
+                [params, qkv, k, v, self.scratch.acc, stats, table],
+                f"rope+attention rows split {label}",
+            )
+            self.rope_rows_direct_group = self.device.bind_group(
+                self.rope_rows_direct_pipeline,
+                [params, qkv, k, v, self.out, stats, table],
+                f"rope+attention rows {label}",
+            )
 
     def record(self, recorder: gpu.Recorder, n_tokens: int, pos: int | None = None) -> None:
         """Add this layer's attention (and RoPE + KV append when built with `rope`).
@@ -245,6 +277,17 @@ class Attention:
             else:
                 recorder.dispatch(self.rope_split_pipeline, self.rope_split_group, splits, self.n_kv_heads, 1)
                 recorder.dispatch(self.combine_pipeline, self.combine_group, self.n_heads, 1)
+            return
+        if 1 < n_tokens <= self.draft_rows:  # a verify step: rows as their decode steps, RoPE fused
+            if pos is not None and pos + n_tokens <= DIRECT_MAX_TILES * self.tile:
+                recorder.dispatch(
+                    self.rope_rows_direct_pipeline, self.rope_rows_direct_group, 1, self.n_kv_heads, n_tokens
+                )
+            else:
+                recorder.dispatch(
+                    self.rope_rows_split_pipeline, self.rope_rows_split_group, splits, self.n_kv_heads, n_tokens
+                )
+                recorder.dispatch(self.combine_pipeline, self.combine_group, self.n_heads, n_tokens)
             return
         if self.rope is not None:
             self.rope.record(recorder, n_tokens)

@@ -310,7 +310,7 @@ class BitNetModel(GPUDecodeLoop):
         self.embed.record(rec, n)  # x = token_embd[token_ids]
         for layer in self.layer_ops:
             # x = x + W_o(sub_norm(attention(rope(W_qkv(norm(x)))))); RoPE and the KV-cache write run
-            # inside the attention op (fused into its kernel when decoding one token)
+            # inside the attention op (fused into its kernel for a decode step or a verify step's rows)
             layer.qkv.record(rec, n)
             layer.attention.record(rec, n, pos)
             layer.wo.record(rec, n)
