@@ -64,6 +64,8 @@ def test_verify_rows_equal_decode_steps_bit_for_bit(tmp_path, gpu_kernels):
         engine.load(str(path))
         model = engine.model
         tile = model.layer_ops[0].attention.tile
+        for layer in model.layer_ops:  # as the first speculative reply does (built at load on a GPU)
+            layer.attention.prepare_draft_rows()
         assert model.layer_ops[0].attention.draft_rows >= 5, "verify rows must take the fused RoPE kernel"
         if gpu_kernels:
             for layer in model.layer_ops:

@@ -17,6 +17,7 @@
 #   smallbatch decode.html on the bundled model: 384-token runs at several batchings (at most 16 steps per submit)
 #   bench      static/bench/?full=1 on both models (the page's own benchmark)
 #   workloads  the bench page on the bundled model with speculative decoding's workloads (code, summary)
+#   wonly      the workloads alone (QS=wruns=N&wks=2,4,7 for more runs of fewer draft sizes)
 #   native     `python -m bitnet_web bench` (wgpu-py) on both models (nativebundled, benchbundled: the bundled model alone)
 #   nbatch     tools/device/decode_batching.py (wgpu-py decode speed against the decode batching), both models
 #   load       static/bench/load.html: the synthetic model stored in IndexedDB, then loaded from there
@@ -68,6 +69,7 @@ for step in "$@"; do
       [ $step = decodeq2 ] || page decode_synth_q3 '/bench/decode.html?model=../synth.gguf&n=256&parts=timestamps&tsruns=4&tsbatching=16x3' 200 ;;
     smallbatch) page decode_bundled '/bench/decode.html?n=384&parts=batching&batchings=1x2,16x2,16x3,16x4,8x2,16x2' 200 ;;
     workloads) page workloads_bundled '/bench/?full=1&workloads=1' 240 ;;
+    wonly) page workloads_bundled '/bench/?full=1&workloads=only' 240 ;;
     bench) page bench_bundled '/bench/?full=1' 150; page bench_synth '/bench/?full=1&model=../synth.gguf' 240 ;;
     benchbundled) page bench_bundled '/bench/?full=1' 150 ;;
     storage) page storage '/bench/storage.html?mb=600&chunks=16,64&ahead=4,16' 200 ;;

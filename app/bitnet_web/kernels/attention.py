@@ -187,25 +187,16 @@ class Attention:
                 "attention", "main_rope", defines=kv, BQ=1, SPLIT=False, **shape
             )
         # Verify rows (2..max_tokens_split tokens) with RoPE and the KV append fused in, where the
-        # draft's rows fit in workgroup memory beside the tiles: one dispatch fewer per layer.
-        self.draft_rows = scratch.max_tokens_split if self.fused_rope and scratch.max_tokens_split > 1 else 0
-        draft_bytes = 2 * self.draft_rows * head_dim * cache.np_dtype.itemsize  # draft_k, draft_v
-        if self.draft_rows and _workgroup_bytes(group, head_dim) + draft_bytes > limit:
-            self.draft_rows = 0
-        if self.draft_rows:
-            rows_defines = (*kv, "DRAFT_ROWS")
-            self.rope_rows_split_pipeline, self.rope_rows_direct_pipeline = (
-                kernels.pipeline(
-                    "attention",
-                    "main_rope_rows",
-                    defines=rows_defines,
-                    BQ=1,
-                    SPLIT=split,
-                    MAX_DRAFT=self.draft_rows,
-                    **shape,
-                )
-                for split in (True, False)
-            )
+        # draft's rows fit in workgroup memory beside the tiles: one dispatch fewer per layer. Built
+        # now on a GPU (compiled with the rest during the load); on a CPU adapter, which does not
+        # draft by default, by `prepare_draft_rows` on first use.
+        self.draft_rows_max = scratch.max_tokens_split if self.fused_rope and scratch.max_tokens_split > 1 else 0
+        draft_bytes = 2 * self.draft_rows_max * head_dim * cache.np_dtype.itemsize  # draft_k, draft_v
+        if _workgroup_bytes(group, head_dim) + draft_bytes > limit:
+            self.draft_rows_max = 0
+        self.draft_rows = 0  # verify rows up to this take main_rope_rows (0: not built)
+        self._rows_pipeline_args = dict(defines=(*kv, "DRAFT_ROWS"), BQ=1, MAX_DRAFT=self.draft_rows_max, **shape)
+        self._kernels = kernels
         self.combine_pipeline = kernels.pipeline(
             "attention_combine",
             STEP_PARAMS=STEP_PARAMS_WGSL,
@@ -221,6 +212,8 @@ class Attention:
         )
         self.rebind()
         cache.attach(self)
+        if not device.is_cpu:
+            self.prepare_draft_rows()
 
     def rebind(self) -> None:
         """Rebuild the bind groups that name the cache's buffers (after capacity growth)."""
@@ -246,7 +239,24 @@ class Attention:
             self.rope_direct_group = self.device.bind_group(
                 self.rope_direct_pipeline, [params, qkv, k, v, self.out, stats, table], f"rope+attention {label}"
             )
+        self._bind_draft_rows()
+
+    def prepare_draft_rows(self) -> None:
+        """Build the verify-rows kernels (main_rope_rows) if this device can run them and they are not yet."""
+        if self.draft_rows or not self.draft_rows_max:
+            return
+        self.rope_rows_split_pipeline, self.rope_rows_direct_pipeline = (
+            self._kernels.pipeline("attention", "main_rope_rows", SPLIT=split, **self._rows_pipeline_args)
+            for split in (True, False)
+        )
+        self.draft_rows = self.draft_rows_max
+        self._bind_draft_rows()
+
+    def _bind_draft_rows(self) -> None:
         if self.draft_rows:
+            k, v = self.cache.k[self.layer], self.cache.v[self.layer]
+            params, stats, label = self.params.buffer, self.scratch.stats, f"layer {self.layer}"
+            qkv, table = self.rope.qkv, self.rope.table.buffer
             self.rope_rows_split_group = self.device.bind_group(
                 self.rope_rows_split_pipeline,
                 [params, qkv, k, v, self.scratch.acc, stats, table],

@@ -3,7 +3,7 @@ several to a submit; and its speculative form, where each step verifies a prompt
 
 Apart from the math (forward.py), as gpt-fast keeps generate.py apart from model.py. `GPUDecodeLoop`
 is a base class of `BitNetModel`; it uses the model's `_record_step`, `token_ids`, `argmax`,
-`gpu_sampler`, `cached_tokens`, `device`, `kv_cache`, `step_rows` and `_buffers`, and owns the
+`gpu_sampler`, `cached_tokens`, `device`, `kv_cache`, `layer_ops`, `step_rows` and `_buffers`, and owns the
 staging ring it reads token ids from.
 """
 
@@ -244,6 +244,8 @@ class GPUDecodeLoop:
             self._speculation = {}
         ops = self._speculation.get(k)
         if ops is None:
+            for layer in self.layer_ops:  # verify rows with RoPE fused in (built at load on a GPU)
+                layer.attention.prepare_draft_rows()
             # history: the context, plus the tokens a last verify step emits past it
             buffers = SpecBuffers(self.device, k, self.config.context_length + k + 2)
             draft = SpecDraft(self.kernels, buffers, self.token_ids, NGRAM_MAX)
