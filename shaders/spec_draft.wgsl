@@ -13,7 +13,8 @@
 //   draft[0..K-1]    the drafted tokens (0 past draft_len)
 //   state            [0] draft_len  [1] L (the history's length after the fold)
 //                    [2] kv_capacity (written by the host)  [3] unused
-//   step             StepParams (n_tokens = K + 1, pos = L - 1, kv_capacity), copied into the uniform
+//   step             StepParams (n_tokens = K + 1, pos = L - 1, kv_capacity): the model's uniform, written
+//                    here as storage for the step's later dispatches
 //   out[0] = 0       the fold consumed the previous step's tokens
 //
 // Bindings: 0 history [HISTORY] u32, 1 state [4] u32, 2 out [K + 2] u32 (n_emitted, tokens...),

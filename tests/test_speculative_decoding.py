@@ -114,7 +114,8 @@ def test_draft_kernel_is_prompt_lookup_draft(device, kernels, k):
     rng = np.random.default_rng(k)
     buffers = SpecBuffers(device, k, 300)
     token_ids = device.buffer(4 * (k + 1), label="token ids")
-    draft_op = SpecDraft(kernels, buffers, token_ids, NGRAM_MAX)
+    step_params = device.buffer(16, label="step params")  # storage (and readable here)
+    draft_op = SpecDraft(kernels, buffers, token_ids, step_params, NGRAM_MAX)
     cases = [(1, 0), (2, 0), (2, 1), (3, 2)] + [
         (int(rng.integers(2, 280)), int(rng.integers(0, k + 2))) for _ in range(30)
     ]
@@ -134,7 +135,7 @@ def test_draft_kernel_is_prompt_lookup_draft(device, kernels, k):
             read(device, buffers.draft, k),
             read(device, token_ids, k + 1),
         )
-        step = read(device, buffers.step, 4)
+        step = read(device, step_params, 4)
         assert state[:3] == [len(expected), len(full), 512], (case, full)
         assert draft[: len(expected)] == expected, (case, full)
         assert rows == [full[-1]] + expected + [full[-1]] * (k - len(expected)), (case, full)
@@ -143,6 +144,7 @@ def test_draft_kernel_is_prompt_lookup_draft(device, kernels, k):
         assert read(device, buffers.out, 1) == [0]  # folded: the next step does not append it again
     buffers.release()
     device.release(token_ids)
+    device.release(step_params)
 
 
 def test_greedy_accept_kernel_is_accept_greedy(device, kernels):

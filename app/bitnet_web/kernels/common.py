@@ -298,7 +298,8 @@ class StepParams:
 
     def __init__(self, device: gpu.Device):
         self.device = device
-        self.buffer = device.buffer(self.NBYTES, gpu.UNIFORM_USAGE, "step params")
+        # STORAGE too: a speculative verify step's draft kernel writes it (kernels/speculative.py)
+        self.buffer = device.buffer(self.NBYTES, gpu.UNIFORM_USAGE | gpu.STORAGE, "step params")
         self._host = np.zeros(4, dtype=np.uint32)
 
     @staticmethod

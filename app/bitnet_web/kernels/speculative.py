@@ -31,7 +31,6 @@ class SpecBuffers:
     state   [4] u32             draft_len, history length, kv_capacity (host-written), unused
     out     [k + 2] u32         the last verify step's n_emitted, then its emitted tokens
     draft   [max(k, 1)] u32     the drafted tokens of the current step
-    step    [4] u32             the verify pass's StepParams, copied into the StepParams uniform
     """
 
     def __init__(self, device: gpu.Device, k: int, history_len: int):
@@ -42,8 +41,7 @@ class SpecBuffers:
         self.state = device.buffer(4 * STATE_WORDS, label="speculation state")
         self.out = device.buffer(4 * (k + 2), label="speculation out")
         self.draft = device.buffer(4 * max(k, 1), label="speculation draft")
-        self.step = device.buffer(StepParams.NBYTES, label="speculation step params")
-        self.buffers = [self.history, self.state, self.out, self.draft, self.step]
+        self.buffers = [self.history, self.state, self.out, self.draft]
 
     def start(self, history: list[int], kv_capacity: int, kept: int = 0) -> None:
         """Verify steps start: the history (the text so far, its last token not yet verified) and no
@@ -69,18 +67,26 @@ class SpecBuffers:
 
 
 class SpecDraft:
-    """spec_draft.wgsl bound to `buffers` and the model's token_ids (the verify pass's input rows)."""
+    """spec_draft.wgsl bound to `buffers`, the model's token_ids (the verify pass's input rows) and its
+    StepParams buffer, which the kernel writes (as storage) for the rest of the step to read as its
+    uniform: no copy between them, so a verify step is one compute pass like a decode step."""
 
-    def __init__(self, kernels: KernelCache, buffers: SpecBuffers, token_ids: gpu.Buffer, ngram_max: int):
+    def __init__(
+        self, kernels: KernelCache, buffers: SpecBuffers, token_ids: gpu.Buffer, step_params: gpu.Buffer, ngram_max: int
+    ):
         k = buffers.k
         if token_ids.nbytes < 4 * (k + 1):
             raise ValueError(f"token_ids ({token_ids.nbytes} bytes) must hold the {k + 1} verify rows")
+        if step_params.nbytes < StepParams.NBYTES or not step_params.usage & gpu.STORAGE:
+            raise ValueError(
+                f"step params buffer {step_params.label!r}: needs {StepParams.NBYTES} bytes and STORAGE usage"
+            )
         self.pipeline = kernels.pipeline(
             "spec_draft", K=k, NGRAM=ngram_max, WG=DRAFT_WORKGROUP, HISTORY=buffers.history_len
         )
         self.bind = kernels.device.bind_group(
             self.pipeline,
-            [buffers.history, buffers.state, buffers.out, buffers.draft, token_ids, buffers.step],
+            [buffers.history, buffers.state, buffers.out, buffers.draft, token_ids, step_params],
             "speculation draft",
         )
 

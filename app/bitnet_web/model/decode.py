@@ -248,7 +248,7 @@ class GPUDecodeLoop:
                 layer.attention.prepare_draft_rows()
             # history: the context, plus the tokens a last verify step emits past it
             buffers = SpecBuffers(self.device, k, self.config.context_length + k + 2)
-            draft = SpecDraft(self.kernels, buffers, self.token_ids, NGRAM_MAX)
+            draft = SpecDraft(self.kernels, buffers, self.token_ids, self.step.buffer, NGRAM_MAX)
             accept = GreedyAccept(
                 self.kernels, self.logits, buffers.draft, buffers.state, buffers.out, self.config.vocab_size, k + 1
             )
@@ -297,8 +297,7 @@ class GPUDecodeLoop:
         stride = 4 * (k + 3)
         rec = self.device.begin()
         for j in range(n_steps):
-            draft.record(rec)
-            rec.copy(buffers.step, 0, self.step.buffer, 0, StepParams.NBYTES)
+            draft.record(rec)  # also writes the step's StepParams
             self._record_step(k + 1, all_logits=True, rec=rec, pos=pos_bound + j * (k + 1), params_on_gpu=True)
             accept.record(rec, k + 1)
             rec.copy(buffers.out, 0, staging, stride * j, 4 * (k + 2))
