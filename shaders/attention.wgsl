@@ -237,26 +237,18 @@ fn main_rope_rows(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
     attend(tid, wid, w, true, kv_zero(), kv_zero());
 }
 
-// Cache row `row` of column `col` (lc): rows from pos on are the draft's, in workgroup memory.
-fn k_row(row: u32, head_col: u32, lc: u32, new_row: u32, new_k: KVWord) -> KVWord {
+// Cache row `row` at this invocation's column (head_col; lc within the head): rows from pos on are the
+// draft's, from workgroup memory.
+fn k_row(row: u32, head_col: u32, lc: u32) -> KVWord {
     let pos = params.pos;
     return select(k_cache[row * KV_ROW4 + head_col], draft_k[min(row - pos, MAX_DRAFT - 1u) * C4 + lc],
                   row >= pos);
 }
 
-fn v_row(row: u32, head_col: u32, lc: u32, new_row: u32, new_v: KVWord) -> KVWord {
+fn v_row(row: u32, head_col: u32, lc: u32) -> KVWord {
     let pos = params.pos;
     return select(v_cache[row * KV_ROW4 + head_col], draft_v[min(row - pos, MAX_DRAFT - 1u) * C4 + lc],
                   row >= pos);
-}
-//#else
-// Cache row `row` of this invocation's column, or (new_k, new_v) for row new_row.
-fn k_row(row: u32, head_col: u32, lc: u32, new_row: u32, new_k: KVWord) -> KVWord {
-    return select(k_cache[row * KV_ROW4 + head_col], new_k, row == new_row);
-}
-
-fn v_row(row: u32, head_col: u32, lc: u32, new_row: u32, new_v: KVWord) -> KVWord {
-    return select(v_cache[row * KV_ROW4 + head_col], new_v, row == new_row);
 }
 //#endif
 
@@ -281,10 +273,17 @@ fn attend(tid: u32, wid: vec3<u32>, w: Work, has_new: bool, new_k: KVWord, new_v
     var base = tile_begin * TILE;
     var row_a = min(base + lr, last_row);
     var row_b = min(base + lr + LOAD_ROWS, last_row);
-    var k_a = k_row(row_a, head_col, lc, new_row, new_k);
-    var k_b = k_row(row_b, head_col, lc, new_row, new_k);
-    var v_a = v_row(row_a, head_col, lc, new_row, new_v);
-    var v_b = v_row(row_b, head_col, lc, new_row, new_v);
+//#if DRAFT_ROWS
+    var k_a = k_row(row_a, head_col, lc);
+    var k_b = k_row(row_b, head_col, lc);
+    var v_a = v_row(row_a, head_col, lc);
+    var v_b = v_row(row_b, head_col, lc);
+//#else
+    var k_a = select(k_cache[row_a * KV_ROW4 + head_col], new_k, row_a == new_row);
+    var k_b = select(k_cache[row_b * KV_ROW4 + head_col], new_k, row_b == new_row);
+    var v_a = select(v_cache[row_a * KV_ROW4 + head_col], new_v, row_a == new_row);
+    var v_b = select(v_cache[row_b * KV_ROW4 + head_col], new_v, row_b == new_row);
+//#endif
 
     if (tid < NQ) {
         m_run[tid] = NEG;
@@ -309,10 +308,17 @@ fn attend(tid: u32, wid: vec3<u32>, w: Work, has_new: bool, new_k: KVWord, new_v
         let next = min(tile + 1u, tile_end - 1u) * TILE;
         row_a = min(next + lr, last_row);
         row_b = min(next + lr + LOAD_ROWS, last_row);
-        k_a = k_row(row_a, head_col, lc, new_row, new_k);
-        k_b = k_row(row_b, head_col, lc, new_row, new_k);
-        v_a = v_row(row_a, head_col, lc, new_row, new_v);
-        v_b = v_row(row_b, head_col, lc, new_row, new_v);
+//#if DRAFT_ROWS
+        k_a = k_row(row_a, head_col, lc);
+        k_b = k_row(row_b, head_col, lc);
+        v_a = v_row(row_a, head_col, lc);
+        v_b = v_row(row_b, head_col, lc);
+//#else
+        k_a = select(k_cache[row_a * KV_ROW4 + head_col], new_k, row_a == new_row);
+        k_b = select(k_cache[row_b * KV_ROW4 + head_col], new_k, row_b == new_row);
+        v_a = select(v_cache[row_a * KV_ROW4 + head_col], new_v, row_a == new_row);
+        v_b = select(v_cache[row_b * KV_ROW4 + head_col], new_v, row_b == new_row);
+//#endif
 
         // 1. scores.
         if (sq < NQ) {
