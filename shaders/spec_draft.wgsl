@@ -7,6 +7,10 @@
 // gets c(e) = how many of its trailing tokens (up to NGRAM) equal the history's last ones; then for
 // every n the largest e with c(e) >= n is kept (workgroup atomics). The draft starts at e + 1 whatever n.
 //
+// K = 0 builds a draft-off step: the fold and a one-row step (its row: the last token), no lookup. The
+// decode loop mixes such steps with drafting ones on the same buffers (sized for OUT_K drafted tokens)
+// without reading anything back between them.
+//
 // One workgroup. Writes:
 //   token_ids[0..K]  the verify pass's rows: the last token, then the draft (padded with the last
 //                    token; padding rows' results are ignored and their KV rows overwritten later)
@@ -17,11 +21,12 @@
 //                    here as storage for the step's later dispatches
 //   out[0] = 0       the fold consumed the previous step's tokens
 //
-// Bindings: 0 history [HISTORY] u32, 1 state [4] u32, 2 out [K + 2] u32 (n_emitted, tokens...),
-//           3 draft [max(K, 1)] u32, 4 token_ids [>= K + 1] u32, 5 step [4] u32.
+// Bindings: 0 history [HISTORY] u32, 1 state [4] u32, 2 out [OUT_K + 2] u32 (n_emitted, tokens...),
+//           3 draft [max(OUT_K, 1)] u32, 4 token_ids [>= K + 1] u32, 5 step [4] u32.
 // Dispatch: (1, 1, 1).
 
-const K: u32 = ${K};
+const K: u32 = ${K};          // tokens this step drafts (0: a draft-off step)
+const OUT_K: u32 = ${OUT_K};  // the buffers' draft size: a previous step emitted up to OUT_K + 1 tokens
 const NGRAM: u32 = ${NGRAM};
 const WG: u32 = ${WG};
 const HISTORY: u32 = ${HISTORY};
@@ -39,7 +44,7 @@ var<workgroup> header: vec2<u32>;                 // (n_emitted, L before the fo
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32) {
     if (lid == 0u) {
-        header = vec2<u32>(min(out[0], K + 1u), state[1]);
+        header = vec2<u32>(min(out[0], OUT_K + 1u), state[1]);
     }
     if (lid < NGRAM) {
         atomicStore(&best[lid], 0u);
@@ -53,7 +58,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     storageBarrier();
     workgroupBarrier();
 
-    for (var e = lid; e + 1u < length; e += WG) {
+    for (var e = lid; K > 0u && e + 1u < length; e += WG) {
         var c = 0u;
         for (var t = 0u; t < NGRAM; t++) {
             if (t > e || history[e - t] != history[length - 1u - t]) {

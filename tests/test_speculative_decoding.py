@@ -18,9 +18,7 @@ import numpy as np
 import pytest
 
 from bitnet_web.engine import Engine, EngineError
-from bitnet_web.kernels.spec_sampling import SpecSampleAccept
 from bitnet_web.kernels.speculative import GreedyAccept, SpecBuffers, SpecDraft
-from bitnet_web.model.decode import SpeculativeSampling
 from bitnet_web.model.speculation import NGRAM_MAX, SpeculationPolicy, accept_greedy, prompt_lookup_draft
 from bitnet_web.text.sampler import Sampler, SamplerSettings
 
@@ -106,16 +104,17 @@ def read(device, buffer, n: int) -> list[int]:
 # Kernels -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("k", [1, 4, 8])
-def test_draft_kernel_is_prompt_lookup_draft(device, kernels, k):
+@pytest.mark.parametrize(("k", "drafted"), [(1, 1), (4, 4), (8, 8), (4, 0)])
+def test_draft_kernel_is_prompt_lookup_draft(device, kernels, k, drafted):
     """Random histories over small alphabets (matches of every n-gram length, none, at the ends),
-    each with a previous step's output to fold in first: the kernel's history, draft, verify rows and
-    StepParams must be the host rule's."""
-    rng = np.random.default_rng(k)
+    each with a previous step's output (up to k + 1 tokens) to fold in first: the kernel's history,
+    draft, verify rows and StepParams must be the host rule's. drafted = 0: the draft-off step's
+    kernel on buffers for drafts of k (the fold, one row, no draft)."""
+    rng = np.random.default_rng(k + drafted)
     buffers = SpecBuffers(device, k, 300)
     token_ids = device.buffer(4 * (k + 1), label="token ids")
     step_params = device.buffer(16, label="step params")  # storage (and readable here)
-    draft_op = SpecDraft(kernels, buffers, token_ids, step_params, NGRAM_MAX)
+    draft_op = SpecDraft(kernels, buffers, token_ids, step_params, NGRAM_MAX, k=drafted)
     cases = [(1, 0), (2, 0), (2, 1), (3, 2)] + [
         (int(rng.integers(2, 280)), int(rng.integers(0, k + 2))) for _ in range(30)
     ]
@@ -129,17 +128,17 @@ def test_draft_kernel_is_prompt_lookup_draft(device, kernels, k):
         draft_op.record(rec)
         rec.submit()
         full = history + new
-        expected = prompt_lookup_draft(full, k)
+        expected = prompt_lookup_draft(full, drafted)
         state, draft, rows = (
             read(device, buffers.state, 4),
             read(device, buffers.draft, k),
-            read(device, token_ids, k + 1),
+            read(device, token_ids, drafted + 1),
         )
         step = read(device, step_params, 4)
         assert state[:3] == [len(expected), len(full), 512], (case, full)
         assert draft[: len(expected)] == expected, (case, full)
-        assert rows == [full[-1]] + expected + [full[-1]] * (k - len(expected)), (case, full)
-        assert step[:3] == [k + 1, len(full) - 1, 512]
+        assert rows == [full[-1]] + expected + [full[-1]] * (drafted - len(expected)), (case, full)
+        assert step[:3] == [drafted + 1, len(full) - 1, 512]
         assert read(device, buffers.history, len(full)) == full
         assert read(device, buffers.out, 1) == [0]  # folded: the next step does not append it again
     buffers.release()
@@ -225,8 +224,8 @@ def _speculative_greedy_equals_plain_greedy(engine: Engine, batching: tuple[int,
 def test_policy_switching_both_ways_keeps_greedy_output(engine, batching):
     """A policy with a short window turns verify steps off while the reply does not repeat and back on
     when it does, several times: the reply, stop reason and cache are plain decoding's, every token is
-    counted once (first token + verified + plain), and the draft history the GPU kept across the
-    switches (uploaded only in part on resuming) is the text."""
+    counted once (first token + verified + draft-off), and the draft history the GPU folded through
+    both kinds of step is the text."""
     plain = generate(engine, PROMPT, 0, max_tokens=CONTEXT)
     engine.model.DECODE_BATCHING = batching
     try:
@@ -238,8 +237,10 @@ def test_policy_switching_both_ways_keeps_greedy_output(engine, batching):
         assert stats.stop_reason == "context_full" and model.cached_tokens == PROMPT + plain[:-1]
         assert 1 + stats.verify_steps + stats.draft_accepted + stats.plain_steps == stats.n_generated
         assert stats.verify_steps > 0 and stats.plain_steps > 0
-        folded = model._spec_history_folded
-        assert read(model.device, model.speculation_buffers(4).history, folded) == (PROMPT + plain)[:folded]
+        buffers = model.speculation_buffers(4)
+        folded = read(model.device, buffers.state, 2)[1]  # the history's length after the last step's fold
+        assert folded >= CONTEXT - 1
+        assert read(model.device, buffers.history, folded) == (PROMPT + plain)[:folded]
     finally:
         del engine.model.DECODE_BATCHING
 
@@ -324,7 +325,7 @@ def test_sampled_replies_draft_too_and_repeat_for_a_seed(engine, tiny_path, wind
     in tests/test_spec_sampling.py): a seed gives the same reply, counts and policy switches again,
     drafts are made and some accepted, max_tokens holds, and the cache it leaves serves a follow-up as
     a fresh engine would. Window 3: the policy switches to plain steps and back in the reply."""
-    sampled = SamplerSettings(temperature=0.7, top_k=10, seed=4)
+    sampled = SamplerSettings(temperature=0.7, top_k=10, seed=6)
     runs = []
     with policy_of(engine, window=window) as policies:
         for _ in range(2):
@@ -350,61 +351,36 @@ def test_sampled_replies_draft_too_and_repeat_for_a_seed(engine, tiny_path, wind
         fresh.close()
 
 
-def test_sampled_steps_continue_the_draw_stream_across_switches(engine):
-    """kernels/spec_sampling.SpecSampleAccept on speculation_buffers(k) decides the verify steps, and
-    the GPU sampler the plain ones (near the context end, and where a short-window policy turns verify
-    steps off): at every switch the next phase starts at the draw the previous one stopped at on the
-    GPU (the host counts two per verified token, one per plain one), a seed gives the same tokens
-    again, and every token is in the vocabulary."""
+def test_sampled_steps_of_both_kinds_take_two_draws_per_token(engine):
+    """kernels/spec_sampling.SpecSampleAccept decides every step of a sampled speculative reply, verify
+    steps and draft-off ones (where a short-window policy turns drafts off, and near the context end)
+    alike: the GPU's draw counter ends two draws per token past the first, a seed gives the same tokens
+    again, every token is in the vocabulary, and the policy switched both ways."""
     model, k = engine.model, 3
-    buffers = model.speculation_buffers(k)
-    op = SpecSampleAccept(model.kernels, model.logits, buffers.draft, buffers.state, buffers.out, TINY["vocab_size"], 4)
     settings = SamplerSettings(temperature=0.8, top_k=20, seed=11)
-    choosers = {"verify": op, "plain": model.gpu_sampler}
 
-    def counter(name: str) -> int:
-        return int(model.device.read_sync(choosers[name].state, 0, 4).view(np.uint32)[0])
-
-    async def run() -> tuple[list[int], list[tuple[str, int, int | None]], SpeculationPolicy]:
+    async def run() -> tuple[list[int], int, SpeculationPolicy, tuple[int, int]]:
         model.truncate(0)
         sampler = Sampler(settings)
         tokens = [sampler.sample(await model.prefill(PROMPT), PROMPT)]
-        history = PROMPT + tokens
-        phases = []  # (phase, its first draw, the previous phase's counter on the GPU)
-
-        def watch(name: str):
-            configure = choosers[name].configure
-
-            def configured(settings, seed, first_draw, history=()):
-                phases.append((name, first_draw, counter(phases[-1][0]) if phases else None))
-                configure(settings, seed, first_draw, history)
-
-            return configured
-
-        for name in choosers:
-            choosers[name].configure = watch(name)
         policy = SpeculationPolicy(k, window=3)
-        sampling = SpeculativeSampling(op, settings, sampler.seed, sampler.draws, history)
-        try:
-            async for token in model.decode_speculative(tokens[0], k, sampling=sampling, policy=policy):
-                tokens.append(token)
-                history.append(token)
-        finally:
-            for chooser in choosers.values():
-                del chooser.configure
-        phases.append(("end", sampling.draw, counter(phases[-1][0])))
-        return tokens, phases, policy
+        history = PROMPT + tokens
+        stream = model.decode_speculative_sampled(tokens[0], k, settings, sampler.seed, 5, history, policy=policy)
+        async for token in stream:
+            tokens.append(token)
+            history.append(token)
+        op = model._spec_samplers[k]
+        counter = int(model.device.read_sync(op.state, 0, 4).view(np.uint32)[0])
+        return tokens, counter, policy, (model.verify_steps, model.plain_steps)
 
-    tokens, phases, policy = engine._run(run())
+    tokens, counter, policy, (verify_steps, plain_steps) = engine._run(run())
     assert model.n_cached == CONTEXT and len(tokens) == CONTEXT - len(PROMPT) + 1
     assert all(0 <= t < TINY["vocab_size"] for t in tokens) and len(set(tokens)) > 5
-    assert [name for name, _, _ in phases[:2]] == ["verify", "plain"] and phases[-2][0] == "plain"
-    for _, first_draw, previous_counter in phases[1:]:
-        assert first_draw == previous_counter
+    assert counter == 5 + 2 * (len(tokens) - 1)
+    assert verify_steps > 0 and plain_steps > 0
     assert [on for _, on in policy.switches][:2] == [False, True], policy.switches
-    assert len(phases) >= 4  # verify, plain, verify again, ..., the context end
-    assert engine._run(run())[:2] == (tokens, phases)
-    op.release(model.device)
+    again = engine._run(run())
+    assert again[:2] == (tokens, counter) and again[2].switches == policy.switches
 
 
 @pytest.mark.slow

@@ -69,12 +69,24 @@ class SpecBuffers:
 class SpecDraft:
     """spec_draft.wgsl bound to `buffers`, the model's token_ids (the verify pass's input rows) and its
     StepParams buffer, which the kernel writes (as storage) for the rest of the step to read as its
-    uniform: no copy between them, so a verify step is one compute pass like a decode step."""
+    uniform: no copy between them, so a verify step is one compute pass like a decode step.
+
+    `k`: the tokens it drafts, buffers.k unless given; 0 makes the draft-off step's kernel (the fold
+    and a one-row step), which the decode loop queues between drafting steps on the same buffers."""
 
     def __init__(
-        self, kernels: KernelCache, buffers: SpecBuffers, token_ids: gpu.Buffer, step_params: gpu.Buffer, ngram_max: int
+        self,
+        kernels: KernelCache,
+        buffers: SpecBuffers,
+        token_ids: gpu.Buffer,
+        step_params: gpu.Buffer,
+        ngram_max: int,
+        k: int | None = None,
     ):
-        k = buffers.k
+        k = buffers.k if k is None else k
+        if not 0 <= k <= buffers.k:
+            raise ValueError(f"speculation draft of {k} tokens: its buffers hold drafts of 0..{buffers.k}")
+        self.k = k
         if token_ids.nbytes < 4 * (k + 1):
             raise ValueError(f"token_ids ({token_ids.nbytes} bytes) must hold the {k + 1} verify rows")
         if step_params.nbytes < StepParams.NBYTES or not step_params.usage & gpu.STORAGE:
@@ -82,12 +94,12 @@ class SpecDraft:
                 f"step params buffer {step_params.label!r}: needs {StepParams.NBYTES} bytes and STORAGE usage"
             )
         self.pipeline = kernels.pipeline(
-            "spec_draft", K=k, NGRAM=ngram_max, WG=DRAFT_WORKGROUP, HISTORY=buffers.history_len
+            "spec_draft", K=k, OUT_K=buffers.k, NGRAM=ngram_max, WG=DRAFT_WORKGROUP, HISTORY=buffers.history_len
         )
         self.bind = kernels.device.bind_group(
             self.pipeline,
             [buffers.history, buffers.state, buffers.out, buffers.draft, token_ids, step_params],
-            "speculation draft",
+            "speculation draft" if k else "speculation draft off",
         )
 
     def record(self, recorder: gpu.Recorder) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,16 +35,14 @@ class Acceptance(Protocol):
 
 
 @dataclass
-class SpeculativeSampling:
-    """What decode_speculative samples with: the acceptance op of verify steps (on speculation_buffers),
-    the settings and the draw stream for both kinds of step, and `history`, the tokens so far (the
-    repetition penalty's window; the caller appends each token yielded). `draw`: the next draw."""
+class SpeculationOps:
+    """The GPU state and ops of speculative steps with drafts of up to `buffers.k` tokens: the draft
+    kernels of verify steps and of draft-off steps (both on `buffers`), and greedy acceptance."""
 
-    op: SpecSampleAccept
-    settings: SamplerSettings
-    seed: int
-    draw: int
-    history: list[int]
+    buffers: SpecBuffers
+    draft: SpecDraft
+    draft_off: SpecDraft
+    greedy: GreedyAccept
 
 
 MAX_STEPS_PER_SUBMIT = 16  # decode steps one submit may hold (rows of the model's step_rows)
@@ -53,18 +51,19 @@ MAX_STEPS_PER_SUBMIT = 16  # decode steps one submit may hold (rows of the model
 class RecordedAhead:
     """One submit recorded (and encoded) ahead, while the host waits for a readback, so that only its
     submit stands between the readback and the GPU's next work. The next launch takes it only if it
-    is still the submit wanted then: the same number of steps, at a position the recording covers."""
+    is still the submit wanted then: the same shape (steps, kind), at a position the recording covers."""
 
     def __init__(self, covers: Callable[[int, int], bool]) -> None:
         self._covers = covers  # covers(recorded position, wanted position)
-        self._slot: tuple[int, int, gpu.Recorder] | None = None
+        self._slot: tuple[int, Hashable, gpu.Recorder] | None = None
 
-    def keep(self, position: int, steps: int, rec: gpu.Recorder) -> None:
-        self._slot = (position, steps, rec)
+    def keep(self, position: int, shape: Hashable, rec: gpu.Recorder) -> None:
+        """`shape`: what else the submit must match (its number of steps, their kind)."""
+        self._slot = (position, shape, rec)
 
-    def take(self, position: int, steps: int) -> gpu.Recorder | None:
+    def take(self, position: int, shape: Hashable) -> gpu.Recorder | None:
         slot, self._slot = self._slot, None
-        if slot is not None and slot[1] == steps and self._covers(slot[0], position):
+        if slot is not None and slot[1] == shape and self._covers(slot[0], position):
             return slot[2]
         return None
 
@@ -73,12 +72,11 @@ class GPUDecodeLoop:
     """Decoding with the next token id kept on the GPU: only 4 bytes per token come back."""
 
     _staging: list[gpu.Buffer] | None = None  # ring of host-readable buffers for the chosen ids
-    _speculation: dict[int, tuple[SpecBuffers, SpecDraft, GreedyAccept]] | None = None  # per draft size
+    _speculation: dict[int, SpeculationOps] | None = None  # per draft size
     _spec_samplers: dict[int, SpecSampleAccept] | None = None  # sampled acceptance, per draft size
     # of the last speculative decode: drafted tokens, those yielded, verify steps whose output was read,
-    # and tokens of plain decode steps
+    # and tokens of draft-off steps
     draft_proposed = draft_accepted = verify_steps = plain_steps = 0
-    _spec_history_folded = 0  # the draft history's length on the GPU after the last verify phase
     encode_seconds = 0.0  # time spent recording decode steps (Python's share of a token)
 
     # Decode steps recorded into one submit, and such submits queued on the GPU at once (see
@@ -145,16 +143,13 @@ class GPUDecodeLoop:
         first_token: int,
         chooser: Argmax | GPUSampler,
         limit: int | None = None,
-        until: Callable[[], bool] | None = None,
     ) -> AsyncIterator[int]:
         """The next token id never leaves the GPU: each step's choice is the next step's input. Steps
         go to the GPU `steps` to a submit, `in_flight` submits queued at once (decode_batching), and
         the host reads each submit's ids with one readback: in a browser every await of a readback
         costs far more than a step's GPU work (docs/performance.md), so the host must not wait once
         per token. The ids are yielded one by one and the queue is refilled after a submit's ids are
-        all yielded, so a stop wastes at most the steps already queued. `until()` true (asked when
-        the queue is refilled): no further step is queued, and the stream ends once the queued steps'
-        ids are yielded, every submitted step read (decode_speculative switches there).
+        all yielded, so a stop wastes at most the steps already queued.
 
         Invariant: `cached_tokens` holds the inputs of the submitted steps that the host knows (step
         0's is `first_token`, step j's is step j-1's output once read); so stopping at any yield
@@ -170,8 +165,6 @@ class GPUDecodeLoop:
         submitted = launched = 0
 
         def room() -> int:  # steps the next submit should hold (<= 0: none is needed now)
-            if until is not None and until():
-                return 0
             n = min(steps, context - start - submitted)
             return n if limit is None else min(n, limit - submitted)
 
@@ -217,8 +210,8 @@ class GPUDecodeLoop:
                         self.cached_tokens.append(token)  # it is already the input of a submitted step
                     yield token
                 if not queued:  # nothing submitted consumes the last token read
-                    if start + submitted >= context or (until is not None and until()):
-                        return  # the context is full, or the caller's next phase is due
+                    if start + submitted >= context:
+                        return  # the context is full
                     self.cached_tokens.append(token)
                     launch(max(1, room()))
                 while len(queued) < in_flight and room() > 0:
@@ -232,9 +225,9 @@ class GPUDecodeLoop:
     def speculation_buffers(self, k: int) -> SpecBuffers:
         """The GPU state of verify steps with drafts of `k` tokens: what an acceptance op passed to
         decode_speculative is built on (its `draft`, `state` and `out` buffers, with `self.logits`)."""
-        return self._speculation_ops(k)[0]
+        return self._speculation_ops(k).buffers
 
-    def _speculation_ops(self, k: int) -> tuple[SpecBuffers, SpecDraft, GreedyAccept]:
+    def _speculation_ops(self, k: int) -> SpeculationOps:
         """The buffers and ops of verify steps with drafts of `k` tokens (built on first use)."""
         if not 1 <= k <= SPECULATE_MAX:
             raise ValueError(f"speculate takes 0..{SPECULATE_MAX} drafted tokens, got {k}")
@@ -248,12 +241,14 @@ class GPUDecodeLoop:
                 layer.attention.prepare_draft_rows()
             # history: the context, plus the tokens a last verify step emits past it
             buffers = SpecBuffers(self.device, k, self.config.context_length + k + 2)
-            draft = SpecDraft(self.kernels, buffers, self.token_ids, self.step.buffer, NGRAM_MAX)
-            accept = GreedyAccept(
+            draft, draft_off = (
+                SpecDraft(self.kernels, buffers, self.token_ids, self.step.buffer, NGRAM_MAX, k=size) for size in (k, 0)
+            )
+            greedy = GreedyAccept(
                 self.kernels, self.logits, buffers.draft, buffers.state, buffers.out, self.config.vocab_size, k + 1
             )
-            self._buffers.extend(buffers.buffers + accept.buffers)
-            ops = self._speculation[k] = (buffers, draft, accept)
+            self._buffers.extend(buffers.buffers + greedy.buffers)
+            ops = self._speculation[k] = SpeculationOps(buffers, draft, draft_off, greedy)
         return ops
 
     def decode_speculative_sampled(
@@ -270,9 +265,8 @@ class GPUDecodeLoop:
         """decode_speculative with the speculative sampling rule (kernels/spec_sampling.py: a drafted
         token is kept with probability p(x), else one is drawn from p without it), so the tokens are
         distributed as decode_sampled's under `settings`; seeded runs repeat. Draws first_draw.. of
-        stream `seed`: two per token a verify step emits, one per plain step's token (a different
-        sequence from decode_sampled's). `history`: the tokens so far including `first_token`, the
-        caller appending each one yielded (the repetition penalty's window)."""
+        stream `seed`, two per token (a different sequence from decode_sampled's). `history`: the
+        tokens so far including `first_token` (the repetition penalty's window)."""
         if self._spec_samplers is None:
             self._spec_samplers = {}
         op = self._spec_samplers.get(k)
@@ -282,26 +276,27 @@ class GPUDecodeLoop:
             op = SpecSampleAccept(self.kernels, self.logits, buffers.draft, buffers.state, buffers.out, vocab, k + 1)
             self._buffers.extend(op.buffers)
             self._spec_samplers[k] = op
-        sampling = SpeculativeSampling(op, settings, seed, first_draw, history)
-        return self.decode_speculative(first_token, k, limit, sampling, policy)
+        op.configure(settings, seed, first_draw, history)
+        return self.decode_speculative(first_token, k, limit, op, policy)
 
     def _record_verify_steps(
-        self, k: int, n_steps: int, staging: gpu.Buffer, pos_bound: int, accept: Acceptance | None = None
+        self, k: int, n_steps: int, rows: int, staging: gpu.Buffer, pos_bound: int, accept: Acceptance
     ) -> gpu.Recorder:
-        """`n_steps` verify steps of `k` drafted tokens in one recorder. Step j drafts on the GPU (which
-        also sets its StepParams), runs k + 1 rows with every row's logits, accepts, and copies its
-        out slice and draft_len to words (k + 3) j.. of `staging`. `pos_bound`: the largest position
-        step 0 can have (each step advances 1..k+1): attention dispatches enough splits for it."""
-        buffers, draft, greedy = self._speculation_ops(k)
-        accept = accept or greedy
+        """`n_steps` steps of `rows` rows each (k + 1: verify steps of drafts of k tokens; 1: draft-off
+        steps) in one recorder. Step j drafts on the GPU (which also sets its StepParams), runs its
+        rows with every row's logits, accepts, and copies its out slice and draft_len to words
+        (k + 3) j.. of `staging`. `pos_bound`: the largest position step 0 can have (each step advances
+        1..rows): attention dispatches enough splits for it."""
+        ops = self._speculation_ops(k)
+        draft = ops.draft if rows > 1 else ops.draft_off
         stride = 4 * (k + 3)
         rec = self.device.begin()
         for j in range(n_steps):
             draft.record(rec)  # also writes the step's StepParams
-            self._record_step(k + 1, all_logits=True, rec=rec, pos=pos_bound + j * (k + 1), params_on_gpu=True)
-            accept.record(rec, k + 1)
-            rec.copy(buffers.out, 0, staging, stride * j, 4 * (k + 2))
-            rec.copy(buffers.state, 0, staging, stride * j + 4 * (k + 2), 4)
+            self._record_step(rows, all_logits=True, rec=rec, pos=pos_bound + j * rows, params_on_gpu=True)
+            accept.record(rec, rows)
+            rec.copy(ops.buffers.out, 0, staging, stride * j, 4 * (k + 2))
+            rec.copy(ops.buffers.state, 0, staging, stride * j + 4 * (k + 2), 4)
         return rec
 
     async def decode_speculative(
@@ -309,155 +304,114 @@ class GPUDecodeLoop:
         first_token: int,
         k: int,
         limit: int | None = None,
-        sampling: SpeculativeSampling | None = None,
+        accept: Acceptance | None = None,
         policy: SpeculationPolicy | None = None,
     ) -> AsyncIterator[int]:
         """Greedy decoding, `first_token` first fed, with steps that verify a prompt-lookup draft of up
         to `k` tokens (model/speculation.py's rules, run on the GPU): the same tokens as decode_greedy,
-        1..k+1 of them per forward pass. `limit` as in decode_greedy. `sampling`: the speculative
-        sampling rule in place of greedy acceptance (decode_speculative_sampled).
+        1..k+1 of them per forward pass. `limit` as in decode_greedy. `accept`: the acceptance op in
+        place of greedy acceptance (decode_speculative_sampled: the speculative sampling rule).
 
-        The reply alternates phases: verify steps (_verify_phase) and plain decode steps
-        (_decode_on_gpu), each queued without readbacks. Plain steps run where `policy` (fed every
-        token) says verifying does not pay, and near the context end, where a verify step's k + 1 rows
-        no longer fit; without a policy every step that fits verifies. A phase queues no step once the
-        next phase is due and ends when its queued steps are read, so a switch finds every submitted
-        step read: `cached_tokens` then holds the text up to the last token, the next phase's input
-        (the invariant of _decode_on_gpu, which both phases keep), and the draw counter of a sampled
-        reply is known on the host (two draws per verified token, one per plain one).
+        Every step's input and position are known on the GPU only (each step folds the tokens the
+        previous one emitted), so steps queue without readbacks, `steps` to a submit and `in_flight`
+        submits at once (decode_batching), and the host reads each submit's output once. A submit
+        holds verify steps (k + 1 rows) or draft-off steps (one row, no lookup: a decode step that
+        also folds): draft-off where `policy` (fed every token) says verifying does not pay, and near
+        the context end, where a verify step's k + 1 rows no longer fit; without a policy every step
+        that fits verifies. Steps of both kinds share the GPU state, so switching between them costs
+        no readback: the GPU never waits for the host.
+
+        A verify step computes the KV rows of its input token and of every accepted draft token; its
+        last emitted token is the next step's input; rows of rejected drafts lie past `n_cached` and
+        are overwritten later. `cached_tokens` holds the inputs of the submitted steps the host knows
+        (as in _decode_on_gpu), so stopping at any yield leaves the cache consistent.
 
         `draft_proposed` / `draft_accepted` count the drafted tokens of the verify steps whose output
         was yielded, and those of them yielded (each step's last token is the model's own choice);
-        `verify_steps` those steps, `plain_steps` the tokens of plain steps.
+        `verify_steps` those steps, `plain_steps` the tokens of draft-off steps.
         """
         self.draft_proposed = self.draft_accepted = self.verify_steps = self.plain_steps = 0
-        self._speculation_ops(k)  # a bad k fails here, before any step
-        context = self.config.context_length
+        ops = self._speculation_ops(k)  # a bad k fails here, before any step
+        accept = accept or ops.greedy
         if policy is not None:
             policy.start(self.cached_tokens + [first_token])
-        last, emitted = first_token, 0  # the next phase's input; tokens yielded
-        on_gpu_history = 0  # tokens of the draft history this call's verify steps left on the GPU
-
-        def verify_fits() -> bool:  # at a switch point: n_cached is the next step's position
-            return self.n_cached + k + 1 <= context
-
-        while self.n_cached < context:
-            remaining = None if limit is None else max(0, limit - emitted)
-            verifying = verify_fits() and (policy is None or policy.speculating)
-            if verifying:
-                if sampling is not None:
-                    sampling.op.configure(sampling.settings, sampling.seed, sampling.draw, sampling.history)
-                accept = sampling.op if sampling is not None else None
-                until = None if policy is None else (lambda: not policy.speculating)
-                steps = self._verify_phase(last, k, remaining, on_gpu_history, accept, until)
-            else:
-                chooser: Argmax | GPUSampler = self.argmax
-                if sampling is not None:
-                    chooser = self.gpu_sampler
-                    chooser.configure(sampling.settings, sampling.seed, sampling.draw, sampling.history)
-                until = None if policy is None else (lambda: policy.speculating and verify_fits())
-                steps = self._decode_on_gpu(last, chooser, remaining, until)
-            try:
-                async for token in steps:
-                    last, emitted = token, emitted + 1
-                    if sampling is not None:
-                        sampling.draw += 2 if verifying else 1
-                    if not verifying:
-                        self.plain_steps += 1
-                    if policy is not None:
-                        policy.push(token)
-                    yield token
-            finally:
-                await steps.aclose()
-            if verifying:
-                on_gpu_history = self._spec_history_folded
-
-    async def _verify_phase(
-        self,
-        first_token: int,
-        k: int,
-        limit: int | None,
-        on_gpu_history: int,
-        accept: Acceptance | None,
-        until: Callable[[], bool] | None,
-    ) -> AsyncIterator[int]:
-        """Verify steps from `first_token` (the n_cached'th token) while they fit in the context: the
-        host reads each submit's emitted tokens once. `on_gpu_history`: tokens at the start of the
-        draft history already on the GPU (left there by this reply's earlier verify steps; the rest is
-        uploaded). `until()` true: no further step is queued, and the phase ends once the queued ones
-        are read. Sets `_spec_history_folded`: the history's length on the GPU at the end.
-
-        A verify step computes the KV rows of its input token and of every accepted draft token, its
-        last emitted token is the next step's input; rows of rejected drafts lie past `n_cached` and
-        are overwritten later."""
-        buffers, _, _ = self._speculation_ops(k)
         steps, in_flight = self.decode_batching()
         stride = k + 3
         ring = self._staging_ring(in_flight + 1, 4 * stride * steps)
         context = self.config.context_length
-        pos = self.n_cached  # the next verify step's position (exact: every submitted step is read)
+        pos = self.n_cached  # the next unread step's position (exact: every step before it is read)
         emitted = 0  # tokens yielded (first_token not counted)
-        buffers.start(self.cached_tokens + [first_token], self.kv_cache.capacity, on_gpu_history)
-        self._spec_history_folded = pos + 1
-        queued: deque[tuple[gpu.Buffer, int]] = deque()  # submitted, not read: (staging, steps)
-        pending = 0  # verify steps submitted and not read
+        ops.buffers.start(self.cached_tokens + [first_token], self.kv_cache.capacity)
+        queued: deque[tuple[gpu.Buffer, int, int]] = deque()  # submitted, not read: (staging, steps, rows)
+        pending = pending_rows = 0  # steps submitted and not read; the most rows they can take
         launched = 0
         last = first_token  # the input of the next step, not in cached_tokens until a step computes it
 
-        def room() -> int:  # verify steps the next submit may hold: each takes <= k + 1 rows, emits >= 1
-            if until is not None and until():
-                return 0
-            n = min(steps, (context - pos) // (k + 1) - pending)
-            return n if limit is None else min(n, limit - emitted - pending)
+        def next_submit() -> tuple[int, int]:
+            """(steps, rows per step) of the next submit; no steps when none is due now."""
+            rows = k + 1
+            if policy is not None and not policy.speculating:
+                rows = 1
+            elif pos + pending_rows + k + 1 > context:  # a verify step may not fit
+                if pending:
+                    return 0, rows  # decided once the queued steps are read and the position is exact
+                rows = 1
+            n = min(steps, (context - pos - pending_rows) // rows)
+            return (n if limit is None else min(n, limit - emitted - pending)), rows
 
         # a recording made for a larger position bound is as exact (attention covers more splits, unused ones exit)
         ahead_rec = RecordedAhead(operator.ge)
 
-        def prepare(n: int, bound: int) -> gpu.Recorder:
-            """Record (and encode) n verify steps, the first at a position <= bound, without submitting."""
+        def prepare(n: int, rows: int, bound: int) -> gpu.Recorder:
+            """Record (and encode) n steps of `rows` rows, the first at a position <= bound, without submitting."""
             encode_start = time.perf_counter()
-            if self.kv_cache.ensure_capacity(bound + n * (k + 1)):
-                buffers.set_kv_capacity(self.kv_cache.capacity)
-            rec = self._record_verify_steps(k, n, ring[launched % len(ring)], bound, accept)
+            if self.kv_cache.ensure_capacity(bound + n * rows):
+                ops.buffers.set_kv_capacity(self.kv_cache.capacity)
+            rec = self._record_verify_steps(k, n, rows, ring[launched % len(ring)], bound, accept)
             rec.finish()
             self.encode_seconds += time.perf_counter() - encode_start
             return rec
 
-        def launch(n: int) -> None:
-            nonlocal pending, launched
-            bound = pos + pending * (k + 1)
-            rec = ahead_rec.take(bound, n) or prepare(n, bound)
+        def launch(n: int, rows: int) -> None:
+            nonlocal pending, pending_rows, launched
+            bound = pos + pending_rows
+            rec = ahead_rec.take(bound, (n, rows)) or prepare(n, rows, bound)
             staging = ring[launched % len(ring)]
             rec.submit()
             self.device.start_read(staging)  # before any later submit (gpu.Device.start_read)
             self.last_dispatches, self.last_passes = rec.dispatches // n, rec.passes // n
-            queued.append((staging, n))
+            queued.append((staging, n, rows))
             pending += n
+            pending_rows += n * rows
             launched += 1
 
         try:
-            while queued or (pos + k + 1 <= context and not (until is not None and until())):
+            while pos < context:
                 if not queued:
-                    launch(max(1, room()))
+                    n, rows = next_submit()
+                    launch(max(1, n), rows)
                     if len(self.cached_tokens) == pos:
                         self.cached_tokens.append(last)  # the step computes its row
-                while len(queued) < in_flight and room() > 0:
-                    launch(room())
-                staging, n = queued.popleft()
-                ahead = room() if queued else 0
-                if ahead > 0:  # the refilling submit, recorded while the host waits (as in _decode_on_gpu),
-                    bound = pos + pending * (k + 1)  # for the largest position its first step can have
-                    ahead_rec.keep(bound, ahead, prepare(ahead, bound))
+                while len(queued) < in_flight and (ahead := next_submit())[0] > 0:
+                    launch(*ahead)
+                staging, n, rows = queued.popleft()
+                ahead = next_submit() if queued else (0, 0)
+                if ahead[0] > 0:  # the refilling submit, recorded while the host waits (as in _decode_on_gpu)
+                    bound = pos + pending_rows
+                    ahead_rec.keep(bound, ahead, prepare(*ahead, bound))
                 raw = (await self.device.read_staging(staging, 4 * stride * n)).view(np.uint32)
                 for j in range(n):
                     pending -= 1
+                    pending_rows -= rows
                     row = raw[stride * j : stride * (j + 1)].tolist()
                     n_emitted, tokens, draft_len = row[0], row[1 : 1 + row[0]], row[k + 2]
-                    self._spec_history_folded = pos + 1  # the draft kernel folded the text up to this step's input
                     pos += n_emitted
                     last = tokens[-1]
-                    self.draft_proposed += draft_len
-                    self.verify_steps += 1
+                    if rows > 1:
+                        self.draft_proposed += draft_len
+                        self.verify_steps += 1
+                    else:
+                        self.plain_steps += 1
                     for i, token in enumerate(tokens):
                         emitted += 1
                         if i < n_emitted - 1:
@@ -465,7 +419,9 @@ class GPUDecodeLoop:
                             self.cached_tokens.append(token)  # an accepted draft: its row was computed
                         elif pending:
                             self.cached_tokens.append(token)  # the input of a submitted step
+                        if policy is not None:
+                            policy.push(token)
                         yield token
         finally:
-            for staging, _ in queued:  # stopped early: steps still queued are never read
+            for staging, _, _ in queued:  # stopped early: steps still queued are never read
                 self.device.cancel_read(staging)

@@ -112,8 +112,8 @@ class SpeculationPolicy:
 
     Over the last `window` counted steps, `rate` = tokens per step. Verify steps stop when the rate
     falls below `verify_cost`, the cost of a verify step in decode steps, and resume when it reaches
-    verify_cost + `resume_margin`. The decode loop switches once the steps already queued are read
-    (how many tokens that takes depends on its batching, a setting, not on timing).
+    verify_cost + `resume_margin`. The decode loop's next submit follows it (the steps already queued
+    keep their kind: how many tokens the switch lags depends on the batching, a setting, not on timing).
     """
 
     # A verify step over k + 1 rows costs about 1 + VERIFY_ROW_COST * k decode steps (2B-4T shape,
@@ -128,8 +128,8 @@ class SpeculationPolicy:
     # reach 1.4 tokens per step only with 4 drafted tokens accepted), few enough that a reply that
     # stops repeating costs at most ~8 verify steps (~2.3 decode steps at k = 2 and 1.29x per step).
     WINDOW = 8
-    # Each switch empties the GPU queue once (a readback's latency with the GPU idle): without a gap
-    # between the thresholds a rate near the break-even point would switch every few tokens.
+    # A gap between the thresholds, so a rate near the break-even point does not switch every few
+    # tokens (a switch costs no readback, but the queued steps lag it by up to two submits).
     RESUME_MARGIN = 0.25
 
     def __init__(
