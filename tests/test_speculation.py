@@ -195,6 +195,26 @@ def test_policy_for_the_browser_needs_more_tokens_per_step() -> None:
     assert native.speculating and not browser.speculating
 
 
+def test_policy_for_a_narrow_model_asks_fewer_tokens_per_step() -> None:
+    """A verify row of a narrow model costs less of a decode step (its step is dispatch latency): text
+    that repeats too little to pay on the 2B-4T width (1.25 tokens per verify step at k = 2) keeps
+    verify steps on for the bundled model's width (512) and turns them off for 2B-4T's (2560)."""
+    narrow = SpeculationPolicy.for_backend(2, "wgpu-native", 512)
+    wide = SpeculationPolicy.for_backend(2, "wgpu-native", 2560)
+    assert wide.verify_cost == SpeculationPolicy.for_backend(2, "wgpu-native").verify_cost
+    prompt = list(range(200))
+    reply = []
+    for i in range(0, 180, 5):  # two copied tokens, then three fresh ones
+        reply += prompt[i : i + 2] + [1000 + i, 1001 + i, 1002 + i]
+    rate = float(np.mean(greedy_verify_steps(prompt, reply, 2)))
+    assert narrow.verify_cost <= rate < wide.verify_cost
+    for policy in (narrow, wide):
+        policy.start(prompt)
+        for token in reply:
+            policy.push(token)
+    assert narrow.speculating and not wide.speculating
+
+
 def test_policy_rejects_bad_parameters() -> None:
     with pytest.raises(ValueError, match="k and window must be >= 1"):
         SpeculationPolicy(0)

@@ -13,12 +13,13 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from .formats.ggml import OUTPUT, TOKEN_EMBD
+from .model.speculation import SpeculationPolicy
 
 SHAPES = {
     # name: (dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, context_length)
@@ -237,8 +238,9 @@ async def speculation_workloads(engine, ks: tuple[int, ...], n_tokens: int, runs
 
 async def speculation_policy_bench(engine, prompt_ids: list[int], n_tokens: int, runs: int) -> dict:
     """Tokens/s of sampled and greedy replies with plain steps (speculate 0), with verify steps of the
-    default draft size at every step (no SpeculationPolicy: what drafting cost before the policy), and
-    with the engine's default (the policy on). `sampled_t1`: temperature 1, where a random-weight
+    default draft size at every step (no SpeculationPolicy: what drafting cost before the policy), with
+    the engine's default (the policy on), and with draft-off steps only (a policy that never drafts:
+    what the policy's plain steps cost against plain decoding). `sampled_t1`: temperature 1, where a random-weight
     model's reply does not repeat, so drafts are rejected: the loss the policy must avoid. `greedy`:
     the synthetic model's greedy reply repeats itself, so drafts pay. `sampled_top1`: the same tokens
     drawn through the sampled path (top-k 1), i.e. the speculative sampling kernels where drafts pay."""
@@ -251,14 +253,19 @@ async def speculation_policy_bench(engine, prompt_ids: list[int], n_tokens: int,
         "greedy": SamplerSettings(temperature=0.0),
         "sampled_top1": SamplerSettings(temperature=1.0, top_k=1, seed=5),
     }
-    modes = {"plain": (0, False), "every_step": (SPECULATE_GPU, False), "policy": (SPECULATE_DEFAULT, True)}
     saved = engine.speculation_policy
+    modes = {
+        "plain": (0, None),
+        "every_step": (SPECULATE_GPU, None),
+        "policy": (SPECULATE_DEFAULT, saved),
+        "draft_off": (SPECULATE_GPU, NoDrafts),
+    }
     report: dict = {"prompt_tokens": len(prompt_ids), "max_tokens": n_tokens}
     try:
         for name, settings in workloads.items():
             rows: dict = {}
-            for mode, (speculate, with_policy) in modes.items():
-                engine.speculation_policy = saved if with_policy else None
+            for mode, (speculate, policy) in modes.items():
+                engine.speculation_policy = policy
                 rates = []
                 for _ in range(runs + 1):  # the first run warms pipelines
                     engine.model.truncate(0)
@@ -288,6 +295,17 @@ async def speculation_policy_bench(engine, prompt_ids: list[int], n_tokens: int,
     finally:
         engine.speculation_policy = saved
     return report
+
+
+class NoDrafts(SpeculationPolicy):
+    """A policy that never drafts: every step of a speculative reply is a draft-off step."""
+
+    def start(self, history: Sequence[int]) -> None:
+        super().start(history)
+        self.speculating = False
+
+    def push(self, token: int) -> None:
+        self.pushed += 1
 
 
 def speculation_summary(costs: dict, workloads: dict) -> dict:

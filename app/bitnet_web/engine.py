@@ -312,7 +312,9 @@ class Engine:
         return speculate
 
     def _backend_policy(self, k: int) -> SpeculationPolicy:
-        return SpeculationPolicy.for_backend(k, self.device.backend if self.device is not None else "")
+        backend = self.device.backend if self.device is not None else ""
+        dim = self.model.config.dim if self.model is not None else SpeculationPolicy.VERIFY_ROW_COST_DIM
+        return SpeculationPolicy.for_backend(k, backend, dim)
 
     def _speculation_policy(self, k: int) -> SpeculationPolicy | None:
         return None if self.speculation_policy is None else self.speculation_policy(k)

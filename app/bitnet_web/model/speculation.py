@@ -116,13 +116,16 @@ class SpeculationPolicy:
     keep their kind: how many tokens the switch lags depends on the batching, a setting, not on timing).
     """
 
-    # A verify step over k + 1 rows costs about 1 + VERIFY_ROW_COST * k decode steps (2B-4T shape,
-    # H100, each row on the decode kernel: 1.19 at k = 1, 1.30 at 2, 1.83 at 4, 2.65 at 8;
-    # docs/performance.md, "Verify rows bit for bit").
+    # A verify step over k + 1 rows costs about 1 + VERIFY_ROW_COST * k decode steps on a model of width
+    # VERIFY_ROW_COST_DIM (2B-4T shape, H100, natively: 1.11-1.19 at k = 1, 1.23-1.31 at 2, 1.77-1.87 at 4;
+    # docs/performance.md, "Session 11"). A row's extra work grows with the model's width while a step's
+    # dispatch latency does not, so the cost per row scales with dim / VERIFY_ROW_COST_DIM: the bundled
+    # model (dim 512) measured 1.0-1.1 at k = 1..4.
     VERIFY_ROW_COST = 0.2
-    # What a verify step costs on top of that where the backend pays more per step: 2B-4T shape at
-    # k = 2, every draft accepted, same device call (H200): 1.49-1.54 decode steps in Chromium, 1.42
-    # natively (docs/performance.md, "Session 8: Chromium and native").
+    VERIFY_ROW_COST_DIM = 2560
+    # What a verify step costs on top of that where the backend pays more per step: Chromium on the H100,
+    # k = 2, the bundled model 1.14-1.24 decode steps against ~1.0 natively (session 11); the 2B-4T shape
+    # 1.49-1.54 against 1.42 (session 8, before verify steps took one pass).
     BACKEND_VERIFY_COST = {"browser": 0.1}
     # Steps the rate is taken over: enough that one lucky step does not decide (at k = 2, 8 steps
     # reach 1.4 tokens per step only with 4 drafted tokens accepted), few enough that a reply that
@@ -147,11 +150,12 @@ class SpeculationPolicy:
         self.start([])
 
     @classmethod
-    def for_backend(cls, k: int, backend: str) -> SpeculationPolicy:
-        """The policy for drafts of `k` tokens on a GPU backend (gpu.Device.backend): its verify-step
-        cost estimated for that backend."""
+    def for_backend(cls, k: int, backend: str, dim: int = VERIFY_ROW_COST_DIM) -> SpeculationPolicy:
+        """The policy for drafts of `k` tokens on a GPU backend (gpu.Device.backend) and a model of width
+        `dim`: its verify-step cost estimated for both."""
         extra = cls.BACKEND_VERIFY_COST.get(backend, 0.0)
-        return cls(k, verify_cost=1.0 + extra + cls.VERIFY_ROW_COST * k)
+        row = cls.VERIFY_ROW_COST * dim / cls.VERIFY_ROW_COST_DIM
+        return cls(k, verify_cost=1.0 + extra + row * k)
 
     def start(self, history: Sequence[int]) -> None:
         """A new reply: `history` is the text so far, ending with the first verify step's input token."""
