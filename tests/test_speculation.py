@@ -215,6 +215,23 @@ def test_policy_for_a_narrow_model_asks_fewer_tokens_per_step() -> None:
     assert narrow.speculating and not wide.speculating
 
 
+def test_policy_takes_its_rate_over_the_steps_the_decode_loop_queues() -> None:
+    """With 16 x 2 steps queued (the page), a switch lags by up to 32 steps, so the rate is taken over
+    32: a fresh stretch of 12 tokens inside a reply that copies its prompt turns verify steps off under
+    an 8-step window and not under the queue's."""
+    short = SpeculationPolicy.for_backend(2, "browser", 2560)
+    queued = SpeculationPolicy.for_backend(2, "browser", 2560, queued_steps=32)
+    assert (short.window, queued.window) == (SpeculationPolicy.WINDOW, 32)
+    assert SpeculationPolicy.for_backend(2, "browser", 2560, queued_steps=2).window == SpeculationPolicy.WINDOW
+    prompt = list(range(300))
+    reply = prompt[:150] + list(range(1000, 1012)) + prompt[150:290]
+    for policy in (short, queued):
+        policy.start(prompt)
+        for token in reply:
+            policy.push(token)
+    assert [on for _, on in short.switches][:1] == [False] and queued.switches == []
+
+
 def test_policy_rejects_bad_parameters() -> None:
     with pytest.raises(ValueError, match="k and window must be >= 1"):
         SpeculationPolicy(0)

@@ -313,8 +313,10 @@ class Engine:
 
     def _backend_policy(self, k: int) -> SpeculationPolicy:
         backend = self.device.backend if self.device is not None else ""
-        dim = self.model.config.dim if self.model is not None else SpeculationPolicy.VERIFY_ROW_COST_DIM
-        return SpeculationPolicy.for_backend(k, backend, dim)
+        if self.model is None:
+            return SpeculationPolicy.for_backend(k, backend)
+        steps, in_flight = self.model.decode_batching()
+        return SpeculationPolicy.for_backend(k, backend, self.model.config.dim, steps * in_flight)
 
     def _speculation_policy(self, k: int) -> SpeculationPolicy | None:
         return None if self.speculation_policy is None else self.speculation_policy(k)

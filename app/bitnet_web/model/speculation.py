@@ -150,12 +150,17 @@ class SpeculationPolicy:
         self.start([])
 
     @classmethod
-    def for_backend(cls, k: int, backend: str, dim: int = VERIFY_ROW_COST_DIM) -> SpeculationPolicy:
+    def for_backend(
+        cls, k: int, backend: str, dim: int = VERIFY_ROW_COST_DIM, queued_steps: int = 0
+    ) -> SpeculationPolicy:
         """The policy for drafts of `k` tokens on a GPU backend (gpu.Device.backend) and a model of width
-        `dim`: its verify-step cost estimated for both."""
+        `dim`: its verify-step cost estimated for both. `queued_steps`: how many steps the decode loop
+        queues ahead (steps per submit x submits in flight), which is how late a switch takes effect; the
+        rate is then taken over at least that many steps, so a burst shorter than the lag does not
+        switch a whole submit of steps to the wrong kind."""
         extra = cls.BACKEND_VERIFY_COST.get(backend, 0.0)
         row = cls.VERIFY_ROW_COST * dim / cls.VERIFY_ROW_COST_DIM
-        return cls(k, verify_cost=1.0 + extra + row * k)
+        return cls(k, window=max(cls.WINDOW, queued_steps), verify_cost=1.0 + extra + row * k)
 
     def start(self, history: Sequence[int]) -> None:
         """A new reply: `history` is the text so far, ending with the first verify step's input token."""
