@@ -3,7 +3,8 @@
 //
 // The rule is model/speculation.py's prompt_lookup_draft: for n = NGRAM .. 1, the largest i with
 // history[i : i+n] == the last n tokens and i + n < L (L = tokens in the history); the first n with a
-// match decides and the draft is history[i+n : min(i+n+K, L)]. Every candidate end e = i + n - 1 <= L - 2
+// match decides and the draft is K tokens copied from i + n on, past the history's end by its own tokens
+// (token j = history[i + n + j % (L - i - n)]). Every candidate end e = i + n - 1 <= L - 2
 // gets c(e) = how many of its trailing tokens (up to NGRAM) equal the history's last ones; then for
 // every n the largest e with c(e) >= n is kept (workgroup atomics). The draft starts at e + 1 whatever n.
 //
@@ -81,16 +82,17 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         }
     }
     let last = history[length - 1u];
-    let draft_len = select(0u, min(K, length - found), found != 0u);  // start e + 1 = found
+    let draft_len = select(0u, K, found != 0u);  // start e + 1 = found
+    let period = max(length - found, 1u);         // the copy's period (found <= length - 1)
     if (lid <= K) {
         let j = lid;
         var row = last;
         if (j > 0u && j - 1u < draft_len) {
-            row = history[found + j - 1u];
+            row = history[found + (j - 1u) % period];
         }
         token_ids[j] = row;
         if (j < K) {
-            draft[j] = select(0u, history[found + j], j < draft_len);
+            draft[j] = select(0u, history[found + j % period], j < draft_len);
         }
     }
     storageBarrier();

@@ -24,7 +24,10 @@ def brute_force_draft(history: list[int], k: int, ngram_max: int) -> list[int]:
     if best is None:
         return []
     n, i = best
-    return history[i + n : i + n + k]
+    drafted = list(history)  # an overlapping copy: past the history's end it copies what it drafted
+    for j in range(k):
+        drafted.append(drafted[i + n + j])
+    return drafted[len(history) :]
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -39,7 +42,10 @@ def test_draft_copies_what_followed_the_latest_match() -> None:
     history = [5, 1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 0, 1, 2, 3]
     assert prompt_lookup_draft(history, 2) == [7, 8]  # the later "1 2 3" wins over the first
     assert prompt_lookup_draft([1, 2, 3], 4) == []  # no earlier occurrence of any suffix
-    assert prompt_lookup_draft([4, 4], 3) == [4]  # the draft stops where the history ends
+    # past the history's end the copy goes on with its own tokens: a repeating text is drafted k ahead
+    assert prompt_lookup_draft([4, 4], 3) == [4, 4, 4]
+    assert prompt_lookup_draft([6, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]  # "1 2" at 1, period 2
+    assert prompt_lookup_draft([1, 2, 3, 7, 1, 2, 3], 6) == [7, 1, 2, 3, 7, 1]  # period 4
     assert prompt_lookup_draft(history, 0) == []
 
 

@@ -19,11 +19,13 @@ NGRAM_MAX = 3  # longest n-gram matched; shorter ones are tried when it has no e
 
 
 def prompt_lookup_draft(history: Sequence[int], k: int, ngram_max: int = NGRAM_MAX) -> list[int]:
-    """Up to `k` drafted tokens after `history` (the prompt and every token generated so far).
+    """`k` drafted tokens after `history` (the prompt and every token generated so far), or none.
 
     For n = ngram_max .. 1: find the largest i < len(history) - n with history[i:i+n] equal to the
-    last n tokens; the draft is history[i+n : i+n+k] (shorter where the history ends). The first n
-    with a match decides; no match gives an empty draft.
+    last n tokens; the first n with a match decides; no match gives an empty draft. The draft copies
+    what followed the match, history[i+n:], as an overlapping copy: where it reaches the history's end
+    it goes on with its own tokens, so text that repeats with a period P = len(history) - (i + n) is
+    drafted k tokens ahead, not only P: token j is history[i + n + j % P].
     """
     h = list(history)
     length = len(h)
@@ -33,8 +35,14 @@ def prompt_lookup_draft(history: Sequence[int], k: int, ngram_max: int = NGRAM_M
         tail = h[length - n :]
         for i in range(length - n - 1, -1, -1):
             if h[i : i + n] == tail:
-                return h[i + n : min(i + n + k, length)]
+                return periodic_copy(h, i + n, k)
     return []
+
+
+def periodic_copy(history: list[int], start: int, k: int) -> list[int]:
+    """history[start:] continued by itself to k tokens (start < len(history))."""
+    period = len(history) - start
+    return [history[start + j % period] for j in range(k)]
 
 
 def accept_greedy(draft: Sequence[int], chosen: Sequence[int]) -> tuple[int, list[int]]:
@@ -93,7 +101,7 @@ class DraftIndex:
         for n in range(min(self.ngram_max, length - 1), 0, -1):
             start = self.starts.get(tuple(tokens[length - n :]))
             if start is not None:
-                return tokens[start + n : min(start + n + k, length)]
+                return periodic_copy(tokens, start + n, k)
         return []
 
 
