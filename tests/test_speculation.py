@@ -238,6 +238,25 @@ def test_policy_takes_its_rate_over_the_steps_the_decode_loop_queues() -> None:
     assert [on for _, on in short.switches][:1] == [False] and queued.switches == []
 
 
+def test_policy_counts_real_verify_steps_as_they_are() -> None:
+    """A sampled verify step may keep fewer drafted tokens than the text agrees with: over tokens of
+    real verify steps the policy counts what those steps emitted (verify_step), not the simulation,
+    so a reply that copies its prompt turns verify steps off when the real steps emit one token each,
+    and keeps them on when the same tokens come from draft-off steps (the simulation: 3 per step)."""
+    prompt = list(range(100))
+    reply = prompt[:60]
+    assert float(np.mean(greedy_verify_steps(prompt, reply, 2))) > 2.5
+    simulated, real = SpeculationPolicy(2, window=4), SpeculationPolicy(2, window=4)
+    for policy in (simulated, real):
+        policy.start(prompt)
+    for token in reply:
+        simulated.push(token)
+        real.verify_step(1)  # each real step emitted one token: its draft was rejected
+        real.push(token, verified=True)
+    assert simulated.speculating and simulated.switches == []
+    assert not real.speculating and real.switches == [(3, False)]
+
+
 def test_policy_rejects_bad_parameters() -> None:
     with pytest.raises(ValueError, match="k and window must be >= 1"):
         SpeculationPolicy(0)

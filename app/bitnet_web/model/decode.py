@@ -407,9 +407,12 @@ class GPUDecodeLoop:
                     n_emitted, tokens, draft_len = row[0], row[1 : 1 + row[0]], row[k + 2]
                     pos += n_emitted
                     last = tokens[-1]
-                    if rows > 1:
+                    verified = rows > 1
+                    if verified:
                         self.draft_proposed += draft_len
                         self.verify_steps += 1
+                        if policy is not None:
+                            policy.verify_step(n_emitted)
                     else:
                         self.plain_steps += 1
                     for i, token in enumerate(tokens):
@@ -420,7 +423,7 @@ class GPUDecodeLoop:
                         elif pending:
                             self.cached_tokens.append(token)  # the input of a submitted step
                         if policy is not None:
-                            policy.push(token)
+                            policy.push(token, verified)
                         yield token
         finally:
             for staging, _, _ in queued:  # stopped early: steps still queued are never read

@@ -109,14 +109,15 @@ class SpeculationPolicy:
     """Whether the next steps of a speculative reply should verify drafts of `k` tokens or decode one
     token each: verify steps cost more than a decode step and pay only where the text repeats.
 
-    Decided from the text alone, never from timing, so a seeded sampled reply repeats: the decode loop
-    pushes every token of the reply in order, and the policy follows the verify steps that greedy
-    speculative decoding would run over that text (DraftIndex drafts as the GPU does), counting the
-    tokens each would emit: a step emits its drafted tokens up to the first one the text disagrees
-    with, plus one. While verifying, for greedy replies, these are the real verify steps; during plain
-    steps they say what verifying would have gained, so the policy turns verify steps back on as soon
-    as the text starts to repeat. (For sampled replies a drafted token is kept with probability p(x),
-    the probability that plain sampling draws it, so the count estimates the real steps' tokens.)
+    Decided from the reply's steps, never from timing, so a seeded sampled reply repeats: the decode
+    loop pushes every token of the reply in order and reports each real verify step's tokens
+    (`verify_step`); those steps are counted as they are. Over the tokens of plain (draft-off) steps
+    the policy follows the verify steps that greedy speculative decoding would run over the text
+    (DraftIndex drafts as the GPU does), counting the tokens each would emit: a step emits its drafted
+    tokens up to the first one the text disagrees with, plus one. So it knows what verifying would
+    have gained and turns verify steps back on as soon as the text starts to repeat. (A sampled verify
+    step keeps a drafted token only with probability p(x), so there the simulated count can be higher
+    than what the real steps then give; the real steps turn verifying off again.)
 
     Over the last `window` counted steps, `rate` = tokens per step. Verify steps stop when the rate
     falls below `verify_cost`, the cost of a verify step in decode steps, and resume when it reaches
@@ -185,15 +186,26 @@ class SpeculationPolicy:
         """Tokens per counted verify step over the window (0 until one step is counted)."""
         return sum(self.emitted) / len(self.emitted) if self.emitted else 0.0
 
-    def push(self, token: int) -> None:
-        """The next token of the reply."""
+    def push(self, token: int, verified: bool = False) -> None:
+        """The next token of the reply. `verified`: a real verify step emitted it, and that step is
+        counted by `verify_step` instead of the text's simulated step ending at this token."""
         self.pushed += 1
         self.index.append(token)
         if self.matched < len(self.draft) and token == self.draft[self.matched]:
             self.matched += 1  # an accepted drafted token: the counted step goes on
             return
-        self.emitted.append(self.matched + 1)  # the step's own token ends it
+        tokens = self.matched + 1  # the step's own token ends it
         self.draft, self.matched = self.index.draft(self.k), 0
+        if not verified:
+            self._count(tokens)
+
+    def verify_step(self, n_emitted: int) -> None:
+        """A real verify step emitted `n_emitted` tokens (pushed next, with verified=True): what a
+        verify step yields, counted as it is (for sampled replies, fewer than the text agrees with)."""
+        self._count(n_emitted)
+
+    def _count(self, tokens: int) -> None:
+        self.emitted.append(tokens)
         if len(self.emitted) < self.window:
             return
         rate = self.rate
