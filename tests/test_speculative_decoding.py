@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 
+from bitnet_web.bench import speculation_policy_bench
 from bitnet_web.engine import Engine, EngineError
 from bitnet_web.kernels.speculative import GreedyAccept, SpecBuffers, SpecDraft
 from bitnet_web.model.speculation import NGRAM_MAX, SpeculationPolicy, accept_greedy, prompt_lookup_draft
@@ -381,6 +382,18 @@ def test_sampled_steps_of_both_kinds_take_two_draws_per_token(engine):
     assert [on for _, on in policy.switches][:2] == [False, True], policy.switches
     again = engine._run(run())
     assert again[:2] == (tokens, counter) and again[2].switches == policy.switches
+
+
+def test_policy_bench_rows_decode_the_same_greedy_tokens(engine):
+    """bench.speculation_policy_bench on this engine: every mode (plain, drafts at every step, the
+    default policy, draft-off steps only) runs, and the greedy rows give plain decoding's tokens."""
+    report = engine._run(speculation_policy_bench(engine, PROMPT, 24, 1))
+    for name in ("sampled_t1", "greedy", "sampled_top1"):
+        assert set(report[name]) == {"plain", "every_step", "policy", "draft_off"}
+    greedy = report["greedy"]
+    assert all(row["same_tokens_as_plain"] for row in greedy.values())
+    assert greedy["draft_off"]["verify_steps"] == 0 and greedy["draft_off"]["plain_steps"] == 23
+    assert greedy["every_step"]["verify_steps"] > 0 and greedy["every_step"]["plain_steps"] == 0
 
 
 @pytest.mark.slow

@@ -304,8 +304,11 @@ class NoDrafts(SpeculationPolicy):
         super().start(history)
         self.speculating = False
 
-    def push(self, token: int) -> None:
+    def push(self, token: int, verified: bool = False) -> None:
         self.pushed += 1
+
+    def verify_step(self, n_emitted: int) -> None:
+        pass
 
 
 def speculation_summary(costs: dict, workloads: dict) -> dict:
