@@ -43,16 +43,12 @@ class SpecBuffers:
         self.draft = device.buffer(4 * max(k, 1), label="speculation draft")
         self.buffers = [self.history, self.state, self.out, self.draft]
 
-    def start(self, history: list[int], kv_capacity: int, kept: int = 0) -> None:
-        """Verify steps start: the history (the text so far, its last token not yet verified) and no
-        output to fold. `kept`: how many of its first tokens the GPU history already holds (verify
-        steps of the same reply put them there), so only the rest is uploaded."""
-        if not 1 <= len(history) <= self.history_len or not 0 <= kept <= len(history):
-            raise ValueError(
-                f"speculation history of {len(history)} tokens ({kept} kept), room for 1..{self.history_len}"
-            )
-        if kept < len(history):
-            self.device.upload(self.history, 4 * kept, np.asarray(history[kept:], dtype=np.uint32))
+    def start(self, history: list[int], kv_capacity: int) -> None:
+        """A speculative reply starts: the history (the text so far, its last token not yet verified)
+        and no output to fold."""
+        if not 1 <= len(history) <= self.history_len:
+            raise ValueError(f"speculation history of {len(history)} tokens, room for 1..{self.history_len}")
+        self.device.upload(self.history, 0, np.asarray(history, dtype=np.uint32))
         self.device.upload(self.state, 0, np.asarray([0, len(history), kv_capacity, 0], dtype=np.uint32))
         self.device.upload(self.out, 0, np.zeros(self.k + 2, dtype=np.uint32))
 
