@@ -183,42 +183,31 @@ def test_policy_switches_at_its_thresholds(margin: float) -> None:
         assert len(policy.switches) < len(no_margin.switches)
 
 
-def test_policy_for_the_browser_needs_more_tokens_per_step() -> None:
-    """A verify step costs a little more decode steps in Chromium than natively: text that repeats
-    just enough to pay natively (1.25 tokens per verify step at k = 1, against costs of 1.2 and 1.3)
-    keeps verify steps on natively and turns them off in the browser."""
-    native, browser = SpeculationPolicy.for_backend(1, "wgpu-native"), SpeculationPolicy.for_backend(1, "browser")
+@pytest.mark.parametrize(
+    ("k", "cheap", "dear"),
+    [(1, ("wgpu-native", 2560), ("browser", 2560)), (2, ("wgpu-native", 512), ("wgpu-native", 2560))],
+)
+def test_policy_asks_more_tokens_per_step_where_verify_steps_cost_more(k, cheap, dear) -> None:
+    """A verify step costs a little more decode steps in Chromium than natively, and a verify row of a
+    narrow model less than of a wide one (a narrow model's step is dispatch latency): text that repeats
+    just enough to pay on the cheaper setup (two copied tokens, then three fresh ones: 1.25 tokens per
+    verify step) keeps verify steps on there and turns them off on the dearer one."""
+    cheap, dear = SpeculationPolicy.for_backend(k, *cheap), SpeculationPolicy.for_backend(k, *dear)
+    assert (
+        SpeculationPolicy.for_backend(k, "wgpu-native").verify_cost
+        == SpeculationPolicy.for_backend(k, "wgpu-native", 2560).verify_cost
+    )  # the default width is 2B-4T's
     prompt = list(range(200))
     reply = []
-    for i in range(0, 180, 5):  # two copied tokens, then three fresh ones
+    for i in range(0, 180, 5):
         reply += prompt[i : i + 2] + [1000 + i, 1001 + i, 1002 + i]
-    rate = float(np.mean(greedy_verify_steps(prompt, reply, 1)))
-    assert native.verify_cost <= rate < browser.verify_cost
-    for policy in (native, browser):
+    rate = float(np.mean(greedy_verify_steps(prompt, reply, k)))
+    assert cheap.verify_cost <= rate < dear.verify_cost
+    for policy in (cheap, dear):
         policy.start(prompt)
         for token in reply:
             policy.push(token)
-    assert native.speculating and not browser.speculating
-
-
-def test_policy_for_a_narrow_model_asks_fewer_tokens_per_step() -> None:
-    """A verify row of a narrow model costs less of a decode step (its step is dispatch latency): text
-    that repeats too little to pay on the 2B-4T width (1.25 tokens per verify step at k = 2) keeps
-    verify steps on for the bundled model's width (512) and turns them off for 2B-4T's (2560)."""
-    narrow = SpeculationPolicy.for_backend(2, "wgpu-native", 512)
-    wide = SpeculationPolicy.for_backend(2, "wgpu-native", 2560)
-    assert wide.verify_cost == SpeculationPolicy.for_backend(2, "wgpu-native").verify_cost
-    prompt = list(range(200))
-    reply = []
-    for i in range(0, 180, 5):  # two copied tokens, then three fresh ones
-        reply += prompt[i : i + 2] + [1000 + i, 1001 + i, 1002 + i]
-    rate = float(np.mean(greedy_verify_steps(prompt, reply, 2)))
-    assert narrow.verify_cost <= rate < wide.verify_cost
-    for policy in (narrow, wide):
-        policy.start(prompt)
-        for token in reply:
-            policy.push(token)
-    assert narrow.speculating and not wide.speculating
+    assert cheap.speculating and not dear.speculating
 
 
 def test_policy_takes_its_rate_over_the_steps_the_decode_loop_queues() -> None:
