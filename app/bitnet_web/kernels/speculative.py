@@ -82,7 +82,6 @@ class SpecDraft:
         k = buffers.k if k is None else k
         if not 0 <= k <= buffers.k:
             raise ValueError(f"speculation draft of {k} tokens: its buffers hold drafts of 0..{buffers.k}")
-        self.k = k
         if token_ids.nbytes < 4 * (k + 1):
             raise ValueError(f"token_ids ({token_ids.nbytes} bytes) must hold the {k + 1} verify rows")
         if step_params.nbytes < StepParams.NBYTES or not step_params.usage & gpu.STORAGE:
