@@ -11,6 +11,7 @@ GB/s counts the bytes each dispatch must read (weights + activations).
     python tools/bench_kernels.py --only gemv   # ops whose name contains 'gemv'
     python tools/bench_kernels.py --only rows   # the fused linear layers and LM head over T = 1..9 rows
     python tools/bench_kernels.py --verify-steps  # a whole 2B-4T forward step over T = 1..9 rows vs T = 1
+    python tools/bench_kernels.py --direct-sweep  # whole steps per context and direct-attention threshold
 """
 
 from __future__ import annotations
@@ -187,6 +188,66 @@ def bench_verify_steps(args: argparse.Namespace) -> None:
     engine.close()
 
 
+def time_steps(device, record, n_steps: int, rounds: int) -> float:
+    """Median over `rounds` of wall seconds per step: `n_steps` recorders from record() (built first),
+    submitted back to back, one wait."""
+    sync = device.buffer(16, label="sync")
+    record().submit()  # pipelines built before timing
+    device.read_sync(sync, 0, 4)
+    samples = []
+    for _ in range(rounds):
+        recorders = [record() for _ in range(n_steps)]
+        device.read_sync(sync, 0, 4)
+        t0 = time.perf_counter()
+        for rec in recorders:
+            rec.submit()
+        device.read_sync(sync, 0, 4)
+        samples.append((time.perf_counter() - t0) / n_steps)
+    return statistics.median(samples)
+
+
+def bench_direct_sweep(args: argparse.Namespace) -> None:
+    """Whole synthetic-model steps (1 row, and 3: a verify step of drafts of 2) at several cached
+    contexts, for each threshold under which decode attention runs as one dispatch per layer (one
+    workgroup per KV head walks every tile) instead of split over workgroups + a combine dispatch
+    (kernels/attention.py DIRECT_MAX_TILES). Wall ms per step, steps queued back to back."""
+    from bitnet_web.bench import synthetic_model  # noqa: PLC0415
+    from bitnet_web.engine import Engine  # noqa: PLC0415
+    from bitnet_web.kernels import attention  # noqa: PLC0415
+
+    engine = Engine()
+    engine.load(synthetic_model(args.shape))
+    model, device = engine.model, engine.device
+    contexts = [int(c) for c in args.contexts.split(",")]
+    thresholds = [int(d) for d in args.direct_tiles.split(",")]
+    tile = model.layer_ops[0].attention.tile
+    for layer in model.layer_ops:  # T = 3 as a verify step runs it (RoPE fused, rows as decode steps)
+        layer.attention.prepare_draft_rows()
+    default = attention.DIRECT_MAX_TILES
+    print(f"device: {device.adapter_name}; synthetic {args.shape}; tile {tile} rows; default {default} tiles")
+    warm = [model._record_step(1, all_logits=True, pos=contexts[0]) for _ in range(50)]
+    for rec in warm:
+        rec.submit()
+    results: dict[tuple[int, int, int], float] = {}
+    for rnd in range(2):  # two passes over the grid: drift shows as a difference between them
+        for direct in thresholds:
+            attention.DIRECT_MAX_TILES = direct
+            for ctx in contexts:
+                for t in (1, 3):
+                    step = lambda t=t, ctx=ctx: model._record_step(t, all_logits=True, pos=ctx)  # noqa: E731
+                    s = time_steps(device, step, 32, args.rounds)
+                    results[(rnd, direct, ctx, t)] = s
+                    print(f"pass {rnd} direct<{direct * tile:4d} ctx {ctx:5d} T={t}: {s * 1e3:7.3f} ms", flush=True)
+    attention.DIRECT_MAX_TILES = default
+    engine.close()
+    for t in (1, 3):
+        print(f"\n| T = {t}: context | " + " | ".join(f"direct < {d * tile}" for d in thresholds) + " |")
+        print("| ---: |" + " ---: |" * len(thresholds))
+        for ctx in contexts:
+            cells = [f"{results[(0, d, ctx, t)] * 1e3:.3f} / {results[(1, d, ctx, t)] * 1e3:.3f}" for d in thresholds]
+            print(f"| {ctx} | " + " | ".join(cells) + " |")
+
+
 def time_verify_steps(args: argparse.Namespace, device, record) -> None:
     from bitnet_web.bench import profile_summary  # noqa: PLC0415
 
@@ -197,18 +258,7 @@ def time_verify_steps(args: argparse.Namespace, device, record) -> None:
         rec.submit()
     device.read_sync(sync, 0, 4)
     for t in range(1, SMALL_T_MAX + 1):
-        record(t).submit()  # build the small-T pipelines before timing
-        device.read_sync(sync, 0, 4)
-        samples = []
-        for _ in range(args.rounds):
-            recorders = [record(t) for _ in range(args.steps * 4)]
-            device.read_sync(sync, 0, 4)
-            t0 = time.perf_counter()
-            for rec in recorders:
-                rec.submit()
-            device.read_sync(sync, 0, 4)
-            samples.append((time.perf_counter() - t0) / len(recorders))
-        results[t] = statistics.median(samples)
+        results[t] = time_steps(device, lambda t=t: record(t), args.steps * 4, args.rounds)
         profile = None
         if device.profiling:
             rec = record(t, device.begin_profiled())
@@ -242,7 +292,13 @@ def main() -> None:
     parser.add_argument(
         "--paths", default=SMALL_T_PATH, help=f"--verify-steps: small-T paths to time, comma-separated {SMALL_T_PATHS}"
     )
+    parser.add_argument("--direct-sweep", action="store_true", help="time whole steps per direct-attention threshold")
+    parser.add_argument("--contexts", default="48,64,96,128,192,256,384,512", help="--direct-sweep: cached contexts")
+    parser.add_argument("--direct-tiles", default="4,8,16,32", help="--direct-sweep: DIRECT_MAX_TILES values")
     args = parser.parse_args()
+    if args.direct_sweep:
+        bench_direct_sweep(args)
+        return
     if args.verify_steps:
         bench_verify_steps(args)
         return

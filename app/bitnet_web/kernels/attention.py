@@ -27,7 +27,9 @@ from .rope import RopeKV
 WORKGROUP = 256  # invocations of the attention and combine workgroups (the WebGPU default maximum)
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)  # HD / 4 must divide WORKGROUP
 MAX_SPLITS = 64  # most workgroups one KV head's decode is split over (partials merged by the combine)
-DIRECT_MAX_TILES = 4  # fused decode up to this many tiles runs in one dispatch, without split + combine
+# Fused decode up to this many tiles runs in one dispatch, without split + combine: past 64 rows one
+# workgroup per KV head costs more than the combine dispatch (tools/bench_kernels.py --direct-sweep).
+DIRECT_MAX_TILES = 4
 # attention_prefill.wgsl: query rows per workgroup (tried largest first until workgroup memory fits) and
 # query rows per thread (the workgroup has 16 * rows / RQ threads).
 PREFILL_QUERY_ROWS = (32, 16)
