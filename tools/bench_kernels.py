@@ -12,6 +12,7 @@ GB/s counts the bytes each dispatch must read (weights + activations).
     python tools/bench_kernels.py --only rows   # the fused linear layers and LM head over T = 1..9 rows
     python tools/bench_kernels.py --verify-steps  # a whole 2B-4T forward step over T = 1..9 rows vs T = 1
     python tools/bench_kernels.py --direct-sweep  # whole steps per context and direct-attention threshold
+    python tools/bench_kernels.py --gemv-sweep default,16x2x4  # whole steps per fused-GEMV tiling
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "app"))
 
 from bitnet_web import gpu  # noqa: E402
+from bitnet_web.kernels import linear as linear_module  # noqa: E402
 from bitnet_web.kernels.common import SMALL_T_MAX, KernelCache, StepParams  # noqa: E402
 from bitnet_web.kernels.embedding import LM_HEAD_SMALL_T_ROWS, Argmax, EmbeddingLookup, F16Matrix, LMHead  # noqa: E402
 from bitnet_web.kernels.linear import (  # noqa: E402
@@ -248,6 +250,57 @@ def bench_direct_sweep(args: argparse.Namespace) -> None:
             print(f"| {ctx} | " + " | ".join(cells) + " |")
 
 
+def bench_gemv_sweep(args: argparse.Namespace) -> None:
+    """Whole synthetic-model steps over T = 1, 3, 5 rows for several tilings of the fused norm + GEMV
+    kernel (`ternary_gemv_norm.wgsl`): weight rows per row group at every T, and row groups per workgroup
+    for matrices under / over 8192 rows (kernels/linear.py NORM_GEMV_ROWS and NORM_GEMV_VERIFY_ROWS,
+    norm_gemv_row_groups); "default" runs the defaults as they are. The model
+    is loaded once per tiling, passes alternate. Ops timed alone mislead here (docs/performance.md,
+    session 12): the step is the judge."""
+    from bitnet_web import engine as engine_module  # noqa: PLC0415
+    from bitnet_web.bench import synthetic_model  # noqa: PLC0415
+
+    configs = [None if c == "default" else tuple(int(v) for v in c.split("x")) for c in args.gemv_sweep.split(",")]
+    path = synthetic_model(args.shape)
+    original_init, original_groups = NormTernaryLinear.__init__, linear_module.norm_gemv_row_groups
+    results: dict[tuple[int, str, int], float] = {}
+    for rnd in range(2):
+        for config in configs:
+            if config is not None:
+                rows, small, big = config
+
+                def init(self, *a, rows=rows, **kw):
+                    original_init(self, *a, rows=rows, verify_rows=rows, **kw)
+
+                NormTernaryLinear.__init__ = init
+                linear_module.norm_gemv_row_groups = lambda n, small=small, big=big: big if n >= 8192 else small
+            name = "default" if config is None else "x".join(map(str, config))
+            engine = engine_module.Engine()
+            try:
+                engine.load(path)
+                model = engine.model
+                for layer in model.layer_ops:
+                    layer.attention.prepare_draft_rows()
+                first = model.layer_ops[0]
+                workgroups = [op.groups for op in (first.qkv, first.wo, first.gate_up, first.down)]
+                print(f"{name}: workgroups qkv/wo/gate_up/down at T = 1 {workgroups}", flush=True)
+                for rec in [model._record_step(1, all_logits=True, pos=args.context) for _ in range(30)]:
+                    rec.submit()
+                for t in (1, 3, 5):
+                    step = lambda t=t, model=model: model._record_step(t, all_logits=True, pos=args.context)  # noqa: E731
+                    results[(rnd, name, t)] = s = time_steps(engine.device, step, 32, args.rounds)
+                    print(f"pass {rnd} {name} T={t}: {s * 1e3:7.3f} ms", flush=True)
+            finally:
+                engine.close()
+                NormTernaryLinear.__init__, linear_module.norm_gemv_row_groups = original_init, original_groups
+    print(f"\n| rows x groups (< / >= 8192 rows) | T = 1 | T = 3 | T = 5 | (ms / step, context {args.context})")
+    print("| --- | ---: | ---: | ---: |")
+    for config in configs:
+        name = "default" if config is None else "x".join(map(str, config))
+        cells = [f"{results[(0, name, t)] * 1e3:.3f} / {results[(1, name, t)] * 1e3:.3f}" for t in (1, 3, 5)]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def time_verify_steps(args: argparse.Namespace, device, record) -> None:
     from bitnet_web.bench import profile_summary  # noqa: PLC0415
 
@@ -295,7 +348,13 @@ def main() -> None:
     parser.add_argument("--direct-sweep", action="store_true", help="time whole steps per direct-attention threshold")
     parser.add_argument("--contexts", default="48,64,96,128,192,256,384,512", help="--direct-sweep: cached contexts")
     parser.add_argument("--direct-tiles", default="4,8,16,32", help="--direct-sweep: DIRECT_MAX_TILES values")
+    parser.add_argument(
+        "--gemv-sweep", default="", help="whole steps per fused-GEMV tiling ROWSxGROUPSxGROUPS_BIG, comma-separated"
+    )
     args = parser.parse_args()
+    if args.gemv_sweep:
+        bench_gemv_sweep(args)
+        return
     if args.direct_sweep:
         bench_direct_sweep(args)
         return

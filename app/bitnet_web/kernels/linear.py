@@ -341,10 +341,15 @@ class TernaryLinear:
         recorder.dispatch(found[0], found[1], self.rows_groups)
 
 
-# Fused decode GEMV with its input norm: weight rows per row group, row groups per workgroup. Every
-# workgroup redoes the norm of the input row (reading it from L2), so more rows per workgroup amortize
-# it; row groups share one quantized row through workgroup memory (docs/performance-notes.md).
-NORM_GEMV_ROWS = 16
+# Fused GEMV with its input norm: weight rows per row group, for one token row (decode) and for the 2..
+# SMALL_T_MAX rows of a verify step. Every workgroup redoes the norm of its input row (reading it from
+# L2): more rows per workgroup amortize that, fewer spread a decode step's dot products over more
+# workgroups. Whole 2B-4T steps on the H100 (`tools/bench_kernels.py --gemv-sweep`, docs/performance.md
+# session 12): 8 rows 1.44-1.46 ms at T = 1 against 1.61 for 16, while T = 3 took 2.02-2.04 against 1.97.
+# The row count leaves the norm's arithmetic alone (it depends on the row groups and threads only), so
+# a verify row still computes bit for bit what its decode step does.
+NORM_GEMV_ROWS = 8
+NORM_GEMV_VERIFY_ROWS = 16
 
 
 # How NormTernaryLinear runs 2..SMALL_T_MAX rows (a speculative verify step) on a GPU; read when an
@@ -400,6 +405,7 @@ class NormTernaryLinear:
         workgroup_size: int | None = None,
         row_groups: int | None = None,
         mean_width: int | None = None,
+        verify_rows: int | None = NORM_GEMV_VERIFY_ROWS,
     ):
         label = label or f"{weights.label} {epilogue} (normed input)"
         op = f"NormTernaryLinear {label!r}"
@@ -412,18 +418,20 @@ class NormTernaryLinear:
             raise TernaryShapeError(f"{op}: x ({x.nbytes} bytes) holds less than one row of {k} f32")
         chunks = k // 64
         gw = workgroup_size or max(64, ceil_div(chunks, 32) * 32)
-        if gw < chunks or gw < rows or rows % 2 or rows <= 0 or row_groups not in (1, 2, 4):
-            raise TernaryShapeError(
-                f"{op}: needs an even rows ({rows}) <= threads per row group ({gw}), at least "
-                f"K/64 = {chunks} threads per row group and row_groups in 1, 2, 4 (got "
-                f"{row_groups})"
-            )
+        verify_rows = verify_rows or rows
+        for r in (rows, verify_rows):
+            if gw < chunks or gw < r or r % 2 or r <= 0 or row_groups not in (1, 2, 4):
+                raise TernaryShapeError(
+                    f"{op}: needs an even rows ({r}) <= threads per row group ({gw}), at least "
+                    f"K/64 = {chunks} threads per row group and row_groups in 1, 2, 4 (got "
+                    f"{row_groups})"
+                )
         if gw & (gw - 1) and not subgroups_available(kernels.device):
             gw = 1 << (gw - 1).bit_length()  # the tree reduction without subgroups needs a power of two
         wg = gw * row_groups
         limits = kernels.device.limits
         # two reduction slots per thread, accumulators, two flags, the shared quantized row
-        workgroup_bytes = 8 * wg + 4 * rows * row_groups + 8 + (k if row_groups > 1 else 0)
+        workgroup_bytes = 8 * wg + 4 * max(rows, verify_rows) * row_groups + 8 + (k if row_groups > 1 else 0)
         too_big = workgroup_bytes > limits.max_compute_workgroup_storage_size
         if wg > limits.max_compute_invocations_per_workgroup or too_big:
             raise TernaryShapeError(
@@ -444,15 +452,12 @@ class NormTernaryLinear:
             + (("SHARED_ROW",) if row_groups > 1 else ())
         )
         gated = EPILOGUES[epilogue] >= 2
-        total = rows * row_groups
-        self.groups = ceil_div(self.linear.out_width, total // 2 if gated else total)
-        self.fused = kernels.pipeline(
-            "ternary_gemv_norm",
+        self.rows, self.verify_rows = rows, verify_rows
+        self._fused_constants = dict(
             enables=wgsl_enables(device, subgroups=subgroups),
             defines=defines,
             K=k,
             N=weights.n_rows,
-            ROWS=rows,
             GROUPS=row_groups,
             GW=gw,
             SVEC=4 // row_groups,
@@ -460,12 +465,18 @@ class NormTernaryLinear:
             EPS=float(eps),
             K_F=float(mean_width),
         )
-        buffers = [weights.codes, weights.scales, x] + ([norm_weight] if norm_weight is not None else []) + [out]
-        self.fused_bind = device.bind_group(self.fused, buffers, f"{label} fused")
+        self._fused_buffers = [weights.codes, weights.scales, x]
+        self._fused_buffers += ([norm_weight] if norm_weight is not None else []) + [out]
+        self._fused_label, self._kernels, self._outs_per_row = label, kernels, (2 if gated else 1)
+        # rows per group -> (pipeline, bind group, workgroups); the verify kernel is built on first use
+        self._fused: dict[int, tuple[gpu.Pipeline, gpu.BindGroup, int]] = {}
+        self.fused, self.fused_bind, self.groups = self._fused_kernel(rows)
         # CPU adapters (lavapipe, SwiftShader) run the fused kernel's per-workgroup norm 2-3x slower
         # than the separate norm dispatch (measured on lavapipe: 1.2 vs 2.8-4.2 tok/s on the bundled
         # model); GPUs gain from fusing (docs/performance-notes.md).
         self.fuse_decode = not device.is_cpu
+        if self.fuse_decode:
+            self._fused_kernel(verify_rows)  # compiled with the others, not at the first verify step
         self.small_max = min(SMALL_T_MAX, self.linear.max_tokens, x.nbytes // (4 * k))
         if SMALL_T_PATH not in SMALL_T_PATHS:
             raise ValueError(f"SMALL_T_PATH is {SMALL_T_PATH!r}; expected one of {SMALL_T_PATHS}")
@@ -495,7 +506,21 @@ class NormTernaryLinear:
         self.norm.record(recorder, n_tokens)
         self.linear.record_rows(recorder, n_tokens)
 
+    def _fused_kernel(self, rows: int) -> tuple[gpu.Pipeline, gpu.BindGroup, int]:
+        """The fused kernel with `rows` weight rows per row group: pipeline, bind group, workgroups."""
+        found = self._fused.get(rows)
+        if found is None:
+            constants = self._fused_constants
+            pipeline = self._kernels.pipeline("ternary_gemv_norm", ROWS=rows, **constants)
+            label = f"{self._fused_label} fused ({rows} rows)"
+            bind = self._kernels.device.bind_group(pipeline, self._fused_buffers, label)
+            total = rows * constants["GROUPS"] // self._outs_per_row  # outputs per workgroup
+            found = self._fused[rows] = (pipeline, bind, ceil_div(self.linear.out_width, total))
+        return found
+
     def record_fused(self, recorder: gpu.Recorder, n_tokens: int) -> None:
         """The fused kernel for each of `n_tokens` rows (what record() runs for up to SMALL_T_MAX rows
-        on a GPU; tests and benchmarks call it on any adapter)."""
-        recorder.dispatch(self.fused, self.fused_bind, self.groups, n_tokens)
+        on a GPU; tests and benchmarks call it on any adapter): `rows` weight rows per row group for one
+        token row, `verify_rows` for more (the same arithmetic per row either way)."""
+        pipeline, bind, groups = self._fused_kernel(self.rows if n_tokens == 1 else self.verify_rows)
+        recorder.dispatch(pipeline, bind, groups, n_tokens)
