@@ -85,7 +85,6 @@ def test_engine_with_int8_head_stays_close_to_the_f16_head():
     next token wherever the F16 head's top-2 gap is clear, and fewer bytes read per token."""
     from pathlib import Path
 
-    from bitnet_web.bench import bytes_read_per_token
     from bitnet_web.engine import Engine
 
     model = Path(__file__).resolve().parents[1] / "static" / "models" / "bitnet-pystdlib-27m-i2_s.gguf"
@@ -96,7 +95,7 @@ def test_engine_with_int8_head_stays_close_to_the_f16_head():
         try:
             engine.load(model)
             ids = ids or engine.encode_prompt("def read_config(path):\n    with open(path) as f:\n")
-            results[int8] = (engine.logits(ids), bytes_read_per_token(engine.model))
+            results[int8] = (engine.logits(ids), engine.model.weight_bytes_per_token)
         finally:
             engine.close()
     f16, int8 = results[False][0].astype(np.float64), results[True][0].astype(np.float64)

@@ -185,11 +185,16 @@ def test_policy_switches_at_its_thresholds(margin: float) -> None:
 
 @pytest.mark.parametrize(
     ("k", "cheap", "dear"),
-    [(1, ("wgpu-native", 2560), ("browser", 2560)), (2, ("wgpu-native", 512), ("wgpu-native", 2560))],
+    [
+        (1, ("wgpu-native", 2560), ("browser", 2560)),
+        (2, ("wgpu-native", 512), ("wgpu-native", 2560)),
+        (1, ("wgpu-native", 2560), ("wgpu-native", 2560, 0, 0.3)),  # 2B-4T at a short context and at ~4k
+    ],
 )
 def test_policy_asks_more_tokens_per_step_where_verify_steps_cost_more(k, cheap, dear) -> None:
-    """A verify step costs a little more decode steps in Chromium than natively, and a verify row of a
-    narrow model less than of a wide one (a narrow model's step is dispatch latency): text that repeats
+    """A verify step costs a little more decode steps in Chromium than natively, a verify row of a
+    narrow model less than of a wide one (a narrow model's step is dispatch latency), and more at a long
+    context (each row walks the KV cache): text that repeats
     just enough to pay on the cheaper setup (two copied tokens, then three fresh ones: 1.25 tokens per
     verify step) keeps verify steps on there and turns them off on the dearer one."""
     cheap, dear = SpeculationPolicy.for_backend(k, *cheap), SpeculationPolicy.for_backend(k, *dear)
@@ -208,6 +213,20 @@ def test_policy_asks_more_tokens_per_step_where_verify_steps_cost_more(k, cheap,
         for token in reply:
             policy.push(token)
     assert cheap.speculating and not dear.speculating
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_policy_charges_verify_rows_for_attention_over_a_long_context(k) -> None:
+    """Each row of a verify step walks the KV cache as its decode step does: with attention adding a
+    share a of a short-context step, a verify step costs (short + (k + 1) a) / (1 + a) decode steps,
+    rising with the context towards k + 1 (every row a whole step)."""
+    short = SpeculationPolicy.for_backend(k, "wgpu-native", 2560)
+    assert SpeculationPolicy.for_backend(k, "wgpu-native", 2560, attention_share=0.0).verify_cost == short.verify_cost
+    costs = [
+        SpeculationPolicy.for_backend(k, "wgpu-native", 2560, attention_share=a).verify_cost for a in (0.1, 0.3, 3)
+    ]
+    assert short.verify_cost < costs[0] < costs[1] < costs[2] < k + 1
+    assert costs[1] == pytest.approx((short.verify_cost + (k + 1) * 0.3) / 1.3)
 
 
 def test_policy_takes_its_rate_over_the_steps_the_decode_loop_queues() -> None:

@@ -8,6 +8,7 @@ accepts, so a GPU loop that drafted from the wrong history, or counted wrongly, 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -443,3 +444,23 @@ def test_cli_speculate_json(tiny_path):
     bad = run("--speculate", "9")
     assert bad.returncode == 2 and "--speculate takes 0 (off) to 8" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_engine_policy_prices_verify_steps_at_the_cached_context(engine, tiny_path):
+    """The engine's policy for a reply prices verify steps at the context the reply starts from:
+    BitNetModel.attention_share is the KV bytes a step's attention reads per weight byte, linear in
+    the context (f16 K and V of every layer against the GGUF's tensors)."""
+    model = engine.model
+    cfg = model.config
+    kv_per_token = cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 2
+    weights = sum(t.n_bytes for t in model.gguf.tensors.values())
+    assert 0.5 * os.path.getsize(tiny_path) < weights <= os.path.getsize(tiny_path)
+    assert model.attention_share(0) == 0
+    assert model.attention_share(80) == pytest.approx(80 * kv_per_token / weights)
+    costs = []
+    for n in (4, 80):
+        model.truncate(0)
+        asyncio.run(model.prefill(list(range(n))))
+        costs.append(engine._backend_policy(2).verify_cost)
+    assert costs[0] < costs[1]
+    model.truncate(0)

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .formats.ggml import OUTPUT, TOKEN_EMBD
 from .model.speculation import SpeculationPolicy
 
 SHAPES = {
@@ -334,16 +333,6 @@ def profile_decode_step(model, sampled: bool = False) -> list[tuple[str, float]]
     return model.device.read_profile(rec)
 
 
-def bytes_read_per_token(model) -> int:
-    """Weight bytes a decode step must read: every tensor once (the tied embedding as the head;
-    with int8_head, the int8 copy and its scales instead of the F16 head)."""
-    total = sum(info.n_bytes for info in model.gguf.tensors.values())
-    if model.int8_head:
-        head = model.gguf.tensors[TOKEN_EMBD if model.config.tied_embeddings else OUTPUT]
-        total += model.output.n_rows * (model.output.n_cols + 4) - head.n_bytes
-    return total
-
-
 class _Progress:
     """Progress lines for a long benchmark: each step as it starts, and once the first decode speed
     is known, an estimate of the time left (a CPU adapter takes many minutes)."""
@@ -488,7 +477,7 @@ async def measure_async(
         report[f"engine_{label}_token_choice"] = stats.token_choice
     if getattr(device, "profiling", False):
         report["gpu_profile_sampler"] = profile_summary(profile_decode_step(model, sampled=True))
-    report["bytes_read_per_token"] = bytes_read_per_token(model)
+    report["bytes_read_per_token"] = model.weight_bytes_per_token
     progress.step("verify steps")
     ks = (1, 4) if quick else SPECULATE_KS
     report["speculation_costs"] = await verify_step_costs(model, ks, 4 if quick else 32, prompt(16))

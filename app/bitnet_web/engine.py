@@ -315,8 +315,10 @@ class Engine:
         backend = self.device.backend if self.device is not None else ""
         if self.model is None:
             return SpeculationPolicy.for_backend(k, backend)
-        steps, in_flight = self.model.decode_batching()
-        return SpeculationPolicy.for_backend(k, backend, self.model.config.dim, steps * in_flight)
+        model = self.model
+        steps, in_flight = model.decode_batching()
+        share = model.attention_share(model.n_cached)  # the reply's start: its prompt is cached
+        return SpeculationPolicy.for_backend(k, backend, model.config.dim, steps * in_flight, share)
 
     def _speculation_policy(self, k: int) -> SpeculationPolicy | None:
         return None if self.speculation_policy is None else self.speculation_policy(k)

@@ -129,7 +129,9 @@ class SpeculationPolicy:
     # VERIFY_ROW_COST_DIM (2B-4T shape, H100, natively: 1.11-1.19 at k = 1, 1.23-1.31 at 2, 1.77-1.87 at 4;
     # docs/performance.md, "Session 11"). A row's extra work grows with the model's width while a step's
     # dispatch latency does not, so the cost per row scales with dim / VERIFY_ROW_COST_DIM: the bundled
-    # model (dim 512) measured 1.0-1.1 at k = 1..4.
+    # model (dim 512) measured 1.0-1.1 at k = 1..4. At longer contexts every row also walks the KV cache
+    # (for_backend's attention_share): 2B-4T at k = 2 measured 1.36 at context 64, 1.49 / 1.69 / 1.76 at
+    # 1k / 2k / 4k ("Session 12"), where the estimate gives 1.40, 1.50, 1.59, 1.73.
     VERIFY_ROW_COST = 0.2
     VERIFY_ROW_COST_DIM = 2560
     # What a verify step costs on top of that where the backend pays more per step: Chromium on the H100,
@@ -160,16 +162,26 @@ class SpeculationPolicy:
 
     @classmethod
     def for_backend(
-        cls, k: int, backend: str, dim: int = VERIFY_ROW_COST_DIM, queued_steps: int = 0
+        cls,
+        k: int,
+        backend: str,
+        dim: int = VERIFY_ROW_COST_DIM,
+        queued_steps: int = 0,
+        attention_share: float = 0.0,
     ) -> SpeculationPolicy:
         """The policy for drafts of `k` tokens on a GPU backend (gpu.Device.backend) and a model of width
         `dim`: its verify-step cost estimated for both. `queued_steps`: how many steps the decode loop
         queues ahead (steps per submit x submits in flight), which is how late a switch takes effect; the
         rate is then taken over at least that many steps, so a burst shorter than the lag does not
-        switch a whole submit of steps to the wrong kind."""
+        switch a whole submit of steps to the wrong kind. `attention_share`: what attention over the
+        cached context adds to a decode step, as a fraction of a short-context step
+        (BitNetModel.attention_share); a verify step pays it once per row."""
         extra = cls.BACKEND_VERIFY_COST.get(backend, 0.0)
         row = cls.VERIFY_ROW_COST * dim / cls.VERIFY_ROW_COST_DIM
-        return cls(k, window=max(cls.WINDOW, queued_steps), verify_cost=1.0 + extra + row * k)
+        short = 1.0 + extra + row * k  # at a short context, in decode steps
+        a = max(0.0, attention_share)
+        verify_cost = (short + (k + 1) * a) / (1.0 + a)
+        return cls(k, window=max(cls.WINDOW, queued_steps), verify_cost=verify_cost)
 
     def start(self, history: Sequence[int]) -> None:
         """A new reply: `history` is the text so far, ending with the first verify step's input token."""
