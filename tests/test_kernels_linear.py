@@ -1045,15 +1045,17 @@ def check_norm_linear(got: np.ndarray, expected: np.ndarray, tie: np.ndarray, na
 @pytest.mark.parametrize("rows,row_groups", [(16, 1), (8, 1), (32, 1), (16, 2), (8, 4)])
 @pytest.mark.slow
 def test_norm_linear_decode_matches_numpy(device, kernels, parts, k, epilogue, with_weight, rows, row_groups):
-    rng = np.random.default_rng(k + sum(parts) + rows)
-    op, out_buf, expected, tie = norm_linear_case(
-        device, kernels, rng, parts, k, 3, epilogue, with_weight, rows=rows, row_groups=row_groups
-    )
-    recorder = device.begin()
-    op.record_fused(recorder, 3)
-    recorder.submit()
-    got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
-    check_norm_linear(got, expected, tie)
+    """`rows` weight rows per row group, for one token row (a decode step) and for three."""
+    for t in (1, 3):
+        rng = np.random.default_rng(k + sum(parts) + rows + t)
+        op, out_buf, expected, tie = norm_linear_case(
+            device, kernels, rng, parts, k, t, epilogue, with_weight, rows=rows, row_groups=row_groups, verify_rows=rows
+        )
+        recorder = device.begin()
+        op.record_fused(recorder, t)
+        recorder.submit()
+        got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
+        check_norm_linear(got, expected, tie, f"{t} row(s)")
 
 
 @pytest.mark.parametrize("t", [1, 5])

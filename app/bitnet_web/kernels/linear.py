@@ -344,10 +344,10 @@ class TernaryLinear:
 # Fused GEMV with its input norm: weight rows per row group, for one token row (decode) and for the 2..
 # SMALL_T_MAX rows of a verify step. Every workgroup redoes the norm of its input row (reading it from
 # L2): more rows per workgroup amortize that, fewer spread a decode step's dot products over more
-# workgroups. Whole 2B-4T steps on the H100 (`tools/bench_kernels.py --gemv-sweep`, docs/performance.md
-# session 12): 8 rows 1.44-1.46 ms at T = 1 against 1.61 for 16, while T = 3 took 2.02-2.04 against 1.97.
-# The row count leaves the norm's arithmetic alone (it depends on the row groups and threads only), so
-# a verify row still computes bit for bit what its decode step does.
+# workgroups; whole 2B-4T steps on the H100 were fastest with 8 for one row and 16 for several
+# (`tools/bench_kernels.py --gemv-sweep`, docs/performance.md). The row count leaves the norm's
+# arithmetic alone (it depends on the row groups and threads only), so a verify row still computes
+# bit for bit what its decode step does.
 NORM_GEMV_ROWS = 8
 NORM_GEMV_VERIFY_ROWS = 16
 
@@ -468,15 +468,15 @@ class NormTernaryLinear:
         self._fused_buffers = [weights.codes, weights.scales, x]
         self._fused_buffers += ([norm_weight] if norm_weight is not None else []) + [out]
         self._fused_label, self._kernels, self._outs_per_row = label, kernels, (2 if gated else 1)
-        # rows per group -> (pipeline, bind group, workgroups); the verify kernel is built on first use
+        # rows per group -> (pipeline, bind group, workgroups)
         self._fused: dict[int, tuple[gpu.Pipeline, gpu.BindGroup, int]] = {}
         self.fused, self.fused_bind, self.groups = self._fused_kernel(rows)
         # CPU adapters (lavapipe, SwiftShader) run the fused kernel's per-workgroup norm 2-3x slower
         # than the separate norm dispatch (measured on lavapipe: 1.2 vs 2.8-4.2 tok/s on the bundled
         # model); GPUs gain from fusing (docs/performance-notes.md).
         self.fuse_decode = not device.is_cpu
-        if self.fuse_decode:
-            self._fused_kernel(verify_rows)  # compiled with the others, not at the first verify step
+        if self.fuse_decode:  # compiled with the others, not at the first verify step (elsewhere: on first use)
+            self._fused_kernel(verify_rows)
         self.small_max = min(SMALL_T_MAX, self.linear.max_tokens, x.nbytes // (4 * k))
         if SMALL_T_PATH not in SMALL_T_PATHS:
             raise ValueError(f"SMALL_T_PATH is {SMALL_T_PATH!r}; expected one of {SMALL_T_PATHS}")
