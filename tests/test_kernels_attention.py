@@ -223,6 +223,7 @@ GQA_SHAPES = [  # (n_heads, n_kv_heads, head_dim): query heads per KV head 1, 2,
     (8, 2, 64),
     (10, 2, 64),
     (10, 2, 128),
+    (4, 2, 256),  # the widest supported head: 8-row tiles, 20 KB of workgroup memory
 ]
 # Every path over the f16 cache (decode split / direct, prefill split for few tokens, tiled prefill),
 # and the float32 cache on a few of them.
