@@ -209,6 +209,17 @@ def time_steps(device, record, n_steps: int, rounds: int) -> float:
     return statistics.median(samples)
 
 
+def print_context_tables(results: dict, columns: list, contexts: list[int], header) -> None:
+    """Markdown tables of a sweep over contexts, one per T in (1, 3): results[(pass, column, context, T)]
+    in seconds, both passes per cell; header(column) names a column."""
+    for t in (1, 3):
+        print(f"\n| T = {t}: context | " + " | ".join(header(c) for c in columns) + " |")
+        print("| ---: |" + " ---: |" * len(columns))
+        for ctx in contexts:
+            cells = [f"{results[(0, c, ctx, t)] * 1e3:.3f} / {results[(1, c, ctx, t)] * 1e3:.3f}" for c in columns]
+            print(f"| {ctx} | " + " | ".join(cells) + " |")
+
+
 def bench_direct_sweep(args: argparse.Namespace) -> None:
     """Whole synthetic-model steps (1 row, and 3: a verify step of drafts of 2) at several cached
     contexts, for each threshold under which decode attention runs as one dispatch per layer (one
@@ -244,12 +255,7 @@ def bench_direct_sweep(args: argparse.Namespace) -> None:
                     print(f"pass {rnd} direct<{direct * tile:4d} ctx {ctx:5d} T={t}: {s * 1e3:7.3f} ms", flush=True)
     attention.DIRECT_MAX_TILES = default
     engine.close()
-    for t in (1, 3):
-        print(f"\n| T = {t}: context | " + " | ".join(f"direct < {d * tile}" for d in thresholds) + " |")
-        print("| ---: |" + " ---: |" * len(thresholds))
-        for ctx in contexts:
-            cells = [f"{results[(0, d, ctx, t)] * 1e3:.3f} / {results[(1, d, ctx, t)] * 1e3:.3f}" for d in thresholds]
-            print(f"| {ctx} | " + " | ".join(cells) + " |")
+    print_context_tables(results, thresholds, contexts, lambda d: f"direct < {d * tile}")
 
 
 def bench_splits_sweep(args: argparse.Namespace) -> None:
@@ -289,12 +295,7 @@ def bench_splits_sweep(args: argparse.Namespace) -> None:
             finally:
                 engine.close()
                 AttentionScratch.__init__ = original_init
-    for t in (1, 3):
-        print(f"\n| T = {t}: context | " + " | ".join(f"splits <= {c}" for c in caps) + " |")
-        print("| ---: |" + " ---: |" * len(caps))
-        for ctx in contexts:
-            cells = [f"{results[(0, c, ctx, t)] * 1e3:.3f} / {results[(1, c, ctx, t)] * 1e3:.3f}" for c in caps]
-            print(f"| {ctx} | " + " | ".join(cells) + " |")
+    print_context_tables(results, caps, contexts, lambda c: f"splits <= {c}")
 
 
 def bench_gemv_sweep(args: argparse.Namespace) -> None:
@@ -303,8 +304,8 @@ def bench_gemv_sweep(args: argparse.Namespace) -> None:
     for matrices under / over 8192 rows (kernels/linear.py NORM_GEMV_ROWS and NORM_GEMV_VERIFY_ROWS,
     norm_gemv_row_groups), as ROWSxGROUPSxGROUPS_BIG; or only the decode kernel's rows for each
     2B-4T matrix, dQKV/WO/GATE_UP/DOWN (verify rows and row groups as they are); "default" runs the
-    defaults. The model is loaded once per tiling, passes alternate. Ops timed alone mislead here (docs/performance.md,
-    session 12): the step is the judge."""
+    defaults. The model is loaded once per tiling, passes alternate. Ops timed alone mislead here
+    (docs/performance.md, session 12): the step is the judge."""
     from bitnet_web import engine as engine_module  # noqa: PLC0415
     from bitnet_web.bench import synthetic_model  # noqa: PLC0415
 

@@ -470,7 +470,7 @@ class NormTernaryLinear:
         self._fused_label, self._kernels, self._outs_per_row = label, kernels, (2 if gated else 1)
         # rows per group -> (pipeline, bind group, workgroups)
         self._fused: dict[int, tuple[gpu.Pipeline, gpu.BindGroup, int]] = {}
-        self.fused, self.fused_bind, self.groups = self._fused_kernel(rows)
+        self.groups = self._fused_kernel(rows)[2]  # workgroups of a decode step
         # CPU adapters (lavapipe, SwiftShader) run the fused kernel's per-workgroup norm 2-3x slower
         # than the separate norm dispatch (measured on lavapipe: 1.2 vs 2.8-4.2 tok/s on the bundled
         # model); GPUs gain from fusing (docs/performance-notes.md).
