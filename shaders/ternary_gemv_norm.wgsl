@@ -112,6 +112,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     if (lid < TOTAL) {  // explicit zeroing (lavapipe was seen to keep old workgroup values); WG >= TOTAL
         atomicStore(&acc_wg[lid], 0i);
     }
+    // The epilogue's own loads (row scales, the residual) issued now too: at the end they would add
+    // one memory latency after the last barrier. Only this thread writes out[o], at the end.
+    let o = g * OUTS + lid;
+    let stores = lid < OUTS && o < OUT_W;
+    var scale_y = 0.0;
+    var scale_u = 0.0;
+    var residual = 0.0;
+    if (stores) {
+        scale_y = wscale[weight_row(g, lid)];
+        if (GATED) {
+            scale_u = wscale[weight_row(g, lid + OUTS)];
+        }
+        if (EPILOGUE == 1u) {
+            residual = out[t * OUT_W + o];
+        }
+    }
 
     // This thread's inputs: runs s = gi * SVEC + q (q < SVEC) of chunk c, at vec4 32b + 8s + 4h + j.
     let at = (c / 2u) * 32u + (c % 2u) * 4u + gi * SVEC * 8u;
@@ -198,16 +214,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#endfor
 //#endif
     workgroupBarrier();
-    if (lid < OUTS) {
-        let o = g * OUTS + lid;
-        if (o < OUT_W) {
-            let inv_s = 1.0 / s;
-            let y = wscale[weight_row(g, lid)] * inv_s * f32(atomicLoad(&acc_wg[lid]));
-            var u = 0.0;
-            if (GATED) {
-                u = wscale[weight_row(g, lid + OUTS)] * inv_s * f32(atomicLoad(&acc_wg[lid + OUTS]));
-            }
-            store_out(t * OUT_W + o, y, u);
+    if (stores) {
+        let inv_s = 1.0 / s;
+        let y = scale_y * inv_s * f32(atomicLoad(&acc_wg[lid]));
+        let i = t * OUT_W + o;
+        if (GATED) {
+            out[i] = activate(y) * (scale_u * inv_s * f32(atomicLoad(&acc_wg[lid + OUTS])));
+        } else if (EPILOGUE == 1u) {
+            out[i] = residual + y;
+        } else {
+            out[i] = y;
         }
     }
 }

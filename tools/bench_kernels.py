@@ -14,6 +14,8 @@ GB/s counts the bytes each dispatch must read (weights + activations).
     python tools/bench_kernels.py --direct-sweep  # whole steps per context and direct-attention threshold
     python tools/bench_kernels.py --gemv-sweep default,16x2x4  # whole steps per fused-GEMV tiling
     python tools/bench_kernels.py --splits-sweep 64,128 --contexts 1024,4000  # per decode-attention split cap
+    python tools/bench_kernels.py --ablate none,attention,head --contexts 64,4000  # wall cost of each part
+    python tools/bench_kernels.py --dispatch-floor  # what a chain of dependent dispatches costs by itself
 """
 
 from __future__ import annotations
@@ -298,6 +300,99 @@ def bench_splits_sweep(args: argparse.Namespace) -> None:
     print_context_tables(results, caps, contexts, lambda c: f"splits <= {c}")
 
 
+FLOOR_WGSL = """
+@group(0) @binding(0) var<storage, read_write> buf: array<u32>;
+@compute @workgroup_size(${WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    buf[gid.x] = buf[gid.x] + 1u;  // every dispatch reads what the previous one wrote: a dependent chain
+}
+"""
+
+
+def bench_dispatch_floor(args: argparse.Namespace) -> None:
+    """What a chain of dependent dispatches costs by itself: N dispatches of a kernel that only
+    increments its buffer (each reads what the last wrote), per submit, several workgroup counts;
+    wall us per dispatch, steps queued back to back. A decode step's dispatch count times this is the
+    part of its time no kernel can remove."""
+    from string import Template  # noqa: PLC0415
+
+    device = gpu.open_device()
+    n = args.floor_dispatches
+    print(f"device: {device.adapter_name}; {n} dependent dispatches per submit")
+    print("\n| workgroups x invocations | us / dispatch |\n| --- | ---: |")
+    for workgroups, size in ((1, 64), (132, 64), (132, 256), (1056, 256)):
+        pipeline = device.pipeline(Template(FLOOR_WGSL).substitute(WG=size), f"floor {size}")
+        buffer = device.buffer(4 * workgroups * size, label="floor")
+        group = device.bind_group(pipeline, [buffer], "floor")
+
+        def record(pipeline=pipeline, group=group, workgroups=workgroups):
+            rec = device.begin()
+            for _ in range(n):
+                rec.dispatch(pipeline, group, workgroups)
+            return rec
+
+        s = time_steps(device, record, 16, args.rounds)
+        print(f"| {workgroups} x {size} | {s / n * 1e6:.2f} |", flush=True)
+
+
+ABLATIONS = ("none", "attention", "qkv", "wo", "gate_up", "down", "gemvs", "head", "layers")
+
+
+def bench_ablation(args: argparse.Namespace) -> None:
+    """Where a whole step's wall time goes: synthetic-model steps (T = 1 and 3) at --contexts with one
+    part left out of the recording (its dispatches not recorded; the numbers it would write stay as
+    they were), against the full step in the same pass. A part's wall cost is the difference: dispatch
+    profiles sum each kernel's own GPU time, which small dependent kernels overstate. Not outputs."""
+    from bitnet_web.bench import synthetic_model  # noqa: PLC0415
+    from bitnet_web.engine import Engine  # noqa: PLC0415
+
+    contexts = [int(c) for c in args.contexts.split(",")]
+    parts = args.ablate.split(",")
+    unknown = [p for p in parts if p not in ABLATIONS]
+    if unknown:
+        raise SystemExit(f"--ablate: unknown part(s) {unknown}; expected some of {', '.join(ABLATIONS)}")
+    engine = Engine()
+    engine.load(synthetic_model(args.shape))
+    model, device = engine.model, engine.device
+    model.kv_cache.ensure_capacity(max(contexts) + 3)
+    for layer in model.layer_ops:
+        layer.attention.prepare_draft_rows()
+
+    def ops_of(part: str) -> list:
+        layers = model.layer_ops
+        if part == "attention":
+            return [layer.attention for layer in layers]
+        if part in ("qkv", "wo", "gate_up", "down"):
+            return [getattr(layer, part) for layer in layers]
+        if part == "gemvs":
+            return [op for layer in layers for op in (layer.qkv, layer.wo, layer.gate_up, layer.down)]
+        if part == "head":
+            return [model.final_norm, model.lm_head]
+        if part == "layers":
+            return ops_of("attention") + ops_of("gemvs")
+        return []
+
+    for rec in [model._record_step(1, all_logits=True, pos=contexts[0]) for _ in range(30)]:
+        rec.submit()
+    results: dict[tuple[int, str, int, int], float] = {}
+    for rnd in range(2):
+        for part in parts:
+            ops = ops_of(part)
+            for op in ops:
+                op.record = lambda *a, **kw: None  # an instance attribute hides the method
+            try:
+                for ctx in contexts:
+                    for t in (1, 3):
+                        step = lambda t=t, ctx=ctx: model._record_step(t, all_logits=True, pos=ctx)  # noqa: E731
+                        results[(rnd, part, ctx, t)] = s = time_steps(device, step, 32, args.rounds)
+                        print(f"pass {rnd} without {part} ctx {ctx} T={t}: {s * 1e3:7.3f} ms", flush=True)
+            finally:
+                for op in ops:
+                    del op.record
+    engine.close()
+    print_context_tables(results, parts, contexts, lambda p: "full step" if p == "none" else f"without {p}")
+
+
 def bench_gemv_sweep(args: argparse.Namespace) -> None:
     """Whole synthetic-model steps over T = 1, 3, 5 rows for several tilings of the fused norm + GEMV
     kernel (`ternary_gemv_norm.wgsl`): weight rows per row group at every T, and row groups per workgroup
@@ -410,7 +505,18 @@ def main() -> None:
     parser.add_argument(
         "--splits-sweep", default="", help="whole steps per MAX_SPLITS cap (e.g. 32,64,128), --contexts"
     )
+    parser.add_argument(
+        "--ablate", default="", help=f"whole steps with parts left out, --contexts; some of {','.join(ABLATIONS)}"
+    )
+    parser.add_argument("--dispatch-floor", action="store_true", help="time chains of trivial dependent dispatches")
+    parser.add_argument("--floor-dispatches", type=int, default=185, help="--dispatch-floor: dispatches per submit")
     args = parser.parse_args()
+    if args.dispatch_floor:
+        bench_dispatch_floor(args)
+        return
+    if args.ablate:
+        bench_ablation(args)
+        return
     if args.splits_sweep:
         bench_splits_sweep(args)
         return
