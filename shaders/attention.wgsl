@@ -109,6 +109,24 @@ fn max8(b: u32) -> f32 {
                max(max(probs[b + 4u], probs[b + 5u]), max(probs[b + 6u], probs[b + 7u])));
 }
 
+// The first tile's cache words of this invocation (rows lr and lr + LOAD_ROWS of the workgroup's
+// first tile, column lc), loaded before any other work of the kernel: their memory latency then
+// overlaps the RoPE prologue and the append. Rows this step computes itself are replaced in attend.
+struct FirstLoads {
+    k_a: KVWord,
+    k_b: KVWord,
+    v_a: KVWord,
+    v_b: KVWord,
+};
+
+fn first_loads(tid: u32, kvh: u32, w: Work) -> FirstLoads {
+    let last_row = w.kv_len - 1u;
+    let col = kvh * C4 + tid % C4;
+    let at_a = min(w.tile_begin * TILE + tid / C4, last_row) * KV_ROW4 + col;
+    let at_b = min(w.tile_begin * TILE + tid / C4 + LOAD_ROWS, last_row) * KV_ROW4 + col;
+    return FirstLoads(k_cache[at_a], k_cache[at_b], v_cache[at_a], v_cache[at_b]);
+}
+
 // Which rows this workgroup attends over; `ok` is false for workgroups with nothing to do.
 struct Work {
     ok: bool,
@@ -168,6 +186,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     if (!w.ok) {
         return;
     }
+    let first = first_loads(tid, wid.y, w);
     // Queries of this workgroup, pre-scaled; rows of tokens past n_tokens are zero.
     if (tid < NQ * C4) {
         let qi = tid / C4;
@@ -179,7 +198,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         }
         qs[tid] = value;
     }
-    attend(tid, wid, w, false, kv_zero(), kv_zero());
+    attend(tid, wid, w, first, false, kv_zero(), kv_zero());
 }
 
 @compute @workgroup_size(WG)
@@ -190,6 +209,7 @@ fn main_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) w
     }
     let kvh = wid.y;
     let pos = params.pos;
+    let first = first_loads(tid, kvh, w);
     // Row pos of this KV head: every invocation computes its own column (all loads independent), so
     // the tile loads can take it from registers instead of waiting for the cache write. Packed as
     // stored, so this step sees the row exactly as later steps will read it.
@@ -203,7 +223,7 @@ fn main_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) w
         k_cache[pos * KV_ROW4 + kvh * C4 + tid] = new_k;
         v_cache[pos * KV_ROW4 + kvh * C4 + tid] = new_v;
     }
-    attend(tid, wid, w, true, new_k, new_v);
+    attend(tid, wid, w, first, true, new_k, new_v);
 }
 
 //#endif
@@ -218,6 +238,7 @@ fn main_rope_rows(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
     let kvh = wid.y;
     let t = w.t0;
     let pos = params.pos;
+    let first = first_loads(tid, kvh, w);
     // Rows pos .. pos + t of this KV head, as main_rope computes its row pos (packed as stored).
     for (var i = tid; i < (t + 1u) * C4; i += WG) {
         let j = i / C4;
@@ -234,28 +255,34 @@ fn main_rope_rows(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
         k_cache[row * KV_ROW4 + kvh * C4 + tid] = draft_k[t * C4 + tid];
         v_cache[row * KV_ROW4 + kvh * C4 + tid] = draft_v[t * C4 + tid];
     }
-    attend(tid, wid, w, true, kv_zero(), kv_zero());
+    attend(tid, wid, w, first, true, kv_zero(), kv_zero());
 }
 
-// Cache row `row` at this invocation's column (head_col; lc within the head): rows from pos on are the
-// draft's, from workgroup memory.
-fn k_row(row: u32, head_col: u32, lc: u32) -> KVWord {
+// Row `row` at this invocation's column (lc within the head), given its cache word: rows from pos on
+// are the draft's, from workgroup memory.
+fn k_or_draft(cached: KVWord, row: u32, lc: u32) -> KVWord {
     let pos = params.pos;
-    return select(k_cache[row * KV_ROW4 + head_col], draft_k[min(row - pos, MAX_DRAFT - 1u) * C4 + lc],
-                  row >= pos);
+    return select(cached, draft_k[min(row - pos, MAX_DRAFT - 1u) * C4 + lc], row >= pos);
+}
+
+fn v_or_draft(cached: KVWord, row: u32, lc: u32) -> KVWord {
+    let pos = params.pos;
+    return select(cached, draft_v[min(row - pos, MAX_DRAFT - 1u) * C4 + lc], row >= pos);
+}
+
+fn k_row(row: u32, head_col: u32, lc: u32) -> KVWord {
+    return k_or_draft(k_cache[row * KV_ROW4 + head_col], row, lc);
 }
 
 fn v_row(row: u32, head_col: u32, lc: u32) -> KVWord {
-    let pos = params.pos;
-    return select(v_cache[row * KV_ROW4 + head_col], draft_v[min(row - pos, MAX_DRAFT - 1u) * C4 + lc],
-                  row >= pos);
+    return v_or_draft(v_cache[row * KV_ROW4 + head_col], row, lc);
 }
 //#endif
 
 // The tile walk shared by the entry points; qs must be written (the first barrier orders it).
 // With `has_new`, cache row pos is taken as (new_k, new_v) (this invocation's column) instead of
 // being loaded.
-fn attend(tid: u32, wid: vec3<u32>, w: Work, has_new: bool, new_k: KVWord, new_v: KVWord) {
+fn attend(tid: u32, wid: vec3<u32>, w: Work, first: FirstLoads, has_new: bool, new_k: KVWord, new_v: KVWord) {
     let kvh = wid.y;
     let n_tokens = params.n_tokens;
     let pos = params.pos;
@@ -274,15 +301,15 @@ fn attend(tid: u32, wid: vec3<u32>, w: Work, has_new: bool, new_k: KVWord, new_v
     var row_a = min(base + lr, last_row);
     var row_b = min(base + lr + LOAD_ROWS, last_row);
 //#if DRAFT_ROWS
-    var k_a = k_row(row_a, head_col, lc);
-    var k_b = k_row(row_b, head_col, lc);
-    var v_a = v_row(row_a, head_col, lc);
-    var v_b = v_row(row_b, head_col, lc);
+    var k_a = k_or_draft(first.k_a, row_a, lc);
+    var k_b = k_or_draft(first.k_b, row_b, lc);
+    var v_a = v_or_draft(first.v_a, row_a, lc);
+    var v_b = v_or_draft(first.v_b, row_b, lc);
 //#else
-    var k_a = select(k_cache[row_a * KV_ROW4 + head_col], new_k, row_a == new_row);
-    var k_b = select(k_cache[row_b * KV_ROW4 + head_col], new_k, row_b == new_row);
-    var v_a = select(v_cache[row_a * KV_ROW4 + head_col], new_v, row_a == new_row);
-    var v_b = select(v_cache[row_b * KV_ROW4 + head_col], new_v, row_b == new_row);
+    var k_a = select(first.k_a, new_k, row_a == new_row);
+    var k_b = select(first.k_b, new_k, row_b == new_row);
+    var v_a = select(first.v_a, new_v, row_a == new_row);
+    var v_b = select(first.v_b, new_v, row_b == new_row);
 //#endif
 
     if (tid < NQ) {
