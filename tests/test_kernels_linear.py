@@ -32,10 +32,14 @@ from bitnet_web.kernels.embedding import (  # noqa: E402
     LMHead,
 )
 from bitnet_web.kernels.linear import (  # noqa: E402
+    NORM_GEMV_ROWS,
+    NORM_GEMV_SMALL_WEIGHTS,
+    NORM_GEMV_VERIFY_ROWS,
     NormTernaryLinear,
     TernaryLinear,
     TernaryMatrix,
     TernaryShapeError,
+    norm_gemv_verify_rows,
     pack_ternary_rows,
 )
 from bitnet_web.kernels.norm import NormShapeError, RMSNorm, RMSNormQuant  # noqa: E402
@@ -1108,3 +1112,13 @@ def test_norm_linear_verify_rows_match_numpy(device, kernels, parts, k, epilogue
         recorder.submit()
         got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
         check_norm_linear(got, expected, tie, record.__name__)
+
+
+def test_verify_rows_follow_the_matrix_size():
+    """Verify steps take fewer weight rows per group (more workgroups) for small matrices: the 2B-4T
+    qkv (3840 x 2560) and wo take the decode kernel's 8, gate_up (13824 x 2560) and down (2560 x 6912)
+    16, as measured (docs/performance.md, session 13); the boundary is inclusive."""
+    assert norm_gemv_verify_rows(3840, 2560) == norm_gemv_verify_rows(2560, 2560) == NORM_GEMV_ROWS
+    assert norm_gemv_verify_rows(13824, 2560) == norm_gemv_verify_rows(2560, 6912) == NORM_GEMV_VERIFY_ROWS
+    assert norm_gemv_verify_rows(NORM_GEMV_SMALL_WEIGHTS // 1000, 1000) == NORM_GEMV_ROWS
+    assert norm_gemv_verify_rows(NORM_GEMV_SMALL_WEIGHTS // 1000 + 1, 1000) == NORM_GEMV_VERIFY_ROWS

@@ -398,7 +398,8 @@ def bench_gemv_sweep(args: argparse.Namespace) -> None:
     kernel (`ternary_gemv_norm.wgsl`): weight rows per row group at every T, and row groups per workgroup
     for matrices under / over 8192 rows (kernels/linear.py NORM_GEMV_ROWS and NORM_GEMV_VERIFY_ROWS,
     norm_gemv_row_groups), as ROWSxGROUPSxGROUPS_BIG; or only the decode kernel's rows for each
-    2B-4T matrix, dQKV/WO/GATE_UP/DOWN (verify rows and row groups as they are); "default" runs the
+    2B-4T matrix, dQKV/WO/GATE_UP/DOWN (verify rows and row groups as they are), or only the verify
+    rows, vQKV/WO/GATE_UP/DOWN; "default" runs the
     defaults. The model is loaded once per tiling, passes alternate. Ops timed alone mislead here
     (docs/performance.md, session 12): the step is the judge."""
     from bitnet_web import engine as engine_module  # noqa: PLC0415
@@ -410,13 +411,14 @@ def bench_gemv_sweep(args: argparse.Namespace) -> None:
     results: dict[tuple[int, str, int], float] = {}
     for rnd in range(2):
         for name in configs:
-            if name[0] == "d" and name != "default":  # decode rows per matrix (weights: the 5th argument)
+            if name[0] in "dv" and name != "default":  # decode / verify rows per matrix (weights: 5th argument)
                 qkv, wo, gate_up, down = (int(v) for v in name[1:].split("/"))
 
                 by_shape = {(3840, 2560): qkv, (2560, 2560): wo, (13824, 2560): gate_up}
+                which = "rows" if name[0] == "d" else "verify_rows"
 
-                def init(self, *a, by_shape=by_shape, down=down, **kw):
-                    original_init(self, *a, rows=by_shape.get((a[4].n_rows, a[4].n_cols), down), **kw)
+                def init(self, *a, by_shape=by_shape, down=down, which=which, **kw):
+                    original_init(self, *a, **{which: by_shape.get((a[4].n_rows, a[4].n_cols), down)}, **kw)
 
                 NormTernaryLinear.__init__ = init
             elif name != "default":
