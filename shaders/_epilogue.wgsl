@@ -21,13 +21,23 @@ fn activate(g: f32) -> f32 {
     return g / (1.0 + exp(-g));
 }
 
-// out[i] <- y (store), out[i] + y (residual) or act(y) * u (gated; u is the matching up row).
-fn store_out(i: u32, y: f32, u: f32) {
+// out[i] <- y (store), residual + y (residual: `residual` is out[i] as the caller loaded it, early if it
+// likes) or act(y) * u (gated; u is the matching up row).
+fn store_out_from(i: u32, y: f32, u: f32, residual: f32) {
     if (GATED) {
         out[i] = activate(y) * u;
     } else if (EPILOGUE == 1u) {
-        out[i] += y;
+        out[i] = residual + y;
     } else {
         out[i] = y;
     }
+}
+
+// store_out_from with the residual read here.
+fn store_out(i: u32, y: f32, u: f32) {
+    var residual = 0.0;
+    if (EPILOGUE == 1u) {
+        residual = out[i];
+    }
+    store_out_from(i, y, u, residual);
 }

@@ -217,13 +217,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     if (stores) {
         let inv_s = 1.0 / s;
         let y = scale_y * inv_s * f32(atomicLoad(&acc_wg[lid]));
-        let i = t * OUT_W + o;
+        var u = 0.0;
         if (GATED) {
-            out[i] = activate(y) * (scale_u * inv_s * f32(atomicLoad(&acc_wg[lid + OUTS])));
-        } else if (EPILOGUE == 1u) {
-            out[i] = residual + y;
-        } else {
-            out[i] = y;
+            u = scale_u * inv_s * f32(atomicLoad(&acc_wg[lid + OUTS]));
         }
+        store_out_from(t * OUT_W + o, y, u, residual);
     }
 }
