@@ -211,6 +211,17 @@ def time_steps(device, record, n_steps: int, rounds: int) -> float:
     return statistics.median(samples)
 
 
+def ready_for_steps(model, contexts: list[int], warm_steps: int = 30) -> None:
+    """Make a loaded model's whole steps timeable at these cached contexts: KV rows for them (and a
+    3-row verify step), the verify-rows kernels (T > 1 as a verify step runs it: RoPE fused, rows as
+    their decode steps), then warm-up steps so the GPU clocks up before the first timed round."""
+    model.kv_cache.ensure_capacity(max(contexts) + 3)
+    for layer in model.layer_ops:
+        layer.attention.prepare_draft_rows()
+    for rec in [model._record_step(1, all_logits=True, pos=contexts[0]) for _ in range(warm_steps)]:
+        rec.submit()
+
+
 def print_context_tables(results: dict, columns: list, contexts: list[int], header) -> None:
     """Markdown tables of a sweep over contexts, one per T in (1, 3): results[(pass, column, context, T)]
     in seconds, both passes per cell; header(column) names a column."""
@@ -237,14 +248,9 @@ def bench_direct_sweep(args: argparse.Namespace) -> None:
     contexts = [int(c) for c in args.contexts.split(",")]
     thresholds = [int(d) for d in args.direct_tiles.split(",")]
     tile = model.layer_ops[0].attention.tile
-    model.kv_cache.ensure_capacity(max(contexts) + 3)  # the steps' KV rows fit
-    for layer in model.layer_ops:  # T = 3 as a verify step runs it (RoPE fused, rows as decode steps)
-        layer.attention.prepare_draft_rows()
     default = attention.DIRECT_MAX_TILES
     print(f"device: {device.adapter_name}; synthetic {args.shape}; tile {tile} rows; default {default} tiles")
-    warm = [model._record_step(1, all_logits=True, pos=contexts[0]) for _ in range(50)]
-    for rec in warm:
-        rec.submit()
+    ready_for_steps(model, contexts, warm_steps=50)
     results: dict[tuple[int, int, int], float] = {}
     for rnd in range(2):  # two passes over the grid: drift shows as a difference between them
         for direct in thresholds:
@@ -284,11 +290,7 @@ def bench_splits_sweep(args: argparse.Namespace) -> None:
             try:
                 engine.load(path)
                 model = engine.model
-                model.kv_cache.ensure_capacity(max(contexts) + 3)  # the steps' KV rows fit
-                for layer in model.layer_ops:
-                    layer.attention.prepare_draft_rows()
-                for rec in [model._record_step(1, all_logits=True, pos=contexts[0]) for _ in range(30)]:
-                    rec.submit()
+                ready_for_steps(model, contexts)
                 for ctx in contexts:
                     for t in (1, 3):
                         step = lambda t=t, ctx=ctx, model=model: model._record_step(t, all_logits=True, pos=ctx)  # noqa: E731
@@ -354,9 +356,7 @@ def bench_ablation(args: argparse.Namespace) -> None:
     engine = Engine()
     engine.load(synthetic_model(args.shape))
     model, device = engine.model, engine.device
-    model.kv_cache.ensure_capacity(max(contexts) + 3)
-    for layer in model.layer_ops:
-        layer.attention.prepare_draft_rows()
+    ready_for_steps(model, contexts)
 
     def ops_of(part: str) -> list:
         layers = model.layer_ops
@@ -372,8 +372,6 @@ def bench_ablation(args: argparse.Namespace) -> None:
             return ops_of("attention") + ops_of("gemvs")
         return []
 
-    for rec in [model._record_step(1, all_logits=True, pos=contexts[0]) for _ in range(30)]:
-        rec.submit()
     results: dict[tuple[int, str, int, int], float] = {}
     for rnd in range(2):
         for part in parts:
@@ -433,13 +431,10 @@ def bench_gemv_sweep(args: argparse.Namespace) -> None:
             try:
                 engine.load(path)
                 model = engine.model
-                for layer in model.layer_ops:
-                    layer.attention.prepare_draft_rows()
                 first = model.layer_ops[0]
                 workgroups = [op.groups for op in (first.qkv, first.wo, first.gate_up, first.down)]
                 print(f"{name}: workgroups qkv/wo/gate_up/down at T = 1 {workgroups}", flush=True)
-                for rec in [model._record_step(1, all_logits=True, pos=args.context) for _ in range(30)]:
-                    rec.submit()
+                ready_for_steps(model, [args.context])
                 for t in (1, 3, 5):
                     step = lambda t=t, model=model: model._record_step(t, all_logits=True, pos=args.context)  # noqa: E731
                     results[(rnd, name, t)] = s = time_steps(engine.device, step, 32, args.rounds)
