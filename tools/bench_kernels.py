@@ -15,6 +15,7 @@ GB/s counts the bytes each dispatch must read (weights + activations).
     python tools/bench_kernels.py --gemv-sweep default,16x2x4  # whole steps per fused-GEMV tiling
     python tools/bench_kernels.py --splits-sweep 64,128 --contexts 1024,4000  # per decode-attention split cap
     python tools/bench_kernels.py --ablate none,attention,head --contexts 64,4000  # wall cost of each part
+    python tools/bench_kernels.py --ablate none,combine --contexts 64,4000  # ... of the split-combine dispatch
     python tools/bench_kernels.py --dispatch-floor  # what a chain of dependent dispatches costs by itself
 """
 
@@ -337,7 +338,21 @@ def bench_dispatch_floor(args: argparse.Namespace) -> None:
         print(f"| {workgroups} x {size} | {s / n * 1e6:.2f} |", flush=True)
 
 
-ABLATIONS = ("none", "attention", "qkv", "wo", "gate_up", "down", "gemvs", "head", "layers")
+ABLATIONS = ("none", "attention", "combine", "qkv", "wo", "gate_up", "down", "gemvs", "head", "layers")
+
+
+class RecorderWithout:
+    """A recorder that leaves out the dispatches of one pipeline and passes everything else on."""
+
+    def __init__(self, recorder, pipeline):
+        self._recorder, self._pipeline = recorder, pipeline
+
+    def dispatch(self, pipeline, *args, **kwargs) -> None:
+        if pipeline is not self._pipeline:
+            self._recorder.dispatch(pipeline, *args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._recorder, name)
 
 
 def bench_ablation(args: argparse.Namespace) -> None:
@@ -360,7 +375,7 @@ def bench_ablation(args: argparse.Namespace) -> None:
 
     def ops_of(part: str) -> list:
         layers = model.layer_ops
-        if part == "attention":
+        if part in ("attention", "combine"):
             return [layer.attention for layer in layers]
         if part in ("qkv", "wo", "gate_up", "down"):
             return [getattr(layer, part) for layer in layers]
@@ -377,7 +392,12 @@ def bench_ablation(args: argparse.Namespace) -> None:
         for part in parts:
             ops = ops_of(part)
             for op in ops:
-                op.record = lambda *a, **kw: None  # an instance attribute hides the method
+                if part == "combine":  # the attention without its split-combine dispatch
+                    op.record = lambda rec, *a, op=op, **kw: type(op).record(
+                        op, RecorderWithout(rec, op.combine_pipeline), *a, **kw
+                    )
+                else:
+                    op.record = lambda *a, **kw: None  # an instance attribute hides the method
             try:
                 for ctx in contexts:
                     for t in (1, 3):
