@@ -14,9 +14,10 @@
 //      and adds p * V.
 // Why this shape (measured on an H100 through wgpu/naga): one workgroup streams only ~30 GB/s from
 // L2, so every K/V element is loaded from memory once per workgroup and long contexts are split over
-// many workgroups; loops are not unrolled by the driver and each iteration waits for its loads
-// (~100 cycles even from workgroup memory), so every inner loop takes 8 independent loads per
-// iteration, and the per-query reductions are short loops rather than barrier-separated trees.
+// many workgroups; the driver does not unroll naga's loops and each iteration waits for its loads
+// (~100 cycles even from workgroup memory), so the inner loops over a tile are unrolled in the text
+// (//#for, 8 independent loads per step; SCORE_ITERS = C4 / 8, TILE_ITERS = TILE / 8), and the
+// per-query reductions are short unrolled sums rather than barrier-separated trees.
 //
 // SPLIT = false (prefill): the workgroup walks every tile up to its last token's row and writes
 //   out [T, HQ*HD] f32 = acc / l. Dispatch (1, HKV, ceil(T / BQ)).
@@ -355,12 +356,15 @@ fn attend(tid: u32, wid: vec3<u32>, w: Work, first: FirstLoads, has_new: bool, n
                 let qb = sq * C4;
                 let kb = sr * KS_ROW;
                 var d = 0.0;
-                for (var c = 0u; c < C4; c += 8u) {
+//#for i in SCORE_ITERS
+                {
+                    let c = {{i}}u * 8u;
                     d += dot(qs[qb + c], ks[kb + c]) + dot(qs[qb + c + 1u], ks[kb + c + 1u])
                        + dot(qs[qb + c + 2u], ks[kb + c + 2u]) + dot(qs[qb + c + 3u], ks[kb + c + 3u])
                        + dot(qs[qb + c + 4u], ks[kb + c + 4u]) + dot(qs[qb + c + 5u], ks[kb + c + 5u])
                        + dot(qs[qb + c + 6u], ks[kb + c + 6u]) + dot(qs[qb + c + 7u], ks[kb + c + 7u]);
                 }
+//#endfor
                 s = d;
             }
             probs[tid] = s;
@@ -370,9 +374,9 @@ fn attend(tid: u32, wid: vec3<u32>, w: Work, first: FirstLoads, has_new: bool, n
         // 2. online softmax: new running max and the factor rescaling what was summed so far.
         if (tid < NQ) {
             var m = m_run[tid];
-            for (var r = 0u; r < TILE; r += 8u) {
-                m = max(m, max8(tid * TILE + r));
-            }
+//#for i in TILE_ITERS
+            m = max(m, max8(tid * TILE + {{i}}u * 8u));
+//#endfor
             alpha[tid] = exp(m_run[tid] - m);
             m_run[tid] = m;
         }
@@ -384,25 +388,29 @@ fn attend(tid: u32, wid: vec3<u32>, w: Work, first: FirstLoads, has_new: bool, n
         workgroupBarrier();
         if (tid < NQ) {
             var l = 0.0;
-            for (var r = 0u; r < TILE; r += 8u) {
-                let b = tid * TILE + r;
+//#for i in TILE_ITERS
+            {
+                let b = tid * TILE + {{i}}u * 8u;
                 l += probs[b] + probs[b + 1u] + probs[b + 2u] + probs[b + 3u]
                    + probs[b + 4u] + probs[b + 5u] + probs[b + 6u] + probs[b + 7u];
             }
+//#endfor
             l_run[tid] = l_run[tid] * alpha[tid] + l;
         }
 
         // 3. acc = acc * alpha + sum over the tile's rows of p * V[row, col].
         if (vq < NQ) {
             var a = acc * alpha[vq];
-            for (var r = 0u; r < TILE; r += 8u) {
-                let pb = vq * TILE + r;
-                let vb = r * C4 + lc;
+//#for i in TILE_ITERS
+            {
+                let pb = vq * TILE + {{i}}u * 8u;
+                let vb = {{i}}u * 8u * C4 + lc;
                 a += probs[pb] * vs[vb] + probs[pb + 1u] * vs[vb + C4] + probs[pb + 2u] * vs[vb + 2u * C4]
                    + probs[pb + 3u] * vs[vb + 3u * C4] + probs[pb + 4u] * vs[vb + 4u * C4]
                    + probs[pb + 5u] * vs[vb + 5u * C4] + probs[pb + 6u] * vs[vb + 6u * C4]
                    + probs[pb + 7u] * vs[vb + 7u * C4];
             }
+//#endfor
             acc = a;
         }
         workgroupBarrier();

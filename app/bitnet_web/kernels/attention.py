@@ -174,6 +174,8 @@ class Attention:
             SCALE=float(1.0 / math.sqrt(head_dim)) if scale is None else float(scale),
             ROPE_DIM=rope.table.rope_dim if rope is not None else head_dim,
             NEOX=rope.style == "neox" if rope is not None else True,
+            SCORE_ITERS=head_dim // 32,  # the score and tile loops, unrolled by 8 (shaders/attention.wgsl)
+            TILE_ITERS=self.tile // 8,
         )
         kv = cache.defines  # the cache's element type (shaders/_kv.wgsl)
         self.prefill_pipeline = kernels.pipeline("attention", defines=kv, BQ=self.block_tokens, SPLIT=False, **shape)
