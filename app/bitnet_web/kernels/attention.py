@@ -11,8 +11,8 @@ Two paths, both built at construction, chosen per step by the number of tokens:
 Built with `rope=` (the layer's RopeKV), a one-token step also folds RoPE + the KV append into the
 attention kernel, and runs in a single dispatch (no split) while pos < DIRECT_MAX_TILES tiles; so do the
 2..max_tokens_split rows of a speculative verify step (`main_rope_rows`), each row as its decode step.
-Timings per layer on an H100 (2B-4T shapes, tools/bench_attention.py): ~7 us at pos < 64, ~12-16 us up
-to pos 1024, ~21 us at 2048, ~30 us at 4000; each dependent dispatch costs ~4 us there by itself.
+What this costs in a whole step, part by part (the dispatches, the combine, the tile loop's phases):
+docs/performance.md, session 14 (`tools/bench_kernels.py --ablate none,combine,attention`).
 """
 
 from __future__ import annotations
