@@ -98,8 +98,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let wd{{it}}_{{r}} = int8x4(w{{it}}_{{r}}.w);
 //#endfor
 //#for m in TOK
-    {
-        let t = min(t0 + {{m}}u, n_tokens - 1u);
+    if (t0 + {{m}}u < n_tokens) {  // uniform: a verify step's rows past its draft cost nothing
+        let t = t0 + {{m}}u;
         let inside = c{{it}} < D8;
         let xa = select(vec4<f32>(0.0), x[t * D4 + 4u * cc{{it}}], inside);
         let xb = select(vec4<f32>(0.0), x[t * D4 + 4u * cc{{it}} + 1u], inside);
@@ -116,8 +116,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let wb{{it}}_{{r}} = vec4<f32>(unpack2x16float(w{{it}}_{{r}}.z), unpack2x16float(w{{it}}_{{r}}.w));
 //#endfor
 //#for m in TOK
-    {
-        let t = min(t0 + {{m}}u, n_tokens - 1u);
+    if (t0 + {{m}}u < n_tokens) {
+        let t = t0 + {{m}}u;
         let xa = select(vec4<f32>(0.0), x[t * D4 + 2u * cc{{it}}], c{{it}} < D8);
         let xb = select(vec4<f32>(0.0), x[t * D4 + 2u * cc{{it}} + 1u], c{{it}} < D8);
 //#for r in ROWS

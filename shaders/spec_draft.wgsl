@@ -4,7 +4,8 @@
 // The rule is model/speculation.py's prompt_lookup_draft: for n = NGRAM .. 1, the largest i with
 // history[i : i+n] == the last n tokens and i + n < L (L = tokens in the history); the first n with a
 // match decides and the draft is K tokens copied from i + n on, past the history's end by its own tokens
-// (token j = history[i + n + j % (L - i - n)]). Every candidate end e = i + n - 1 <= L - 2
+// (token j = history[i + n + j % (L - i - n)]), as long as the evidence: n tokens after an n-gram
+// shorter than NGRAM, K after a full one (draft_length). Every candidate end e = i + n - 1 <= L - 2
 // gets c(e) = how many of its trailing tokens (up to NGRAM) equal the history's last ones; then for
 // every n the largest e with c(e) >= n is kept (workgroup atomics). The draft starts at e + 1 whatever n.
 //
@@ -14,11 +15,11 @@
 //
 // One workgroup. Writes:
 //   token_ids[0..K]  the verify pass's rows: the last token, then the draft (padded with the last
-//                    token; padding rows' results are ignored and their KV rows overwritten later)
+//                    token; padding rows are past n_tokens: the step's kernels skip them)
 //   draft[0..K-1]    the drafted tokens (0 past draft_len)
 //   state            [0] draft_len  [1] L (the history's length after the fold)
 //                    [2] kv_capacity (written by the host)  [3] unused
-//   step             StepParams (n_tokens = K + 1, pos = L - 1, kv_capacity): the model's uniform, written
+//   step             StepParams (n_tokens = draft_len + 1, pos = L - 1, kv_capacity): the model's uniform, written
 //                    here as storage for the step's later dispatches
 //   out[0] = 0       the fold consumed the previous step's tokens
 //
@@ -74,15 +75,18 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     workgroupBarrier();
 
     var found = 0u;  // 1 + e of the deciding n-gram, 0 = no draft
+    var matched = 0u;  // its length n
     for (var n = NGRAM; n > 0u; n--) {
         let b = atomicLoad(&best[n - 1u]);
         if (b != 0u) {
             found = b;
+            matched = n;
             break;
         }
     }
     let last = history[length - 1u];
-    let draft_len = select(0u, K, found != 0u);  // start e + 1 = found
+    // start e + 1 = found; as many tokens as the match is long, K after a full NGRAM match
+    let draft_len = select(0u, select(min(matched, K), K, matched == NGRAM), found != 0u);
     let period = max(length - found, 1u);         // the copy's period (found <= length - 1)
     if (lid <= K) {
         let j = lid;
@@ -100,7 +104,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     if (lid == 0u) {
         state[0] = draft_len;
         state[1] = length;
-        step[0] = K + 1u;
+        step[0] = draft_len + 1u;  // the step's later dispatches cover K + 1 rows; those past this exit
         step[1] = length - 1u;
         step[2] = state[2];
         step[3] = 0u;

@@ -29,12 +29,15 @@
 //   2 x        [T, K/4] vec4<f32>    un-normalized input rows
 //   3 norm_w   [K/4] vec4<f32>       RMSNorm weight (only with HAS_WEIGHT; `out` then moves to 3)
 //   4 out      [T, OUT_W] f32
+//   5 params   uniform StepParams    only with BOUNDED (verify steps; 4 without HAS_WEIGHT): token rows
+//                                    from n_tokens on exit at once (a draft shorter than the step's rows)
 //
 // Per-thread values are unrolled `let`s (//#for, see common.unroll_loops), never loop-indexed arrays.
 // Mapping: accumulators TOTAL = GROUPS * ROWS per workgroup (TOTAL output rows, or TOTAL/2 gate rows
 // and the matching up rows) for token t = workgroup_id.y; group gi owns accumulators gi*ROWS + r.
 // Dispatch: (ceil(OUT_W / OUTS), n_tokens, 1) with OUTS = TOTAL (or TOTAL/2 gated).
 
+${STEP_PARAMS}
 const K: u32 = ${K};
 const N: u32 = ${N};
 const ROWS: u32 = ${ROWS};  // weight rows per row group
@@ -60,8 +63,14 @@ const OUT_W: u32 = select(N, HALF, GATED);
 //#if HAS_WEIGHT
 @group(0) @binding(3) var<storage, read> norm_w: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+//#if BOUNDED
+@group(0) @binding(5) var<uniform> params: StepParams;
+//#endif
 //#else
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+//#if BOUNDED
+@group(0) @binding(4) var<uniform> params: StepParams;
+//#endif
 //#endif
 
 var<workgroup> acc_wg: array<atomic<i32>, TOTAL>;
@@ -100,6 +109,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 ) {
     let g = wid.x;
     let t = wid.y;
+//#if BOUNDED
+    if (t >= params.n_tokens) {  // uniform: the whole workgroup leaves
+        return;
+    }
+//#endif
     let gi = lid / GW;
     let cl = lid % GW;
     let live = cl < CHUNKS;

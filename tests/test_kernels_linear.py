@@ -1114,6 +1114,25 @@ def test_norm_linear_verify_rows_match_numpy(device, kernels, parts, k, epilogue
         check_norm_linear(got, expected, tie, record.__name__)
 
 
+@pytest.mark.parametrize("epilogue", ["residual", "gate_relu2"])
+def test_norm_linear_verify_rows_past_n_tokens_are_skipped(device, kernels, epilogue):
+    """A verify step dispatches k + 1 rows and its draft kernel sets StepParams.n_tokens to the rows its
+    draft fills: the fused kernel computes rows below n_tokens as before and leaves the others alone."""
+    rng = np.random.default_rng(95)
+    t = 6
+    op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, [96, 96], 384, t, epilogue)
+    prior = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
+    for n_tokens in (1, 4, t):
+        device.upload(out_buf, 0, prior)
+        op.step.write(n_tokens, 0, 0)
+        recorder = device.begin()
+        op.record_fused(recorder, t)
+        recorder.submit()
+        got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
+        check_norm_linear(got[:n_tokens], expected[:n_tokens], tie[:n_tokens], f"n_tokens {n_tokens}")
+        assert np.array_equal(got[n_tokens:], prior[n_tokens:]), n_tokens
+
+
 def test_verify_rows_follow_the_matrix_size():
     """Verify steps take fewer weight rows per group (more workgroups) for small matrices: the 2B-4T
     qkv (3840 x 2560) and wo take the decode kernel's 8, gate_up (13824 x 2560) and down (2560 x 6912)

@@ -10,12 +10,14 @@ from bitnet_web.model.speculation import (
     SpeculationPolicy,
     accept_greedy,
     accept_sampled,
+    draft_length,
     prompt_lookup_draft,
 )
 
 
 def brute_force_draft(history: list[int], k: int, ngram_max: int) -> list[int]:
-    """Every (n, i) pair scored: longest n first, then the latest start."""
+    """Every (n, i) pair scored: longest n first, then the latest start; n tokens drafted after a
+    match shorter than ngram_max, k after a full one."""
     best = None
     for n in range(1, ngram_max + 1):
         for i in range(len(history) - n):
@@ -25,7 +27,7 @@ def brute_force_draft(history: list[int], k: int, ngram_max: int) -> list[int]:
         return []
     n, i = best
     drafted = list(history)  # an overlapping copy: past the history's end it copies what it drafted
-    for j in range(k):
+    for j in range(k if n == ngram_max else min(n, k)):
         drafted.append(drafted[i + n + j])
     return drafted[len(history) :]
 
@@ -43,10 +45,16 @@ def test_draft_copies_what_followed_the_latest_match() -> None:
     assert prompt_lookup_draft(history, 2) == [7, 8]  # the later "1 2 3" wins over the first
     assert prompt_lookup_draft([1, 2, 3], 4) == []  # no earlier occurrence of any suffix
     # past the history's end the copy goes on with its own tokens: a repeating text is drafted k ahead
-    assert prompt_lookup_draft([4, 4], 3) == [4, 4, 4]
-    assert prompt_lookup_draft([6, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]  # "1 2" at 1, period 2
+    assert prompt_lookup_draft([4, 4, 4, 4], 3) == [4, 4, 4]
+    assert prompt_lookup_draft([6, 1, 2, 6, 1, 2], 5) == [6, 1, 2, 6, 1]  # "6 1 2" at 0, period 3
     assert prompt_lookup_draft([1, 2, 3, 7, 1, 2, 3], 6) == [7, 1, 2, 3, 7, 1]  # period 4
     assert prompt_lookup_draft(history, 0) == []
+    # a shorter match is weaker evidence: as many tokens drafted as it matched
+    assert prompt_lookup_draft([4, 4], 3) == [4]  # a 1-gram
+    assert prompt_lookup_draft([6, 1, 2, 1, 2], 5) == [1, 2]  # a 2-gram (no earlier "2 1 2")
+    assert prompt_lookup_draft([9, 5, 8, 5], 4) == [8]
+    assert [draft_length(n, 8) for n in range(4)] == [0, 1, 2, 8]
+    assert [draft_length(n, 1) for n in range(4)] == [0, 1, 1, 1]
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -106,9 +114,10 @@ def test_draft_index_is_prompt_lookup_draft(seed: int) -> None:
         index.append(token)
 
 
-def greedy_verify_steps(history: list[int], reply: list[int], k: int) -> list[int]:
+def greedy_verify_steps(history: list[int], reply: list[int], k: int, drafted: list[int] | None = None) -> list[int]:
     """Tokens emitted by each verify step of greedy speculative decoding whose reply is `reply` (its
-    first token already fed), with prompt_lookup_draft: the steps the policy counts."""
+    first token already fed), with prompt_lookup_draft: the steps the policy counts. `drafted` gets
+    each step's draft length."""
     text, i, emitted = list(history), 0, []
     while i < len(reply):
         draft = prompt_lookup_draft(text, k)
@@ -119,6 +128,8 @@ def greedy_verify_steps(history: list[int], reply: list[int], k: int) -> list[in
             break  # the step is not over when the reply ends
         text += reply[i : i + n + 1]
         emitted.append(n + 1)
+        if drafted is not None:
+            drafted.append(len(draft))
         i += n + 1
     return emitted
 
@@ -134,24 +145,28 @@ def test_policy_counts_the_greedy_verify_steps(k: int) -> None:
     policy.start(prompt)
     for token in reply:
         policy.push(token)
-    steps = greedy_verify_steps(prompt, reply, k)
+    drafted: list[int] = []
+    steps = greedy_verify_steps(prompt, reply, k, drafted)
     assert list(policy.emitted) == steps and policy.rate == pytest.approx(np.mean(steps))
+    assert list(policy.costs) == [policy.step_costs[d] for d in drafted]  # each step priced by its draft
+    assert policy.cost < policy.verify_cost or k == 1  # weak matches drafted fewer than k tokens
     assert max(steps) > 1 and policy.speculating  # drafts were accepted; no window was full to switch
 
 
 def test_policy_switches_off_on_new_text_and_back_on_when_it_repeats() -> None:
-    """A reply of fresh tokens (nothing to copy) turns verify steps off within a window of steps; a
-    reply that then repeats a stretch of its prompt turns them back on, within about a window."""
+    """A reply that does not repeat (random tokens of 8 kinds: drafts after short matches, rarely
+    right) turns verify steps off within a few windows of steps; a reply that then repeats a stretch of
+    its prompt turns them back on, within about a window."""
     rng = np.random.default_rng(0)
     prompt = rng.permutation(1000)[:200].tolist()
-    fresh = (1000 + rng.permutation(5000)[:300]).tolist()  # never seen: every draft is wrong or empty
+    fresh = (1000 + rng.integers(0, 8, size=300)).tolist()
     policy = SpeculationPolicy(2)
     policy.start(prompt)
     for i, token in enumerate(fresh):
         policy.push(token)
-        if i >= policy.window:
+        if i >= 3 * policy.window:
             assert not policy.speculating, i
-    assert policy.switches == [(policy.window, False)] and policy.rate < 1.1
+    assert policy.switches == [(policy.switches[0][0], False)] and policy.rate < policy.cost
     for token in prompt[:150]:  # copies the prompt: drafts of 2 accepted each step
         policy.push(token)
     assert policy.speculating and policy.rate == pytest.approx(3.0)
@@ -162,7 +177,7 @@ def test_policy_switches_off_on_new_text_and_back_on_when_it_repeats() -> None:
 @pytest.mark.parametrize("margin", [0.0, 0.25])
 def test_policy_switches_at_its_thresholds(margin: float) -> None:
     """Text near the break-even point (random tokens of 3 kinds: ~1.4 tokens per step at k = 2): off
-    only below verify_cost, on only at verify_cost + resume_margin; a margin means fewer switches."""
+    only below the window's cost, on only at that cost + resume_margin; a margin means fewer switches."""
     rng = np.random.default_rng(1)
     policy = SpeculationPolicy(2, window=4, verify_cost=1.4, resume_margin=margin)
     policy.start([0, 1, 2])
@@ -171,10 +186,10 @@ def test_policy_switches_at_its_thresholds(margin: float) -> None:
         before = policy.speculating
         policy.push(token)
         if policy.speculating != before:
-            changes.append((policy.speculating, policy.rate))
-    assert sum(on for on, _ in changes) >= 3 and len(changes) == len(policy.switches)
-    for on, rate in changes:
-        assert rate >= 1.4 + margin if on else rate < 1.4
+            changes.append((policy.speculating, policy.rate, policy.cost))
+    assert sum(on for on, _, _ in changes) >= 2 and len(changes) == len(policy.switches)
+    for on, rate, cost in changes:
+        assert 1.0 < cost <= 1.4 and (rate >= cost + margin if on else rate < cost)
     if margin:
         no_margin = SpeculationPolicy(2, window=4, verify_cost=1.4, resume_margin=0.0)
         no_margin.start([0, 1, 2])
@@ -194,20 +209,23 @@ def test_policy_switches_at_its_thresholds(margin: float) -> None:
 def test_policy_asks_more_tokens_per_step_where_verify_steps_cost_more(k, cheap, dear) -> None:
     """A verify step costs a little more decode steps in Chromium than natively, a verify row of a
     narrow model less than of a wide one (a narrow model's step is dispatch latency), and more at a long
-    context (each row walks the KV cache): text that repeats
-    just enough to pay on the cheaper setup (two copied tokens, then three fresh ones: 1.25 tokens per
-    verify step) keeps verify steps on there and turns them off on the dearer one."""
+    context (each row walks the KV cache): text that repeats just enough to pay on the cheaper setup
+    (three copied tokens, then three drawn from 6 new ones: drafts after short matches, mostly wrong)
+    keeps verify steps on there and turns them off on the dearer one."""
     cheap, dear = SpeculationPolicy.for_backend(k, *cheap), SpeculationPolicy.for_backend(k, *dear)
     assert (
         SpeculationPolicy.for_backend(k, "wgpu-native").verify_cost
         == SpeculationPolicy.for_backend(k, "wgpu-native", 2560).verify_cost
     )  # the default width is 2B-4T's
+    rng = np.random.default_rng(0)
     prompt = list(range(200))
     reply = []
-    for i in range(0, 180, 5):
-        reply += prompt[i : i + 2] + [1000 + i, 1001 + i, 1002 + i]
-    rate = float(np.mean(greedy_verify_steps(prompt, reply, k)))
-    assert cheap.verify_cost <= rate < dear.verify_cost
+    for i in range(0, 180, 6):
+        reply += prompt[i : i + 3] + (1000 + rng.integers(0, 6, size=3)).tolist()
+    drafted: list[int] = []
+    rate = float(np.mean(greedy_verify_steps(prompt, reply, k, drafted)))
+    costs = [float(np.mean([policy.step_costs[d] for d in drafted])) for policy in (cheap, dear)]
+    assert costs[0] <= rate < costs[1]
     for policy in (cheap, dear):
         policy.start(prompt)
         for token in reply:
@@ -270,3 +288,26 @@ def test_policy_rejects_bad_parameters() -> None:
         SpeculationPolicy(0)
     with pytest.raises(ValueError, match="k and window must be >= 1"):
         SpeculationPolicy(2, window=0)
+
+
+def test_policy_prices_a_verify_step_by_its_draft() -> None:
+    """A verify step pays for the rows its draft fills, and a little for the rows past it (they exit
+    at once): for_backend's price rises by a row's cost per drafted token from one decode step (plus
+    the backend's extra), and a real verify step is charged for the draft it had."""
+    native, browser = SpeculationPolicy.for_backend(4, "wgpu-native"), SpeculationPolicy.for_backend(4, "browser")
+    row, padded = SpeculationPolicy.VERIFY_ROW_COST, SpeculationPolicy.PADDED_ROW_COST
+    assert native.step_costs == pytest.approx([1.0 + row * d + padded * (4 - d) for d in range(5)])
+    assert browser.step_costs == pytest.approx([1.1 + row * d + padded * (4 - d) for d in range(5)])
+    assert native.verify_cost == pytest.approx(1.0 + row * 4)
+    assert SpeculationPolicy(4, verify_cost=2.0).step_costs == pytest.approx([1.0, 1.25, 1.5, 1.75, 2.0])
+    policy = SpeculationPolicy(4, window=2)
+    policy.start([1, 2, 3])
+    policy.verify_step(2, draft_len=1)
+    policy.verify_step(1, draft_len=0)
+    assert list(policy.costs) == [policy.step_costs[1], policy.step_costs[0]]
+    assert policy.speculating  # 1.5 tokens per step against a mean price of 1.1
+    policy.verify_step(1, draft_len=4)
+    policy.verify_step(2, draft_len=4)
+    assert not policy.speculating and policy.rate < policy.cost == policy.verify_cost
+    with pytest.raises(ValueError, match="step costs"):
+        SpeculationPolicy(2, step_costs=[1.0, 1.2])

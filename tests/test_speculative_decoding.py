@@ -140,7 +140,7 @@ def test_draft_kernel_is_prompt_lookup_draft(device, kernels, k, drafted):
         assert state[:3] == [len(expected), len(full), 512], (case, full)
         assert draft[: len(expected)] == expected, (case, full)
         assert rows == [full[-1]] + expected + [full[-1]] * (drafted - len(expected)), (case, full)
-        assert step[:3] == [drafted + 1, len(full) - 1, 512]
+        assert step[:3] == [len(expected) + 1, len(full) - 1, 512]  # rows past the draft are skipped
         assert read(device, buffers.history, len(full)) == full
         assert read(device, buffers.out, 1) == [0]  # folded: the next step does not append it again
     buffers.release()

@@ -183,6 +183,10 @@ def bench_verify_steps(args: argparse.Namespace) -> None:
             op.record(rec)
         return rec
 
+    if args.padded:
+        time_padded_steps(args, model, record)
+        engine.close()
+        return
     for path in args.paths.split(","):
         if path not in SMALL_T_PATHS:
             raise SystemExit(f"--paths: unknown small-T path {path!r}; expected some of {', '.join(SMALL_T_PATHS)}")
@@ -192,6 +196,37 @@ def bench_verify_steps(args: argparse.Namespace) -> None:
         print(f"\n## small-T path {path!r} (default {SMALL_T_PATH!r})", flush=True)
         time_verify_steps(args, device, record)
     engine.close()
+
+
+def time_padded_steps(args: argparse.Namespace, model, record) -> None:
+    """Verify steps of k + 1 dispatched rows whose StepParams say d + 1 (a draft of d tokens: the rows
+    past it exit at once) against steps of d + 1 rows, alternating, for d = 0..k: what the padding costs."""
+    device, k = model.device, args.padded
+
+    def padded(d: int):
+        rec = record(k + 1)
+        model.step.write(d + 1, args.context, model.kv_cache.capacity)  # the last write before the submits
+        return rec
+
+    warm = [record(1) for _ in range(50)]
+    for rec in warm:
+        rec.submit()
+    results = {}
+    for rnd in range(2):
+        for d in range(k + 1):
+            results[(rnd, "rows", d)] = time_steps(device, lambda d=d: record(d + 1), args.steps * 4, args.rounds)
+            results[(rnd, "padded", d)] = time_steps(device, lambda d=d: padded(d), args.steps * 4, args.rounds)
+    one = min(results[(r, "rows", 0)] for r in range(2))
+    print(f"\n| draft d | d + 1 rows (ms) | {k + 1} rows, n_tokens d + 1 (ms) | padded / rows | rows x T=1 |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for d in range(k + 1):
+        rows = [results[(r, "rows", d)] * 1e3 for r in range(2)]
+        pad = [results[(r, "padded", d)] * 1e3 for r in range(2)]
+        print(
+            f"| {d} | {rows[0]:.3f} / {rows[1]:.3f} | {pad[0]:.3f} / {pad[1]:.3f} | "
+            f"{min(pad) / min(rows):.3f} | {min(rows) / (one * 1e3):.2f} |",
+            flush=True,
+        )
 
 
 def time_steps(device, record, n_steps: int, rounds: int) -> float:
@@ -509,6 +544,9 @@ def main() -> None:
     parser.add_argument("--no-lm-head", action="store_true", help="skip the 657 MB LM head (slow on CPU adapters)")
     parser.add_argument("--verify-steps", action="store_true", help="time whole 2B-4T forward steps over T = 1..9")
     parser.add_argument("--context", type=int, default=64, help="cached tokens before a --verify-steps step")
+    parser.add_argument(
+        "--padded", type=int, default=0, help="--verify-steps: steps of K + 1 rows with drafts of 0..K (K given)"
+    )
     parser.add_argument("--shape", default="2b4t", help="synthetic model shape of --verify-steps (2b4t, tiny)")
     parser.add_argument(
         "--paths", default=SMALL_T_PATH, help=f"--verify-steps: small-T paths to time, comma-separated {SMALL_T_PATHS}"

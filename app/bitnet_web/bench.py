@@ -306,7 +306,7 @@ class NoDrafts(SpeculationPolicy):
     def push(self, token: int, verified: bool = False) -> None:
         self.pushed += 1
 
-    def verify_step(self, n_emitted: int) -> None:
+    def verify_step(self, n_emitted: int, draft_len: int | None = None) -> None:
         pass
 
 

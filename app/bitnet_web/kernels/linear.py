@@ -462,6 +462,7 @@ class NormTernaryLinear:
         gated = EPILOGUES[epilogue] >= 2
         self.rows, self.verify_rows = rows, verify_rows
         self._fused_constants = dict(
+            STEP_PARAMS=STEP_PARAMS_WGSL,
             enables=wgsl_enables(device, subgroups=subgroups),
             defines=defines,
             K=k,
@@ -475,16 +476,17 @@ class NormTernaryLinear:
         )
         self._fused_buffers = [weights.codes, weights.scales, x]
         self._fused_buffers += ([norm_weight] if norm_weight is not None else []) + [out]
+        self.step = step
         self._fused_label, self._kernels, self._outs_per_row = label, kernels, (2 if gated else 1)
-        # rows per group -> (pipeline, bind group, workgroups)
-        self._fused: dict[int, tuple[gpu.Pipeline, gpu.BindGroup, int]] = {}
+        # (rows per group, bounded) -> (pipeline, bind group, workgroups)
+        self._fused: dict[tuple[int, bool], tuple[gpu.Pipeline, gpu.BindGroup, int]] = {}
         self.groups = self._fused_kernel(rows)[2]  # workgroups of a decode step
         # CPU adapters (lavapipe, SwiftShader) run the fused kernel's per-workgroup norm 2-3x slower
         # than the separate norm dispatch (measured on lavapipe: 1.2 vs 2.8-4.2 tok/s on the bundled
         # model); GPUs gain from fusing (docs/performance-notes.md).
         self.fuse_decode = not device.is_cpu
         if self.fuse_decode:  # compiled with the others, not at the first verify step (elsewhere: on first use)
-            self._fused_kernel(verify_rows)
+            self._fused_kernel(verify_rows, bounded=True)
         self.small_max = min(SMALL_T_MAX, self.linear.max_tokens, x.nbytes // (4 * k))
         if SMALL_T_PATH not in SMALL_T_PATHS:
             raise ValueError(f"SMALL_T_PATH is {SMALL_T_PATH!r}; expected one of {SMALL_T_PATHS}")
@@ -514,21 +516,29 @@ class NormTernaryLinear:
         self.norm.record(recorder, n_tokens)
         self.linear.record_rows(recorder, n_tokens)
 
-    def _fused_kernel(self, rows: int) -> tuple[gpu.Pipeline, gpu.BindGroup, int]:
-        """The fused kernel with `rows` weight rows per row group: pipeline, bind group, workgroups."""
-        found = self._fused.get(rows)
+    def _fused_kernel(self, rows: int, bounded: bool = False) -> tuple[gpu.Pipeline, gpu.BindGroup, int]:
+        """The fused kernel with `rows` weight rows per row group: pipeline, bind group, workgroups.
+        `bounded`: token rows from StepParams.n_tokens on exit at once (the verify steps' kernel: their
+        draft kernel sets n_tokens to the rows the draft fills, the step dispatches all k + 1)."""
+        found = self._fused.get((rows, bounded))
         if found is None:
-            constants = self._fused_constants
+            constants = dict(self._fused_constants)
+            buffers = self._fused_buffers
+            if bounded:
+                constants["defines"] += ("BOUNDED",)
+                buffers = [*buffers, self.step.buffer]
             pipeline = self._kernels.pipeline("ternary_gemv_norm", ROWS=rows, **constants)
-            label = f"{self._fused_label} fused ({rows} rows)"
-            bind = self._kernels.device.bind_group(pipeline, self._fused_buffers, label)
+            label = f"{self._fused_label} fused ({rows} rows{', bounded' if bounded else ''})"
+            bind = self._kernels.device.bind_group(pipeline, buffers, label)
             total = rows * constants["GROUPS"] // self._outs_per_row  # outputs per workgroup
-            found = self._fused[rows] = (pipeline, bind, ceil_div(self.linear.out_width, total))
+            found = self._fused[(rows, bounded)] = (pipeline, bind, ceil_div(self.linear.out_width, total))
         return found
 
     def record_fused(self, recorder: gpu.Recorder, n_tokens: int) -> None:
         """The fused kernel for each of `n_tokens` rows (what record() runs for up to SMALL_T_MAX rows
         on a GPU; tests and benchmarks call it on any adapter): `rows` weight rows per row group for one
-        token row, `verify_rows` for more (the same arithmetic per row either way)."""
-        pipeline, bind, groups = self._fused_kernel(self.rows if n_tokens == 1 else self.verify_rows)
+        token row; for more, `verify_rows` and rows from StepParams.n_tokens on skipped (the same
+        arithmetic per row either way)."""
+        verify = n_tokens > 1
+        pipeline, bind, groups = self._fused_kernel(self.verify_rows if verify else self.rows, bounded=verify)
         recorder.dispatch(pipeline, bind, groups, n_tokens)

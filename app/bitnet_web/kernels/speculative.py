@@ -16,10 +16,12 @@ from .common import KernelCache, StepParams, ceil_div, subgroups_available, wgsl
 from .embedding import ARGMAX_PER_THREAD, ARGMAX_WORKGROUP
 
 SPECULATE_MAX = 8  # largest draft (verify rows = draft + 1)
-# The engine's draft size on a hardware GPU when a request does not choose one (Engine.speculate_for):
-# the best expected speed-up on the 2B-4T shape for code and summaries (H100, docs/performance.md,
-# "Speculative decoding"); larger drafts cost more per verify step than they win there.
-SPECULATE_GPU = 2
+# The engine's largest draft on a hardware GPU when a request does not choose one (Engine.speculate_for).
+# A draft is as long as its match warrants (speculation.draft_length) and a verify step pays for the
+# rows its draft fills plus a little for the k + 1 - (draft + 1) it dispatches that exit at once; on
+# the 2B-4T shape (H200) that makes 6 the best expected speed-up over 9 bundled-model workloads
+# (docs/performance.md, "Session 15"), where full drafts of 2 were best before.
+SPECULATE_GPU = 6
 DRAFT_WORKGROUP = 256  # > SPECULATE_MAX: one invocation per verify row writes it
 STATE_WORDS = 4  # SpecBuffers.state: draft_len, history length, kv_capacity, unused
 

@@ -412,7 +412,7 @@ class GPUDecodeLoop:
                         self.draft_proposed += draft_len
                         self.verify_steps += 1
                         if policy is not None:
-                            policy.verify_step(n_emitted)
+                            policy.verify_step(n_emitted, draft_len)
                     else:
                         self.plain_steps += 1
                     for i, token in enumerate(tokens):

@@ -18,14 +18,24 @@ import numpy as np
 NGRAM_MAX = 3  # longest n-gram matched; shorter ones are tried when it has no earlier occurrence
 
 
+def draft_length(matched: int, k: int, ngram_max: int = NGRAM_MAX) -> int:
+    """Tokens drafted after a match of the text's last `matched` tokens: as many as matched while the
+    match is shorter than ngram_max (one shared token says little of what follows), all k after a full
+    ngram_max match. A verify step pays for the rows its draft fills, so a weak match costs little
+    (bundled model, 9 workloads: 2.0-2.4x the 2B-4T's plain speed expected at k = 8 against 1.8-1.9x with
+    every draft k = 2 long; docs/performance.md, "Session 15")."""
+    return k if matched >= ngram_max else min(matched, k)
+
+
 def prompt_lookup_draft(history: Sequence[int], k: int, ngram_max: int = NGRAM_MAX) -> list[int]:
-    """`k` drafted tokens after `history` (the prompt and every token generated so far), or none.
+    """Up to `k` drafted tokens after `history` (the prompt and every token generated so far).
 
     For n = ngram_max .. 1: find the largest i < len(history) - n with history[i:i+n] equal to the
-    last n tokens; the first n with a match decides; no match gives an empty draft. The draft copies
-    what followed the match, history[i+n:], as an overlapping copy: where it reaches the history's end
-    it goes on with its own tokens, so text that repeats with a period P = len(history) - (i + n) is
-    drafted k tokens ahead, not only P: token j is history[i + n + j % P].
+    last n tokens; the first n with a match decides; no match gives an empty draft. The draft,
+    draft_length(n, k) tokens, copies what followed the match, history[i+n:], as an overlapping
+    copy: where it reaches the history's end it goes on with its own tokens, so text that repeats
+    with a period P = len(history) - (i + n) is drafted k tokens ahead, not only P: token j is
+    history[i + n + j % P].
     """
     h = list(history)
     length = len(h)
@@ -35,7 +45,7 @@ def prompt_lookup_draft(history: Sequence[int], k: int, ngram_max: int = NGRAM_M
         tail = h[length - n :]
         for i in range(length - n - 1, -1, -1):
             if h[i : i + n] == tail:
-                return periodic_copy(h, i + n, k)
+                return periodic_copy(h, i + n, draft_length(n, k, ngram_max))
     return []
 
 
@@ -101,7 +111,7 @@ class DraftIndex:
         for n in range(min(self.ngram_max, length - 1), 0, -1):
             start = self.starts.get(tuple(tokens[length - n :]))
             if start is not None:
-                return periodic_copy(tokens, start + n, k)
+                return periodic_copy(tokens, start + n, draft_length(n, k, self.ngram_max))
         return []
 
 
@@ -119,9 +129,11 @@ class SpeculationPolicy:
     step keeps a drafted token only with probability p(x), so there the simulated count can be higher
     than what the real steps then give; the real steps turn verifying off again.)
 
-    Over the last `window` counted steps, `rate` = tokens per step. Verify steps stop when the rate
-    falls below `verify_cost`, the cost of a verify step in decode steps, and resume when it reaches
-    verify_cost + `resume_margin`. The decode loop's next submit follows it (the steps already queued
+    A verify step costs what the rows its draft fills cost (draft_length: a weak match drafts few
+    tokens, and the rows past the draft exit at once): `step_costs[d]` decode steps for a draft of d
+    tokens, `verify_cost` = step_costs[k]. Over the last `window` counted steps, `rate` = tokens per
+    step and `cost` = their mean price. Verify steps stop when the rate falls below the cost, and
+    resume when it reaches cost + `resume_margin`. The decode loop's next submit follows it (the steps already queued
     keep their kind: how many tokens the switch lags depends on the batching, a setting, not on timing).
     """
 
@@ -138,6 +150,11 @@ class SpeculationPolicy:
     # k = 2, the bundled model 1.14-1.24 decode steps against ~1.0 natively (session 11); the 2B-4T shape
     # 1.49-1.54 against 1.42 (session 8, before verify steps took one pass).
     BACKEND_VERIFY_COST = {"browser": 0.1}
+    # A verify step dispatches k + 1 rows whatever its draft; the rows past the draft exit at once but
+    # still cost their workgroups' launch: 2B-4T shape, H200, 9 rows at a draft of d against d + 1 rows:
+    # +0.31 ms at d = 0 (8 such rows), +0.17 at d = 4, +0.03 at d = 7, of a 1.33 ms decode step
+    # (`tools/bench_kernels.py --verify-steps --padded 8`, docs/performance.md "Session 15").
+    PADDED_ROW_COST = 0.03
     # Steps the rate is taken over: enough that one lucky step does not decide (at k = 2, 8 steps
     # reach 1.4 tokens per step only with 4 drafted tokens accepted), few enough that a reply that
     # stops repeating costs at most ~8 verify steps (~2.3 decode steps at k = 2 and 1.29x per step).
@@ -153,11 +170,21 @@ class SpeculationPolicy:
         verify_cost: float | None = None,
         resume_margin: float = RESUME_MARGIN,
         ngram_max: int = NGRAM_MAX,
+        step_costs: Sequence[float] | None = None,
     ):
+        """`step_costs`: decode steps per verify step with a draft of 0..k tokens; else from
+        `verify_cost` (the price of a full draft, default 1 + VERIFY_ROW_COST * k), linear in the draft
+        from one decode step."""
         if k < 1 or window < 1:
             raise ValueError(f"speculation policy: k and window must be >= 1, got k={k}, window={window}")
         self.k, self.window, self.resume_margin, self.ngram_max = k, window, resume_margin, ngram_max
-        self.verify_cost = 1.0 + self.VERIFY_ROW_COST * k if verify_cost is None else verify_cost
+        if step_costs is None:
+            full = 1.0 + self.VERIFY_ROW_COST * k if verify_cost is None else verify_cost
+            step_costs = [1.0 + (full - 1.0) * d / k for d in range(k + 1)]
+        if len(step_costs) != k + 1:
+            raise ValueError(f"speculation policy: {len(step_costs)} step costs for drafts of 0..{k} tokens")
+        self.step_costs = [float(c) for c in step_costs]
+        self.verify_cost = self.step_costs[k]
         self.start([])
 
     @classmethod
@@ -178,10 +205,13 @@ class SpeculationPolicy:
         (BitNetModel.attention_share); a verify step pays it once per row."""
         extra = cls.BACKEND_VERIFY_COST.get(backend, 0.0)
         row = cls.VERIFY_ROW_COST * dim / cls.VERIFY_ROW_COST_DIM
-        short = 1.0 + extra + row * k  # at a short context, in decode steps
         a = max(0.0, attention_share)
-        verify_cost = (short + (k + 1) * a) / (1.0 + a)
-        return cls(k, window=max(cls.WINDOW, queued_steps), verify_cost=verify_cost)
+        # a draft of d tokens: 1 + d rows, each with its own walk over the cached context, and k - d
+        # rows that exit at once
+        costs = [
+            (1.0 + extra + row * d + cls.PADDED_ROW_COST * (k - d) + (d + 1) * a) / (1.0 + a) for d in range(k + 1)
+        ]
+        return cls(k, window=max(cls.WINDOW, queued_steps), step_costs=costs)
 
     def start(self, history: Sequence[int]) -> None:
         """A new reply: `history` is the text so far, ending with the first verify step's input token."""
@@ -189,6 +219,7 @@ class SpeculationPolicy:
         self.draft = self.index.draft(self.k)  # the counted step's drafted tokens
         self.matched = 0  # of them, those the text agreed with so far
         self.emitted: deque[int] = deque(maxlen=self.window)  # tokens of the last counted steps
+        self.costs: deque[float] = deque(maxlen=self.window)  # and their prices (step_costs)
         self.speculating = True  # optimistic until a window of steps says otherwise
         self.pushed = 0  # tokens of the reply pushed
         self.switches: list[tuple[int, bool]] = []  # (tokens pushed, speculating) at each change
@@ -206,24 +237,31 @@ class SpeculationPolicy:
         if self.matched < len(self.draft) and token == self.draft[self.matched]:
             self.matched += 1  # an accepted drafted token: the counted step goes on
             return
-        tokens = self.matched + 1  # the step's own token ends it
+        tokens, drafted = self.matched + 1, len(self.draft)  # the step's own token ends it
         self.draft, self.matched = self.index.draft(self.k), 0
         if not verified:
-            self._count(tokens)
+            self._count(tokens, drafted)
 
-    def verify_step(self, n_emitted: int) -> None:
-        """A real verify step emitted `n_emitted` tokens (pushed next, with verified=True): what a
-        verify step yields, counted as it is (for sampled replies, fewer than the text agrees with)."""
-        self._count(n_emitted)
+    def verify_step(self, n_emitted: int, draft_len: int | None = None) -> None:
+        """A real verify step drafted `draft_len` tokens (default k) and emitted `n_emitted` (pushed
+        next, with verified=True): what a verify step yields, counted as it is (for sampled replies,
+        fewer than the text agrees with)."""
+        self._count(n_emitted, self.k if draft_len is None else min(draft_len, self.k))
 
-    def _count(self, tokens: int) -> None:
+    @property
+    def cost(self) -> float:
+        """Mean price of the counted steps over the window, in decode steps (0 until one is counted)."""
+        return sum(self.costs) / len(self.costs) if self.costs else 0.0
+
+    def _count(self, tokens: int, drafted: int) -> None:
         self.emitted.append(tokens)
+        self.costs.append(self.step_costs[drafted])
         if len(self.emitted) < self.window:
             return
-        rate = self.rate
-        if self.speculating and rate < self.verify_cost:
+        rate, cost = self.rate, self.cost
+        if self.speculating and rate < cost:
             self.speculating = False
-        elif not self.speculating and rate >= self.verify_cost + self.resume_margin:
+        elif not self.speculating and rate >= cost + self.resume_margin:
             self.speculating = True
         else:
             return
