@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
 from bitnet_web.bench import speculation_policy_bench
 
 
@@ -39,3 +41,20 @@ def test_a_reply_that_ends_at_once_has_no_speedup() -> None:
         )
         assert all(rows[mode]["tok_per_s"] == 0.0 and rows[mode]["tokens"] == 0 for mode in rows)
     assert engine.speculation_policy is policy  # restored
+
+
+def test_expected_speedup_prices_each_step_by_its_draft() -> None:
+    """A workload's expected 2B-4T speed-up divides its tokens per verify step by the mean step's price:
+    a step with a draft of d tokens costs a step of d + 1 rows (1 at d = 0) plus the padded rows' cost
+    for k - d rows; without per-length counts every step is priced as a full draft."""
+    from bitnet_web.bench import speculation_summary
+    from bitnet_web.model.speculation import SpeculationPolicy
+
+    costs = {"verify_cost_relative": {"1": 1.2, "2": 1.4, "4": 2.0}}
+    row = {"tokens_per_verify_step": 3.0, "draft_length_counts": [1, 0, 2, 0, 1]}  # d = 0, 2, 2, 4
+    old = {"tokens_per_verify_step": 2.0}
+    got = speculation_summary(costs, {"code": {"by_speculate": {"0": {}, "4": row, "2": old}}})
+    pad = SpeculationPolicy.PADDED_ROW_COST
+    mean = (1.0 + 4 * pad + 2 * (1.4 + 2 * pad) + 2.0) / 4
+    assert got["code"]["4"] == pytest.approx(3.0 / mean)
+    assert got["code"]["2"] == pytest.approx(2.0 / 1.4) and "0" not in got["code"]

@@ -46,11 +46,14 @@ PROMPT = [5, 30, 31, 77, 90, 12, 13, 14, 30, 31, 77]
 BUNDLED = os.path.join(os.path.dirname(__file__), "..", "static", "models", "bitnet-pystdlib-27m-i2_s.gguf")
 
 
-def simulate(prompt: list[int], reply: list[int], k: int, context: int = CONTEXT) -> tuple[int, int]:
+def simulate(
+    prompt: list[int], reply: list[int], k: int, context: int = CONTEXT, lengths: list[int] | None = None
+) -> tuple[int, int]:
     """(draft_proposed, draft_accepted) of speculative greedy decoding whose reply is `reply`: the first
     token comes from the prompt's logits, then every verify step drafts from the history and accepts the
     drafted tokens equal to the reply's next ones (counted as far as the reply goes), until a step's
-    k + 1 rows at position len(history) - 1 would pass the context (plain steps from there)."""
+    k + 1 rows at position len(history) - 1 would pass the context (plain steps from there). `lengths`
+    gets each step's draft length."""
     history, i, proposed, accepted = list(prompt) + reply[:1], 1, 0, 0
     while i < len(reply) and len(history) + k <= context:
         draft = prompt_lookup_draft(history, k)
@@ -60,6 +63,8 @@ def simulate(prompt: list[int], reply: list[int], k: int, context: int = CONTEXT
             n += 1
         take = min(n + 1, len(reply) - i)
         proposed += len(draft)
+        if lengths is not None:
+            lengths.append(len(draft))
         accepted += min(n, take)
         history += reply[i : i + take]
         i += take
@@ -215,9 +220,13 @@ def _speculative_greedy_equals_plain_greedy(engine: Engine, batching: tuple[int,
                 stats = engine.last_stats
                 assert stats.stop_reason == "context_full" and engine.model.n_cached == CONTEXT
                 assert engine.model.cached_tokens == PROMPT + plain[:-1]
-                assert (stats.draft_proposed, stats.draft_accepted) == simulate(PROMPT, plain, k), k
+                lengths: list[int] = []
+                assert (stats.draft_proposed, stats.draft_accepted) == simulate(PROMPT, plain, k, lengths=lengths), k
                 assert stats.speculate == k
-        assert 0 < simulate(PROMPT, plain, 4)[1]  # the reply repeats itself: drafts were accepted
+                assert stats.draft_length_counts == [lengths.count(d) for d in range(k + 1)], k
+        lengths = []
+        assert 0 < simulate(PROMPT, plain, 4, lengths=lengths)[1]  # the reply repeats itself: drafts were accepted
+        assert 0 < lengths.count(4) < len(lengths)  # full drafts after 3-gram matches, shorter ones after others
     finally:
         del engine.model.DECODE_BATCHING
 

@@ -225,6 +225,7 @@ async def speculation_workloads(engine, ks: tuple[int, ...], n_tokens: int, runs
                         draft_accepted=stats.draft_accepted,
                         acceptance=stats.draft_accepted / max(stats.draft_proposed, 1),
                         tokens_per_verify_step=(steps + stats.draft_accepted) / steps,
+                        draft_length_counts=stats.draft_length_counts,
                         speedup=row["tok_per_s"] / rows["0"]["tok_per_s"],
                         identical_to_plain=tokens == plain,
                     )
@@ -312,14 +313,26 @@ class NoDrafts(SpeculationPolicy):
 
 def speculation_summary(costs: dict, workloads: dict) -> dict:
     """Expected speed-up of drafting with k on the cost model's GPU and shape: tokens per verify step
-    (from the workload runs) over the verify step's cost relative to a decode step. An estimate."""
+    (from the workload runs) over the mean verify step's cost relative to a decode step. A step with a
+    draft of d tokens costs what a step of d + 1 rows costs (`verify_cost_relative[d]`, 1 at d = 0)
+    plus SpeculationPolicy.PADDED_ROW_COST for each of the k - d rows past its draft. An estimate."""
+    relative = costs["verify_cost_relative"]
+
+    def step_cost(d: int, k: int) -> float:
+        return (1.0 if d == 0 else relative[str(d)]) + SpeculationPolicy.PADDED_ROW_COST * (k - d)
+
     out = {}
     for name, workload in workloads.items():
-        out[name] = {
-            k: row["tokens_per_verify_step"] / costs["verify_cost_relative"][k]
-            for k, row in workload["by_speculate"].items()
-            if k != "0" and k in costs["verify_cost_relative"]
-        }
+        out[name] = {}
+        for k, row in workload["by_speculate"].items():
+            if k == "0" or k not in relative:
+                continue
+            counts = row.get("draft_length_counts") or []
+            if sum(counts):
+                mean_cost = sum(n * step_cost(d, int(k)) for d, n in enumerate(counts) if n) / sum(counts)
+            else:  # no per-length counts: every step priced as a full draft
+                mean_cost = relative[k]
+            out[name][k] = row["tokens_per_verify_step"] / mean_cost
     return out
 
 

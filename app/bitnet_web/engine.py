@@ -16,7 +16,7 @@ import concurrent.futures
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +64,8 @@ class GenerationStats:
     draft_accepted: int = 0  # of those, tokens the model agreed with (each saved a forward pass)
     verify_steps: int = 0  # forward passes that verified a draft (each emits 1 + its accepted tokens)
     plain_steps: int = 0  # tokens of plain decode steps in a speculative reply (SpeculationPolicy, context end)
+    # verify steps per draft length 0..speculate (a draft is as long as its match: speculation.draft_length)
+    draft_length_counts: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -522,6 +524,7 @@ class Engine:
                 if stats.speculate:
                     stats.draft_proposed, stats.draft_accepted = model.draft_proposed, model.draft_accepted
                     stats.verify_steps, stats.plain_steps = model.verify_steps, model.plain_steps
+                    stats.draft_length_counts = list(model.draft_length_counts)
             return
         token = first
         while model.n_cached < model.config.context_length:  # else this token cannot be fed back

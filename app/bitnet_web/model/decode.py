@@ -77,6 +77,7 @@ class GPUDecodeLoop:
     # of the last speculative decode: drafted tokens, those yielded, verify steps whose output was read,
     # and tokens of draft-off steps
     draft_proposed = draft_accepted = verify_steps = plain_steps = 0
+    draft_length_counts: list[int] = []  # of the last speculative decode: verify steps per draft length 0..k
     encode_seconds = 0.0  # time spent recording decode steps (Python's share of a token)
 
     # Decode steps recorded into one submit, and such submits queued on the GPU at once (see
@@ -328,9 +329,11 @@ class GPUDecodeLoop:
 
         `draft_proposed` / `draft_accepted` count the drafted tokens of the verify steps whose output
         was yielded, and those of them yielded (each step's last token is the model's own choice);
-        `verify_steps` those steps, `plain_steps` the tokens of draft-off steps.
+        `verify_steps` those steps (`draft_length_counts[d]`: those with a draft of d tokens),
+        `plain_steps` the tokens of draft-off steps.
         """
         self.draft_proposed = self.draft_accepted = self.verify_steps = self.plain_steps = 0
+        self.draft_length_counts = [0] * (k + 1)
         ops = self._speculation_ops(k)  # a bad k fails here, before any step
         accept = accept or ops.greedy
         if policy is not None:
@@ -410,6 +413,7 @@ class GPUDecodeLoop:
                     verified = rows > 1
                     if verified:
                         self.draft_proposed += draft_len
+                        self.draft_length_counts[min(draft_len, k)] += 1
                         self.verify_steps += 1
                         if policy is not None:
                             policy.verify_step(n_emitted, draft_len)
