@@ -39,6 +39,8 @@ from bitnet_web.kernels.linear import (  # noqa: E402
     TernaryLinear,
     TernaryMatrix,
     TernaryShapeError,
+    norm_gemv_group_threads,
+    norm_gemv_row_groups,
     norm_gemv_verify_rows,
     pack_ternary_rows,
 )
@@ -1131,6 +1133,16 @@ def test_norm_linear_verify_rows_past_n_tokens_are_skipped(device, kernels, epil
         got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
         check_norm_linear(got[:n_tokens], expected[:n_tokens], tie[:n_tokens], f"n_tokens {n_tokens}")
         assert np.array_equal(got[n_tokens:], prior[n_tokens:]), n_tokens
+
+
+def test_row_groups_follow_the_row_length():
+    """One thread per 16-byte chunk of a weight row, in whole subgroups of 32: rows of up to 2048
+    values (the bundled model's 512 and 1536) take 32 threads in 4 row groups, longer ones (2B-4T's
+    2560 and 6912) at least 64 in 2 (4 for matrices of 8192 rows or more), as measured."""
+    assert [norm_gemv_group_threads(k) for k in (128, 512, 1536, 2048)] == [32] * 4
+    assert [norm_gemv_group_threads(k) for k in (2112, 2560, 4096, 6912)] == [64, 64, 64, 128]
+    assert norm_gemv_row_groups(1536, 32) == norm_gemv_row_groups(100, 32) == 4
+    assert (norm_gemv_row_groups(3840), norm_gemv_row_groups(13824), norm_gemv_row_groups(2560, 128)) == (2, 4, 2)
 
 
 def test_verify_rows_follow_the_matrix_size():

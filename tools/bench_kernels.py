@@ -170,9 +170,9 @@ def bench_verify_steps(args: argparse.Namespace) -> None:
 
     engine = Engine()
     engine.device = gpu.open_device(profile=True)
-    engine.load(synthetic_model(args.shape))
+    engine.load(args.model or synthetic_model(args.shape))
     model, device = engine.model, engine.device
-    print(f"device: {device.adapter_name}; synthetic {args.shape}, context {args.context}")
+    print(f"device: {device.adapter_name}; {args.model or 'synthetic ' + args.shape}, context {args.context}")
     vocab = model.config.vocab_size
     ids = device.buffer(4 * SMALL_T_MAX, label="verify ids")
     argmaxes = [Argmax(model.kernels, model.logits, ids, vocab, slot=t, row=t) for t in range(SMALL_T_MAX)]
@@ -258,10 +258,10 @@ def ready_for_steps(model, contexts: list[int], warm_steps: int = 30) -> None:
         rec.submit()
 
 
-def print_context_tables(results: dict, columns: list, contexts: list[int], header) -> None:
-    """Markdown tables of a sweep over contexts, one per T in (1, 3): results[(pass, column, context, T)]
+def print_context_tables(results: dict, columns: list, contexts: list[int], header, rows=(1, 3)) -> None:
+    """Markdown tables of a sweep over contexts, one per T in `rows`: results[(pass, column, context, T)]
     in seconds, both passes per cell; header(column) names a column."""
-    for t in (1, 3):
+    for t in rows:
         print(f"\n| T = {t}: context | " + " | ".join(header(c) for c in columns) + " |")
         print("| ---: |" + " ---: |" * len(columns))
         for ctx in contexts:
@@ -404,9 +404,10 @@ def bench_ablation(args: argparse.Namespace) -> None:
     if unknown:
         raise SystemExit(f"--ablate: unknown part(s) {unknown}; expected some of {', '.join(ABLATIONS)}")
     engine = Engine()
-    engine.load(synthetic_model(args.shape))
+    engine.load(args.model or synthetic_model(args.shape))
     model, device = engine.model, engine.device
     ready_for_steps(model, contexts)
+    rows = [int(t) for t in args.ablate_rows.split(",")]
 
     def ops_of(part: str) -> list:
         layers = model.layer_ops
@@ -435,7 +436,7 @@ def bench_ablation(args: argparse.Namespace) -> None:
                     op.record = lambda *a, **kw: None  # an instance attribute hides the method
             try:
                 for ctx in contexts:
-                    for t in (1, 3):
+                    for t in rows:
                         step = lambda t=t, ctx=ctx: model._record_step(t, all_logits=True, pos=ctx)  # noqa: E731
                         results[(rnd, part, ctx, t)] = s = time_steps(device, step, 32, args.rounds)
                         print(f"pass {rnd} without {part} ctx {ctx} T={t}: {s * 1e3:7.3f} ms", flush=True)
@@ -443,7 +444,7 @@ def bench_ablation(args: argparse.Namespace) -> None:
                 for op in ops:
                     del op.record
     engine.close()
-    print_context_tables(results, parts, contexts, lambda p: "full step" if p == "none" else f"without {p}")
+    print_context_tables(results, parts, contexts, lambda p: "full step" if p == "none" else f"without {p}", rows)
 
 
 def bench_gemv_sweep(args: argparse.Namespace) -> None:
@@ -459,7 +460,8 @@ def bench_gemv_sweep(args: argparse.Namespace) -> None:
     from bitnet_web.bench import synthetic_model  # noqa: PLC0415
 
     configs = args.gemv_sweep.split(",")
-    path = synthetic_model(args.shape)
+    path = args.model or synthetic_model(args.shape)
+    rows_list = [int(t) for t in args.ablate_rows.split(",")]
     original_init, original_groups = NormTernaryLinear.__init__, linear_module.norm_gemv_row_groups
     results: dict[tuple[int, str, int], float] = {}
     for rnd in range(2):
@@ -474,14 +476,15 @@ def bench_gemv_sweep(args: argparse.Namespace) -> None:
                     original_init(self, *a, **{which: by_shape.get((a[4].n_rows, a[4].n_cols), down)}, **kw)
 
                 NormTernaryLinear.__init__ = init
-            elif name != "default":
-                rows, small, big = (int(v) for v in name.split("x"))
+            elif name != "default":  # ROWSxGROUPSxGROUPS_BIG, or with xGW: threads per row group
+                rows, small, big, *gw = (int(v) for v in name.split("x"))
 
-                def init(self, *a, rows=rows, **kw):
-                    original_init(self, *a, rows=rows, verify_rows=rows, **kw)
+                def init(self, *a, rows=rows, gw=gw, **kw):
+                    sized = {"workgroup_size": gw[0]} if gw else {}
+                    original_init(self, *a, rows=rows, verify_rows=rows, **sized, **kw)
 
                 NormTernaryLinear.__init__ = init
-                linear_module.norm_gemv_row_groups = lambda n, small=small, big=big: big if n >= 8192 else small
+                linear_module.norm_gemv_row_groups = lambda n, *_, small=small, big=big: big if n >= 8192 else small
             engine = engine_module.Engine()
             try:
                 engine.load(path)
@@ -490,17 +493,18 @@ def bench_gemv_sweep(args: argparse.Namespace) -> None:
                 workgroups = [op.groups for op in (first.qkv, first.wo, first.gate_up, first.down)]
                 print(f"{name}: workgroups qkv/wo/gate_up/down at T = 1 {workgroups}", flush=True)
                 ready_for_steps(model, [args.context])
-                for t in (1, 3, 5):
+                for t in rows_list:
                     step = lambda t=t, model=model: model._record_step(t, all_logits=True, pos=args.context)  # noqa: E731
                     results[(rnd, name, t)] = s = time_steps(engine.device, step, 32, args.rounds)
                     print(f"pass {rnd} {name} T={t}: {s * 1e3:7.3f} ms", flush=True)
             finally:
                 engine.close()
                 NormTernaryLinear.__init__, linear_module.norm_gemv_row_groups = original_init, original_groups
-    print(f"\n| rows x groups (< / >= 8192 rows) | T = 1 | T = 3 | T = 5 | (ms / step, context {args.context})")
-    print("| --- | ---: | ---: | ---: |")
+    heads = " | ".join(f"T = {t}" for t in rows_list)
+    print(f"\n| rows x groups (< / >= 8192 rows) | {heads} | (ms / step, context {args.context})")
+    print("| --- |" + " ---: |" * len(rows_list))
     for name in configs:
-        cells = [f"{results[(0, name, t)] * 1e3:.3f} / {results[(1, name, t)] * 1e3:.3f}" for t in (1, 3, 5)]
+        cells = [f"{results[(0, name, t)] * 1e3:.3f} / {results[(1, name, t)] * 1e3:.3f}" for t in rows_list]
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
@@ -548,6 +552,7 @@ def main() -> None:
         "--padded", type=int, default=0, help="--verify-steps: steps of K + 1 rows with drafts of 0..K (K given)"
     )
     parser.add_argument("--shape", default="2b4t", help="synthetic model shape of --verify-steps (2b4t, tiny)")
+    parser.add_argument("--model", default="", help="--verify-steps: this GGUF instead of a synthetic model")
     parser.add_argument(
         "--paths", default=SMALL_T_PATH, help=f"--verify-steps: small-T paths to time, comma-separated {SMALL_T_PATHS}"
     )
@@ -563,6 +568,7 @@ def main() -> None:
     parser.add_argument(
         "--ablate", default="", help=f"whole steps with parts left out, --contexts; some of {','.join(ABLATIONS)}"
     )
+    parser.add_argument("--ablate-rows", default="1,3", help="--ablate, --gemv-sweep: token rows of the steps (T)")
     parser.add_argument("--dispatch-floor", action="store_true", help="time chains of trivial dependent dispatches")
     parser.add_argument("--floor-dispatches", type=int, default=185, help="--dispatch-floor: dispatches per submit")
     args = parser.parse_args()

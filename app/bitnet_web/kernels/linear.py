@@ -373,10 +373,20 @@ SMALL_T_PATHS = ("fused", "split", "rows")
 SMALL_T_PATH = "fused"
 
 
-def norm_gemv_row_groups(n_rows: int) -> int:
+def norm_gemv_row_groups(n_rows: int, group_threads: int = 64) -> int:
     """Row groups per fused workgroup (H100, run 23: 2 for qkv / wo / down, 4 for the 13824-row gate_up;
-    one group was 13-40% slower)."""
-    return 4 if n_rows >= 8192 else 2
+    one group was 13-40% slower); 4 for row groups of 32 threads, so a workgroup keeps 128."""
+    return 4 if n_rows >= 8192 or group_threads <= 32 else 2
+
+
+def norm_gemv_group_threads(n_cols: int) -> int:
+    """Threads per row group of the fused GEMV: one per 16-byte chunk of a weight row (n_cols / 64), in
+    whole subgroups of 32, at least 64 for rows of more than 2048 values. Shorter rows take 32: the
+    bundled model (rows of 512 and 1536) used 8 or 24 of 64 threads; with 32 in four row groups its
+    whole steps were 9% shorter and verify steps of 7 rows 17% (H200, docs/performance.md "Session 15").
+    A device whose subgroups are wider than 32 sums per thread instead (correct, slower)."""
+    chunks = n_cols // 64
+    return 32 if chunks <= 32 else max(64, ceil_div(chunks, 32) * 32)
 
 
 class NormTernaryLinear:
@@ -419,13 +429,13 @@ class NormTernaryLinear:
         op = f"NormTernaryLinear {label!r}"
         k = weights.n_cols
         mean_width = k if mean_width is None else mean_width
-        row_groups = row_groups or norm_gemv_row_groups(weights.n_rows)
+        chunks = k // 64
+        gw = workgroup_size or norm_gemv_group_threads(k)
+        row_groups = row_groups or norm_gemv_row_groups(weights.n_rows, gw)
         self.norm = RMSNormQuant(kernels, x, norm_weight, x_q, x_scale, step, k, eps, f"{label} norm", mean_width)
         self.linear = TernaryLinear(kernels, weights, x_q, x_scale, out, step, epilogue, label, use_dot4=use_dot4)
         if x.nbytes < 4 * k:
             raise TernaryShapeError(f"{op}: x ({x.nbytes} bytes) holds less than one row of {k} f32")
-        chunks = k // 64
-        gw = workgroup_size or max(64, ceil_div(chunks, 32) * 32)
         verify_rows = verify_rows or norm_gemv_verify_rows(weights.n_rows, k)
         for r in (rows, verify_rows):
             if gw < chunks or gw < r or r % 2 or r <= 0 or row_groups not in (1, 2, 4):
