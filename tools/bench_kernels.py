@@ -11,8 +11,11 @@ GB/s counts the bytes each dispatch must read (weights + activations).
     python tools/bench_kernels.py --only gemv   # ops whose name contains 'gemv'
     python tools/bench_kernels.py --only rows   # the fused linear layers and LM head over T = 1..9 rows
     python tools/bench_kernels.py --verify-steps  # a whole 2B-4T forward step over T = 1..9 rows vs T = 1
+    python tools/bench_kernels.py --verify-steps --padded 8  # 9 dispatched rows with drafts of 0..8 vs d + 1 rows
+    python tools/bench_kernels.py --verify-steps --model static/models/bitnet-pystdlib-27m-i2_s.gguf  # any GGUF
     python tools/bench_kernels.py --direct-sweep  # whole steps per context and direct-attention threshold
     python tools/bench_kernels.py --gemv-sweep default,16x2x4  # whole steps per fused-GEMV tiling
+    python tools/bench_kernels.py --gemv-sweep default,8x4x4x32 --ablate-rows 1,7 --model FILE  # xTHREADS, T rows
     python tools/bench_kernels.py --splits-sweep 64,128 --contexts 1024,4000  # per decode-attention split cap
     python tools/bench_kernels.py --ablate none,attention,head --contexts 64,4000  # wall cost of each part
     python tools/bench_kernels.py --ablate none,combine --contexts 64,4000  # ... of the split-combine dispatch
