@@ -58,3 +58,8 @@ def test_expected_speedup_prices_each_step_by_its_draft() -> None:
     mean = (1.0 + 4 * pad + 2 * (1.4 + 2 * pad) + 2.0) / 4
     assert got["code"]["4"] == pytest.approx(3.0 / mean)
     assert got["code"]["2"] == pytest.approx(2.0 / 1.4) and "0" not in got["code"]
+    # a quick bench measures a few sizes only (k = 1, 4): the others are interpolated
+    quick = {"verify_cost_relative": {"1": 1.2, "4": 2.1}}
+    got = speculation_summary(quick, {"code": {"by_speculate": {"4": row}}})
+    mean = (1.0 + 4 * pad + 2 * (1.5 + 2 * pad) + 2.1) / 4
+    assert got["code"]["4"] == pytest.approx(3.0 / mean)

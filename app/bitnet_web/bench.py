@@ -314,12 +314,15 @@ class NoDrafts(SpeculationPolicy):
 def speculation_summary(costs: dict, workloads: dict) -> dict:
     """Expected speed-up of drafting with k on the cost model's GPU and shape: tokens per verify step
     (from the workload runs) over the mean verify step's cost relative to a decode step. A step with a
-    draft of d tokens costs what a step of d + 1 rows costs (`verify_cost_relative[d]`, 1 at d = 0)
-    plus SpeculationPolicy.PADDED_ROW_COST for each of the k - d rows past its draft. An estimate."""
+    draft of d tokens costs what a step of d + 1 rows costs (`verify_cost_relative[d]`, 1 at d = 0;
+    interpolated between the draft sizes measured) plus SpeculationPolicy.PADDED_ROW_COST for each of the
+    k - d rows past its draft. An estimate."""
     relative = costs["verify_cost_relative"]
+    sizes = sorted(int(d) for d in relative)
+    measured = [0, *sizes], [1.0, *(relative[str(d)] for d in sizes)]
 
     def step_cost(d: int, k: int) -> float:
-        return (1.0 if d == 0 else relative[str(d)]) + SpeculationPolicy.PADDED_ROW_COST * (k - d)
+        return float(np.interp(d, *measured)) + SpeculationPolicy.PADDED_ROW_COST * (k - d)
 
     out = {}
     for name, workload in workloads.items():
