@@ -22,8 +22,8 @@ def draft_length(matched: int, k: int, ngram_max: int = NGRAM_MAX) -> int:
     """Tokens drafted after a match of the text's last `matched` tokens: as many as matched while the
     match is shorter than ngram_max (one shared token says little of what follows), all k after a full
     ngram_max match. A verify step pays for the rows its draft fills, so a weak match costs little
-    (bundled model, 9 workloads: 2.0-2.4x the 2B-4T's plain speed expected at k = 8 against 1.8-1.9x with
-    every draft k = 2 long; docs/performance.md, "Session 15")."""
+    (9 bundled-model replies replayed on the host at the 2B-4T's step costs: 1.86x plain speed expected
+    over 128 tokens at k = 6 against 1.59x with every draft 2 long; docs/performance.md, "Session 15")."""
     return k if matched >= ngram_max else min(matched, k)
 
 
