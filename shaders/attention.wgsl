@@ -12,6 +12,15 @@
 //      score becomes p = exp(s - m_new), then invocation qi < NQ adds its query's p to the running sum;
 //   3. values (alongside the sum): invocation (query i / C4, column i % C4) rescales its accumulator
 //      and adds p * V.
+// With LANES (one token per workgroup, subgroups of at least LANES invocations, checked at run time,
+// else the tile walk above), `attend_lanes` walks the rows without any barrier instead: LANES
+// consecutive invocations (a lane group, inside one subgroup) share one K/V row, lane i holding vec4
+// columns i * VPL .. i * VPL + VPL - 1 of the head, so a row is one coalesced load of the group; each
+// of the NLG lane groups takes LANE_ROWS rows per step (row = step base + u * NLG + group), sums its
+// lanes' partial scores by xor shuffles (every lane ends with the same sum) and keeps its own online
+// softmax and accumulators in registers. After the walk the groups' (m, l, acc) are merged pairwise
+// through workgroup memory in a fixed order, so a token's result depends on its position only, as
+// for the tile walk.
 // Why this shape (measured on an H100 through wgpu/naga): one workgroup streams only ~30 GB/s from
 // L2, so every K/V element is loaded from memory once per workgroup and long contexts are split over
 // many workgroups; the driver does not unroll naga's loops and each iteration waits for its loads
@@ -22,7 +31,8 @@
 // SPLIT = false (prefill): the workgroup walks every tile up to its last token's row and writes
 //   out [T, HQ*HD] f32 = acc / l. Dispatch (1, HKV, ceil(T / BQ)).
 // SPLIT = true (decode): the n_tiles = ceil((pos + t + 1) / TILE) tiles are dealt to
-//   n_splits = min(n_tiles, MAX_SPLITS) workgroups (ceil(n_tiles / n_splits) consecutive tiles each),
+//   n_splits = min(ceil(n_tiles / SPLIT_TILES), MAX_SPLITS) workgroups (ceil(n_tiles / n_splits)
+//   consecutive tiles each),
 //   or to one workgroup while the token's row is within the first DIRECT_TILES tiles (where a decode
 //   step runs SPLIT = false: one workgroup walks every tile); each writes its unnormalized partial
 //   (acc, m, l) for attention_combine.wgsl. BQ must be 1. A token's partials depend on its own
@@ -69,6 +79,7 @@ const WG: u32 = ${WG};
 const SPLIT: bool = ${SPLIT};
 const MAX_SPLITS: u32 = ${MAX_SPLITS};
 const DIRECT_TILES: u32 = ${DIRECT_TILES};
+const SPLIT_TILES: u32 = ${SPLIT_TILES};  // fewest tiles per split (more only past MAX_SPLITS splits)
 const SCALE: f32 = ${SCALE};
 const ROPE_DIM: u32 = ${ROPE_DIM};
 const NEOX: bool = ${NEOX};
@@ -103,6 +114,20 @@ const QKV_ROW4: u32 = (HQ + 2u * HKV) * C4;
 var<workgroup> draft_k: array<KVWord, MAX_DRAFT * C4>;  // rows pos .. pos + t of this KV head, packed
 var<workgroup> draft_v: array<KVWord, MAX_DRAFT * C4>;
 //#endif
+//#if LANES
+const LANES: u32 = ${LANES};            // invocations per K/V row (a power of two, <= the subgroup size)
+const VPL: u32 = ${LANE_VECS};          // vec4 columns per lane: C4 / LANES
+const NLG: u32 = ${LANE_GROUPS};        // lane groups walking rows (a power of two <= WG / LANES)
+const LANE_ROWS: u32 = ${LANE_ROWS};    // rows per lane group and step
+const STEP_ROWS: u32 = NLG * LANE_ROWS;
+// Partials of the upper half of the lane groups during a merge round: (m, l) here, acc in `ks`
+// ((NLG / 2) * G * C4 vec4 fit there: Attention checks it).
+var<workgroup> merge_ml: array<vec2<f32>, max(NLG / 2u * G, 1u)>;
+var<workgroup> lanes_ok_wg: u32;
+//#if !DRAFT_ROWS
+var<workgroup> new_kv: array<KVWord, 2u * C4>;  // main_rope's row pos of this KV head: K, then V
+//#endif
+//#endif
 
 // Max of probs[b .. b + 8].
 fn max8(b: u32) -> f32 {
@@ -118,6 +143,11 @@ struct FirstLoads {
     k_b: KVWord,
     v_a: KVWord,
     v_b: KVWord,
+};
+
+struct NewRow {
+    k: KVWord,
+    v: KVWord,
 };
 
 fn first_loads(tid: u32, kvh: u32, w: Work) -> FirstLoads {
@@ -146,7 +176,8 @@ fn plan(wid: vec3<u32>) -> Work {
     w.tile_begin = 0u;
     w.tile_end = n_tiles;
     if (SPLIT) {
-        let n_splits = select(min(n_tiles, MAX_SPLITS), 1u, w.kv_len <= DIRECT_TILES * TILE);
+        let n_splits = select(min((n_tiles + SPLIT_TILES - 1u) / SPLIT_TILES, MAX_SPLITS), 1u,
+                              w.kv_len <= DIRECT_TILES * TILE);
         let per_split = (n_tiles + n_splits - 1u) / n_splits;
         w.tile_begin = wid.x * per_split;
         w.tile_end = min(n_tiles, w.tile_begin + per_split);
@@ -180,67 +211,114 @@ fn rope_vec4(head: u32, c: u32, position: u32) -> vec4<f32> {
                      x.z * cs.z - x.w * cs.w, x.w * cs.z + x.z * cs.w);
 }
 
-//#if !DRAFT_ROWS
-@compute @workgroup_size(WG)
-fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let w = plan(wid);
-    if (!w.ok) {
-        return;
-    }
-    let first = first_loads(tid, wid.y, w);
-    // Queries of this workgroup, pre-scaled; rows of tokens past n_tokens are zero.
+// Pre-scaled queries of this workgroup into qs; rows of tokens past n_tokens are zero.
+fn fill_queries(tid: u32, kvh: u32, w: Work) {
     if (tid < NQ * C4) {
         let qi = tid / C4;
         let t = w.t0 + qi / G;
-        let qh = wid.y * G + qi % G;
+        let qh = kvh * G + qi % G;
         var value = vec4<f32>(0.0);
         if (t < params.n_tokens) {
             value = q[t * Q_ROW4 + qh * C4 + tid % C4] * SCALE;
         }
         qs[tid] = value;
     }
-    attend(tid, wid, w, first, false, kv_zero(), kv_zero());
+}
+
+//#if LANES
+// Whether this workgroup takes the lane-group walk: its subgroups hold whole lane groups.
+fn lanes_fit(tid: u32, sg_size: u32) -> bool {
+    if (tid == 0u) {
+        lanes_ok_wg = select(0u, 1u, sg_size >= LANES);
+    }
+    return workgroupUniformLoad(&lanes_ok_wg) == 1u;
+}
+
+// The lane walk's first step of loads (see lane_loads), issued before the prologue.
+fn lane_first_loads(tid: u32, kvh: u32, w: Work) -> LaneLoads {
+    return lane_loads(tid / LANES, tid % LANES, kvh, w.tile_begin * TILE, lane_last_row(w));
+}
+//#endif
+
+//#if !DRAFT_ROWS
+// main_rope's prologue: queries rotated into qs; row pos of this KV head (rotated k, plain v) computed
+// by every invocation for its own column (all loads independent) and appended by the workgroup whose
+// tiles hold it (nothing in this dispatch reads it back from memory). Packed as stored, so this step
+// sees the row exactly as later steps will read it.
+fn rope_prologue(tid: u32, kvh: u32, w: Work) -> NewRow {
+    let pos = params.pos;
+    let row = NewRow(kv_pack(rope_vec4((HQ + kvh) * C4, tid % C4, pos)), kv_pack(q[(HQ + HKV + kvh) * C4 + tid % C4]));
+    if (tid < NQ * C4) {
+        qs[tid] = rope_vec4((kvh * G + tid / C4) * C4, tid % C4, pos) * SCALE;
+    }
+    if (pos < w.tile_end * TILE && pos >= w.tile_begin * TILE && pos < params.kv_capacity && tid < C4) {
+        k_cache[pos * KV_ROW4 + kvh * C4 + tid] = row.k;
+        v_cache[pos * KV_ROW4 + kvh * C4 + tid] = row.v;
+    }
+//#if LANES
+    if (tid < C4) {  // the lane walk reads other invocations' columns
+        new_kv[tid] = row.k;
+        new_kv[C4 + tid] = row.v;
+    }
+//#endif
+    return row;
 }
 
 @compute @workgroup_size(WG)
-fn main_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+//#if LANES
+        @builtin(subgroup_size) sg_size: u32,
+//#endif
+) {
     let w = plan(wid);
     if (!w.ok) {
         return;
     }
-    let kvh = wid.y;
-    let pos = params.pos;
-    let first = first_loads(tid, kvh, w);
-    // Row pos of this KV head: every invocation computes its own column (all loads independent), so
-    // the tile loads can take it from registers instead of waiting for the cache write. Packed as
-    // stored, so this step sees the row exactly as later steps will read it.
-    let new_k = kv_pack(rope_vec4((HQ + kvh) * C4, tid % C4, pos));
-    let new_v = kv_pack(q[(HQ + HKV + kvh) * C4 + tid % C4]);
-    if (tid < NQ * C4) {
-        qs[tid] = rope_vec4((kvh * G + tid / C4) * C4, tid % C4, pos) * SCALE;
+//#if LANES
+    if (lanes_fit(tid, sg_size)) {
+        let first = lane_first_loads(tid, wid.y, w);
+        fill_queries(tid, wid.y, w);
+        attend_lanes(tid, wid, w, first, false);
+        return;
     }
-    // The workgroup whose tiles hold row pos appends it; nothing in this dispatch reads it back.
-    if (pos < w.tile_end * TILE && pos >= w.tile_begin * TILE && pos < params.kv_capacity && tid < C4) {
-        k_cache[pos * KV_ROW4 + kvh * C4 + tid] = new_k;
-        v_cache[pos * KV_ROW4 + kvh * C4 + tid] = new_v;
+//#endif
+    let first = first_loads(tid, wid.y, w);
+    fill_queries(tid, wid.y, w);
+    attend(tid, wid, w, first, false, kv_zero(), kv_zero());
+}
+
+@compute @workgroup_size(WG)
+fn main_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+//#if LANES
+             @builtin(subgroup_size) sg_size: u32,
+//#endif
+) {
+    let w = plan(wid);
+    if (!w.ok) {
+        return;
     }
-    attend(tid, wid, w, first, true, new_k, new_v);
+//#if LANES
+    if (lanes_fit(tid, sg_size)) {
+        let first = lane_first_loads(tid, wid.y, w);
+        rope_prologue(tid, wid.y, w);
+        attend_lanes(tid, wid, w, first, true);
+        return;
+    }
+//#endif
+    let first = first_loads(tid, wid.y, w);
+    let row = rope_prologue(tid, wid.y, w);
+    attend(tid, wid, w, first, true, row.k, row.v);
 }
 
 //#endif
 
 //#if DRAFT_ROWS
-@compute @workgroup_size(WG)
-fn main_rope_rows(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let w = plan(wid);
-    if (!w.ok) {
-        return;
-    }
-    let kvh = wid.y;
+// main_rope_rows' prologue: rows pos .. pos + t of this KV head into workgroup memory (as main_rope
+// computes its row pos, packed as stored), token t's rotated queries into qs, and token t's row
+// appended by the workgroup whose tiles hold it (nothing in this dispatch reads it back).
+fn draft_prologue(tid: u32, kvh: u32, w: Work) {
     let t = w.t0;
     let pos = params.pos;
-    let first = first_loads(tid, kvh, w);
-    // Rows pos .. pos + t of this KV head, as main_rope computes its row pos (packed as stored).
     for (var i = tid; i < (t + 1u) * C4; i += WG) {
         let j = i / C4;
         draft_k[i] = kv_pack(rope_vec4(j * QKV_ROW4 + (HQ + kvh) * C4, i % C4, pos + j));
@@ -251,11 +329,32 @@ fn main_rope_rows(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
     }
     workgroupBarrier();
     let row = pos + t;
-    // The workgroup whose tiles hold this token's row appends it; nothing in this dispatch reads it back.
     if (row < w.tile_end * TILE && row >= w.tile_begin * TILE && row < params.kv_capacity && tid < C4) {
         k_cache[row * KV_ROW4 + kvh * C4 + tid] = draft_k[t * C4 + tid];
         v_cache[row * KV_ROW4 + kvh * C4 + tid] = draft_v[t * C4 + tid];
     }
+}
+
+@compute @workgroup_size(WG)
+fn main_rope_rows(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+//#if LANES
+                  @builtin(subgroup_size) sg_size: u32,
+//#endif
+) {
+    let w = plan(wid);
+    if (!w.ok) {
+        return;
+    }
+//#if LANES
+    if (lanes_fit(tid, sg_size)) {
+        let first = lane_first_loads(tid, wid.y, w);
+        draft_prologue(tid, wid.y, w);
+        attend_lanes(tid, wid, w, first, true);
+        return;
+    }
+//#endif
+    let first = first_loads(tid, wid.y, w);
+    draft_prologue(tid, wid.y, w);
     attend(tid, wid, w, first, true, kv_zero(), kv_zero());
 }
 
@@ -430,3 +529,194 @@ fn attend(tid: u32, wid: vec3<u32>, w: Work, first: FirstLoads, has_new: bool, n
         }
     }
 }
+
+//#if LANES
+// ---- The lane-group walk (see the top): rows r_begin .. r_end - 1 of this workgroup ----
+
+// The K and V words of this lane for the LANE_ROWS rows of one step (rows past the last re-read it).
+struct LaneLoads {
+//#for u in LANE_ROWS
+//#for j in LANE_VECS
+    k{{u}}_{{j}}: KVWord,
+    v{{u}}_{{j}}: KVWord,
+//#endfor
+//#endfor
+};
+
+// Last row this workgroup attends over.
+fn lane_last_row(w: Work) -> u32 {
+    return min(w.tile_end * TILE, w.kv_len) - 1u;
+}
+
+// Lane `lane` of lane group `lg`: its columns of rows base + u * NLG + lg (u < LANE_ROWS).
+fn lane_loads(lg: u32, lane: u32, kvh: u32, base: u32, last: u32) -> LaneLoads {
+    let col = kvh * C4 + lane * VPL;
+    var o: LaneLoads;
+//#for u in LANE_ROWS
+    {
+        let at = min(base + {{u}}u * NLG + lg, last) * KV_ROW4 + col;
+//#for j in LANE_VECS
+        o.k{{u}}_{{j}} = k_cache[at + {{j}}u];
+        o.v{{u}}_{{j}} = v_cache[at + {{j}}u];
+//#endfor
+    }
+//#endfor
+    return o;
+}
+
+// Row `row`'s word at head column c as this step sees it: rows the step computes itself come from
+// workgroup memory (main_rope's row pos, or the draft's rows from pos on).
+//#if DRAFT_ROWS
+fn lane_k(cached: KVWord, row: u32, c: u32, has_new: bool) -> KVWord {
+    return k_or_draft(cached, row, c);
+}
+
+fn lane_v(cached: KVWord, row: u32, c: u32, has_new: bool) -> KVWord {
+    return v_or_draft(cached, row, c);
+}
+//#else
+fn lane_k(cached: KVWord, row: u32, c: u32, has_new: bool) -> KVWord {
+    return select(cached, new_kv[c], has_new && row == params.pos);
+}
+
+fn lane_v(cached: KVWord, row: u32, c: u32, has_new: bool) -> KVWord {
+    return select(cached, new_kv[C4 + c], has_new && row == params.pos);
+}
+//#endif
+
+// The walk; `first` holds the first step's loads. qs (and new_kv / draft rows) are written before the
+// first barrier here. Writes what `attend` writes for a one-token workgroup.
+fn attend_lanes(tid: u32, wid: vec3<u32>, w: Work, first: LaneLoads, has_new: bool) {
+    let kvh = wid.y;
+    let lg = tid / LANES;
+    let lane = tid % LANES;
+    let walks = lg < NLG;
+    let r_begin = w.tile_begin * TILE;
+    let r_end = min(w.tile_end * TILE, w.kv_len);
+    let last = r_end - 1u;
+    let c0 = lane * VPL;
+    workgroupBarrier();
+//#for g in GQ
+//#for j in LANE_VECS
+    let q{{g}}_{{j}} = qs[{{g}}u * C4 + c0 + {{j}}u];
+    var acc{{g}}_{{j}} = vec4<f32>(0.0);
+//#endfor
+    var m{{g}} = NEG;
+    var l{{g}} = 0.0;
+//#endfor
+
+    var cur = first;
+    let n_steps = (r_end - r_begin + STEP_ROWS - 1u) / STEP_ROWS;  // uniform: the shuffles need it
+    for (var step = 0u; step < n_steps; step++) {
+        let base = r_begin + step * STEP_ROWS;
+        // The next step's loads first; they land while this step is computed.
+        let next = lane_loads(lg, lane, kvh, min(base + STEP_ROWS, last), last);
+//#for u in LANE_ROWS
+        let row{{u}} = base + {{u}}u * NLG + lg;
+        let ok{{u}} = walks && row{{u}} < r_end;
+        let rr{{u}} = min(row{{u}}, last);
+//#for j in LANE_VECS
+        let k{{u}}_{{j}} = kv_unpack(lane_k(cur.k{{u}}_{{j}}, rr{{u}}, c0 + {{j}}u, has_new));
+        let v{{u}}_{{j}} = kv_unpack(lane_v(cur.v{{u}}_{{j}}, rr{{u}}, c0 + {{j}}u, has_new));
+//#endfor
+//#for g in GQ
+        var s{{u}}_{{g}} = 0.0;
+//#for j in LANE_VECS
+        s{{u}}_{{g}} += dot(q{{g}}_{{j}}, k{{u}}_{{j}});
+//#endfor
+//#endfor
+//#endfor
+        // Each score summed over its lane group: xor partners stay inside the aligned group.
+//#for e in LANE_LEVELS
+//#for u in LANE_ROWS
+//#for g in GQ
+        s{{u}}_{{g}} += subgroupShuffleXor(s{{u}}_{{g}}, LANES >> ({{e}}u + 1u));
+//#endfor
+//#endfor
+//#endfor
+        // Online softmax per query head, once per step.
+//#for g in GQ
+        {
+            var mx = m{{g}};
+//#for u in LANE_ROWS
+            mx = max(mx, select(NEG, s{{u}}_{{g}}, ok{{u}}));
+//#endfor
+            let rescale = exp(m{{g}} - mx);
+            m{{g}} = mx;
+            var l = l{{g}} * rescale;
+//#for j in LANE_VECS
+            var a{{j}} = acc{{g}}_{{j}} * rescale;
+//#endfor
+//#for u in LANE_ROWS
+            {
+                let p = select(0.0, exp(s{{u}}_{{g}} - mx), ok{{u}});
+                l += p;
+//#for j in LANE_VECS
+                a{{j}} += p * v{{u}}_{{j}};
+//#endfor
+            }
+//#endfor
+            l{{g}} = l;
+//#for j in LANE_VECS
+            acc{{g}}_{{j}} = a{{j}};
+//#endfor
+        }
+//#endfor
+        cur = next;
+    }
+
+    // Merge the lane groups: in each round the upper half hands its partials to the lower half.
+    for (var half = NLG / 2u; half > 0u; half = half / 2u) {
+        if (lg >= half && lg < 2u * half) {
+            let slot = lg - half;
+//#for g in GQ
+            if (lane == 0u) {
+                merge_ml[slot * G + {{g}}u] = vec2<f32>(m{{g}}, l{{g}});
+            }
+//#for j in LANE_VECS
+            ks[(slot * G + {{g}}u) * C4 + c0 + {{j}}u] = acc{{g}}_{{j}};
+//#endfor
+//#endfor
+        }
+        workgroupBarrier();
+        if (lg < half) {
+//#for g in GQ
+            {
+                let other = merge_ml[lg * G + {{g}}u];
+                let mx = max(m{{g}}, other.x);
+                let a = exp(m{{g}} - mx);
+                let b = exp(other.x - mx);
+                m{{g}} = mx;
+                l{{g}} = l{{g}} * a + other.y * b;
+//#for j in LANE_VECS
+                acc{{g}}_{{j}} = acc{{g}}_{{j}} * a + ks[(lg * G + {{g}}u) * C4 + c0 + {{j}}u] * b;
+//#endfor
+            }
+//#endfor
+        }
+        workgroupBarrier();
+    }
+
+    if (lg == 0u) {
+        let t = w.t0;
+//#for g in GQ
+        {
+            let qh = kvh * G + {{g}}u;
+            if (SPLIT) {
+                let slot = (t * HQ + qh) * MAX_SPLITS + wid.x;
+//#for j in LANE_VECS
+                out[slot * C4 + c0 + {{j}}u] = acc{{g}}_{{j}};
+//#endfor
+                if (lane == 0u) {
+                    stats[slot] = vec2<f32>(m{{g}}, l{{g}});
+                }
+            } else {
+//#for j in LANE_VECS
+                out[t * Q_ROW4 + qh * C4 + c0 + {{j}}u] = acc{{g}}_{{j}} / l{{g}};
+//#endfor
+            }
+        }
+//#endfor
+    }
+}
+//#endif

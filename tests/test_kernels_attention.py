@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bitnet_web import gpu  # noqa: E402
+from bitnet_web.kernels import attention as attention_module  # noqa: E402
 from bitnet_web.kernels.attention import MAX_SPLITS, Attention, AttentionScratch, tile_rows  # noqa: E402
 from bitnet_web.kernels.common import StepParams  # noqa: E402
 from bitnet_web.kernels.kv_cache import KV_DTYPES, KVCache, KVCacheFullError, kv_bytes_per_token  # noqa: E402
@@ -242,6 +243,37 @@ def test_attention_matches_reference(device, kernels, n_heads, n_kv_heads, head_
     )  # fmt: skip
     q, k, v = random_qkv(rng, n_tokens, rows, n_heads, n_kv_heads, head_dim, dtype)
     got = layer.attend(q, k, v, pos)
+    np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("n_heads, n_kv_heads, head_dim", [(4, 4, 64), (10, 2, 128), (8, 2, 64), (4, 2, 256)])
+@pytest.mark.parametrize(
+    "walk", ["tiles", "lanes", "lanes, 1 row a step", "lanes, 3 rows a step", "lanes, splits of 3 tiles"]
+)
+@pytest.mark.parametrize("pos", [0, 45, 300, 1000])
+def test_decode_walks_match_reference(device, kernels, monkeypatch, n_heads, n_kv_heads, head_dim, walk, pos):
+    """Both walks of a one-token workgroup: the tile walk (five barriers a tile) and, where the device
+    has subgroups, the lane-group walk, with steps that end inside a split's rows (1 and 3 rows per lane
+    group and step), direct (pos 0, 45) and split (300: one tile a split, 1000: one or two; or at
+    least three tiles a split, SPLIT_MIN_TILES, which the combine must agree on)."""
+    if walk != "tiles" and "subgroups" not in device.features:
+        pytest.skip("the lane walk needs subgroups")
+    if walk.endswith("a step"):
+        monkeypatch.setattr(attention_module, "LANE_ROWS", int(walk.split()[1]))
+    if walk.endswith("tiles"):
+        monkeypatch.setattr(attention_module, "SPLIT_MIN_TILES", 3)
+    rng = np.random.default_rng(pos + head_dim + n_heads)
+    rows = pos + 1
+    layer = Layer(
+        device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=1, max_context=1024,
+        initial_capacity=rows,
+    )  # fmt: skip
+    attention = layer.make_attention(kernels, 1, lanes=walk != "tiles")
+    assert attention.lanes == (walk != "tiles")
+    for buffer in (attention.scratch.acc, attention.scratch.stats):  # a partial read but never written shows
+        device.upload(buffer, 0, np.full(buffer.nbytes // 4, np.nan, dtype=np.float32))
+    q, k, v = random_qkv(rng, 1, rows, n_heads, n_kv_heads, head_dim, "f16")
+    got = layer.attend(q, k, v, pos, attention=attention)
     np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
 
 

@@ -58,7 +58,7 @@ def test_verify_rows_equal_decode_steps_bit_for_bit(tmp_path, gpu_kernels):
     crosses into the split attention, and one past it; with the adapter's own kernel choice and with
     the discrete GPU's (the fused norm + GEMV)."""
     path = tmp_path / "small.gguf"
-    write_random_bitnet(str(path), vocab_size=VOCAB, context_length=256, seed=16, **SMALL)
+    write_random_bitnet(str(path), vocab_size=VOCAB, context_length=512, seed=16, **SMALL)
     engine = Engine(prefill_chunk=64)
     try:
         engine.load(str(path))

@@ -17,6 +17,7 @@ GB/s counts the bytes each dispatch must read (weights + activations).
     python tools/bench_kernels.py --gemv-sweep default,16x2x4  # whole steps per fused-GEMV tiling
     python tools/bench_kernels.py --gemv-sweep default,8x4x4x32 --ablate-rows 1,7 --model FILE  # xTHREADS, T rows
     python tools/bench_kernels.py --splits-sweep 64,128 --contexts 1024,4000  # per decode-attention split cap
+    python tools/bench_kernels.py --walks tiles,lanes,lanes2 --contexts 16,64,1024,4000  # decode attention walks
     python tools/bench_kernels.py --ablate none,attention,head --contexts 64,4000  # wall cost of each part
     python tools/bench_kernels.py --ablate none,combine --contexts 64,4000  # ... of the split-combine dispatch
     python tools/bench_kernels.py --dispatch-floor  # what a chain of dependent dispatches costs by itself
@@ -341,6 +342,51 @@ def bench_splits_sweep(args: argparse.Namespace) -> None:
     print_context_tables(results, caps, contexts, lambda c: f"splits <= {c}")
 
 
+def bench_walks(args: argparse.Namespace) -> None:
+    """Whole synthetic-model steps (T in --ablate-rows) at several cached contexts for each walk of the
+    one-token attention workgroups: `tiles` (the tile walk), `lanes` (the lane-group walk, LANE_ROWS
+    rows per group and step) or `lanesR` (R rows a step); options `-dN`, `-sN` and `-mN` set
+    DIRECT_MAX_TILES, SPLIT_MIN_TILES and MAX_SPLITS to N (e.g. lanes,lanes2-d16-m32). The model is
+    loaded once per walk and pass. Wall ms per step, two passes."""
+    from bitnet_web.bench import synthetic_model  # noqa: PLC0415
+    from bitnet_web.engine import Engine  # noqa: PLC0415
+    from bitnet_web.kernels import attention  # noqa: PLC0415
+
+    contexts = [int(c) for c in args.contexts.split(",")]
+    rows = [int(t) for t in args.ablate_rows.split(",")]
+    walks = args.walks.split(",")
+    path = synthetic_model(args.shape)
+    names = ("USE_LANES", "LANE_ROWS", "DIRECT_MAX_TILES", "SPLIT_MIN_TILES", "MAX_SPLITS")
+    option_names = {"d": "DIRECT_MAX_TILES", "s": "SPLIT_MIN_TILES", "m": "MAX_SPLITS"}
+    saved = {name: getattr(attention, name) for name in names}
+    results: dict[tuple[int, str, int, int], float] = {}
+    for rnd in range(2):
+        for walk in walks:
+            name, *options = walk.split("-")
+            if name != "tiles" and not name.startswith("lanes") or any(o[:1] not in option_names for o in options):
+                raise SystemExit(f"--walks: unknown walk {walk!r} (tiles, lanes, lanesR, each with -dN, -sN, -mN)")
+            attention.USE_LANES = name != "tiles"
+            attention.LANE_ROWS = int(name[5:]) if name[5:] else saved["LANE_ROWS"]
+            for option in options:
+                setattr(attention, option_names[option[0]], int(option[1:]))
+            engine = Engine()
+            try:
+                engine.load(path)
+                model = engine.model
+                ready_for_steps(model, contexts)
+                lanes = model.layer_ops[0].attention.lanes
+                for ctx in contexts:
+                    for t in rows:
+                        step = lambda t=t, ctx=ctx, model=model: model._record_step(t, all_logits=True, pos=ctx)  # noqa: E731
+                        results[(rnd, walk, ctx, t)] = s = time_steps(engine.device, step, 32, args.rounds)
+                        print(f"pass {rnd} {walk} (lanes {lanes}) ctx {ctx} T={t}: {s * 1e3:7.3f} ms", flush=True)
+            finally:
+                engine.close()
+                for name, value in saved.items():
+                    setattr(attention, name, value)
+    print_context_tables(results, walks, contexts, str, rows)
+
+
 FLOOR_WGSL = """
 @group(0) @binding(0) var<storage, read_write> buf: array<u32>;
 @compute @workgroup_size(${WG})
@@ -569,6 +615,9 @@ def main() -> None:
         "--splits-sweep", default="", help="whole steps per MAX_SPLITS cap (e.g. 32,64,128), --contexts"
     )
     parser.add_argument(
+        "--walks", default="", help="whole steps per decode-attention walk (tiles, lanes, lanesR), --contexts"
+    )
+    parser.add_argument(
         "--ablate", default="", help=f"whole steps with parts left out, --contexts; some of {','.join(ABLATIONS)}"
     )
     parser.add_argument("--ablate-rows", default="1,3", help="--ablate, --gemv-sweep: token rows of the steps (T)")
@@ -583,6 +632,9 @@ def main() -> None:
         return
     if args.splits_sweep:
         bench_splits_sweep(args)
+        return
+    if args.walks:
+        bench_walks(args)
         return
     if args.gemv_sweep:
         bench_gemv_sweep(args)

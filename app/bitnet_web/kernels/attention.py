@@ -11,8 +11,12 @@ Two paths, both built at construction, chosen per step by the number of tokens:
 Built with `rope=` (the layer's RopeKV), a one-token step also folds RoPE + the KV append into the
 attention kernel, and runs in a single dispatch (no split) while pos < DIRECT_MAX_TILES tiles; so do the
 2..max_tokens_split rows of a speculative verify step (`main_rope_rows`), each row as its decode step.
+One-token workgroups (decode, verify rows) walk their rows by lane groups where the device has
+subgroups (attention.wgsl `attend_lanes`: no barrier inside the walk), else by 16-row tiles in
+workgroup memory; the kernel checks the subgroup size itself and falls back to the tiles.
 What this costs in a whole step, part by part (the dispatches, the combine, the tile loop's phases):
-docs/performance.md, session 14 (`tools/bench_kernels.py --ablate none,combine,attention`).
+docs/performance.md, sessions 14 and 16 (`tools/bench_kernels.py --ablate none,combine,attention`,
+`--walks tiles,lanes`).
 """
 
 from __future__ import annotations
@@ -20,26 +24,55 @@ from __future__ import annotations
 import math
 
 from .. import gpu
-from .common import STEP_PARAMS_WGSL, KernelCache, StepParams
+from .common import STEP_PARAMS_WGSL, KernelCache, StepParams, subgroups_available, wgsl_enables
 from .kv_cache import F32, KVCache
 from .rope import RopeKV
 
 WORKGROUP = 256  # invocations of the attention and combine workgroups (the WebGPU default maximum)
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)  # HD / 4 must divide WORKGROUP
 MAX_SPLITS = 64  # most workgroups one KV head's decode is split over (partials merged by the combine)
-# Fused decode up to this many tiles runs in one dispatch, without split + combine: past 64 rows one
-# workgroup per KV head costs more than the combine dispatch (tools/bench_kernels.py --direct-sweep).
-DIRECT_MAX_TILES = 4
+# Fused decode up to this many tiles runs in one dispatch, without split + combine: past 128 rows one
+# workgroup per KV head costs more than the combine dispatch (tools/bench_kernels.py --walks).
+DIRECT_MAX_TILES = 8
+# Past the direct limit, each split workgroup takes at least this many tiles (fewer partials to combine).
+SPLIT_MIN_TILES = 1
 # attention_prefill.wgsl: query rows per workgroup (tried largest first until workgroup memory fits) and
 # query rows per thread (the workgroup has 16 * rows / RQ threads).
 PREFILL_QUERY_ROWS = (32, 16)
 PREFILL_ROWS_PER_THREAD = 4
 PREFILL_KEYS = 32  # key rows per tile of attention_prefill.wgsl (its TK)
+# The lane-group walk of one-token workgroups (attention.wgsl `attend_lanes`, where the device has
+# subgroups): invocations sharing a K/V row on a GPU (at most; a CPU adapter's subgroups are narrower)
+# and rows each lane group takes per step.
+USE_LANES = True
+LANES_GPU = 32
+LANES_CPU = 8
+LANE_ROWS = 2
 
 
 def tile_rows(head_dim: int) -> int:
     """Key rows per attention tile: a K tile is 2 vec4 per invocation (TILE * head_dim / 4 = 2 * WORKGROUP)."""
     return 2 * WORKGROUP * 4 // head_dim
+
+
+def lane_shape(head_dim: int, group: int, cpu: bool, lane_rows: int | None = None) -> dict[str, int]:
+    """The lane walk's constants: LANES invocations per row (each VPL vec4 columns), NLG lane groups
+    (as many as the workgroup holds, fewer where half of their partials would not fit the K tile's
+    workgroup memory, which the final merge borrows), LANE_ROWS rows per group and step."""
+    c4 = head_dim // 4
+    lanes = min(LANES_CPU if cpu else LANES_GPU, c4)
+    groups = WORKGROUP // lanes
+    ks_vec4 = tile_rows(head_dim) * (c4 + 1)
+    while groups > 1 and groups // 2 * group * c4 > ks_vec4:
+        groups //= 2
+    return dict(
+        LANES=lanes,
+        LANE_VECS=c4 // lanes,
+        LANE_GROUPS=groups,
+        LANE_ROWS=lane_rows or LANE_ROWS,
+        LANE_LEVELS=lanes.bit_length() - 1,
+        GQ=group,
+    )
 
 
 def max_query_heads_per_kv(head_dim: int) -> int:
@@ -64,8 +97,9 @@ class AttentionScratch:
         head_dim: int,
         max_context: int,
         max_tokens_split: int = 1,
-        max_splits: int = MAX_SPLITS,
+        max_splits: int | None = None,
     ):
+        max_splits = MAX_SPLITS if max_splits is None else max_splits
         # attention_combine.wgsl reduces the partials' maxima in one tree over a workgroup
         if max_splits & (max_splits - 1) or not 0 < max_splits <= WORKGROUP:
             raise ValueError(f"AttentionScratch: max_splits must be a power of two up to {WORKGROUP}, got {max_splits}")
@@ -109,6 +143,7 @@ class Attention:
         tiled_prefill: bool = True,
         prefill_query_rows: int | None = None,
         prefill_rows_per_thread: int | None = None,
+        lanes: bool | None = None,
     ):
         device = kernels.device
         n_kv_heads, head_dim = cache.n_kv_heads, cache.head_dim
@@ -142,6 +177,7 @@ class Attention:
                 f"workgroup (at most {max_query_rows})"
             )
         self.block_tokens = max_query_rows // group  # BQ: tokens per prefill workgroup
+        self.split_tiles = SPLIT_MIN_TILES
         limit = device.limits.max_compute_workgroup_storage_size
         if _workgroup_bytes(self.block_tokens * group, head_dim) > limit:
             raise ValueError(
@@ -171,6 +207,7 @@ class Attention:
             WG=WORKGROUP,
             MAX_SPLITS=scratch.max_splits,
             DIRECT_TILES=DIRECT_MAX_TILES,
+            SPLIT_TILES=SPLIT_MIN_TILES,
             SCALE=float(1.0 / math.sqrt(head_dim)) if scale is None else float(scale),
             ROPE_DIM=rope.table.rope_dim if rope is not None else head_dim,
             NEOX=rope.style == "neox" if rope is not None else True,
@@ -179,17 +216,22 @@ class Attention:
         )
         kv = cache.defines  # the cache's element type (shaders/_kv.wgsl)
         self.prefill_pipeline = kernels.pipeline("attention", defines=kv, BQ=self.block_tokens, SPLIT=False, **shape)
+        # One-token workgroups (decode, verify rows) walk with lane groups where subgroups exist.
+        self.lanes = (USE_LANES if lanes is None else lanes) and subgroups_available(device)
+        one = dict(shape, BQ=1)
+        if self.lanes:
+            one.update(lane_shape(head_dim, group, device.is_cpu, LANE_ROWS))
+            one["enables"] = wgsl_enables(device, subgroups=True)
+        lanes_kv = (*kv, "LANES") if self.lanes else kv
         self.tiled = None  # (pipeline, tokens per workgroup) of attention_prefill.wgsl, when it fits
         if tiled_prefill:
             self.tiled = _tiled_prefill_pipeline(
                 kernels, shape, kv, group, prefill_query_rows, prefill_rows_per_thread or PREFILL_ROWS_PER_THREAD
             )
-        self.split_pipeline = kernels.pipeline("attention", defines=kv, BQ=1, SPLIT=True, **shape)
+        self.split_pipeline = kernels.pipeline("attention", defines=lanes_kv, SPLIT=True, **one)
         if self.fused_rope:
-            self.rope_split_pipeline = kernels.pipeline("attention", "main_rope", defines=kv, BQ=1, SPLIT=True, **shape)
-            self.rope_direct_pipeline = kernels.pipeline(
-                "attention", "main_rope", defines=kv, BQ=1, SPLIT=False, **shape
-            )
+            self.rope_split_pipeline = kernels.pipeline("attention", "main_rope", defines=lanes_kv, SPLIT=True, **one)
+            self.rope_direct_pipeline = kernels.pipeline("attention", "main_rope", defines=lanes_kv, SPLIT=False, **one)
         # Verify rows (2..max_tokens_split tokens) with RoPE and the KV append fused in, where the
         # draft's rows fit in workgroup memory beside the tiles: one dispatch fewer per layer. Built
         # now on a GPU (compiled with the rest during the load); on a CPU adapter, which does not
@@ -199,7 +241,7 @@ class Attention:
         if _workgroup_bytes(group, head_dim) + draft_bytes > limit:
             self.draft_rows_max = 0
         self.draft_rows = 0  # verify rows up to this take main_rope_rows (0: not built)
-        self._rows_pipeline_args = dict(defines=(*kv, "DRAFT_ROWS"), BQ=1, MAX_DRAFT=self.draft_rows_max, **shape)
+        self._rows_pipeline_args = dict(defines=(*lanes_kv, "DRAFT_ROWS"), MAX_DRAFT=self.draft_rows_max, **one)
         self._kernels = kernels
         self.combine_pipeline = kernels.pipeline(
             "attention_combine",
@@ -210,6 +252,7 @@ class Attention:
             WG=WORKGROUP,
             MAX_SPLITS=scratch.max_splits,
             DIRECT_TILES=DIRECT_MAX_TILES,
+            SPLIT_TILES=SPLIT_MIN_TILES,
         )
         self.combine_group = device.bind_group(
             self.combine_pipeline, [params.buffer, scratch.acc, scratch.stats, out], f"attention combine {layer}"
@@ -283,8 +326,9 @@ class Attention:
         if not 0 < n_tokens <= self.max_tokens:
             raise ValueError(f"Attention layer {self.layer}: n_tokens {n_tokens} outside 1..{self.max_tokens}")
         max_splits = self.scratch.max_splits
-        tiles = max_splits if pos is None else -(-(pos + n_tokens) // self.tile)
-        splits = min(max_splits, 1 << (tiles - 1).bit_length())
+        split_tiles = self.split_tiles
+        tiles = max_splits * split_tiles if pos is None else -(-(pos + n_tokens) // self.tile)
+        splits = min(max_splits, 1 << (-(-tiles // split_tiles) - 1).bit_length())
         if self.fused_rope and n_tokens == 1:
             if pos is not None and pos < DIRECT_MAX_TILES * self.tile:
                 recorder.dispatch(self.rope_direct_pipeline, self.rope_direct_group, 1, self.n_kv_heads, 1)
@@ -362,6 +406,8 @@ def _tiled_prefill_pipeline(
 
 
 def _workgroup_bytes(query_rows: int, head_dim: int) -> int:
-    # ks [TILE, HD + 4] + vs [TILE, HD] + qs [NQ, HD] + probs, red [NQ, TILE] + m/l/alpha [NQ], all 4-byte
+    # ks [TILE, HD + 4] + vs [TILE, HD] + qs [NQ, HD] + probs, red [NQ, TILE] + m/l/alpha [NQ], all 4-byte;
+    # the lane walk's new row (2 HD, as f32 at most), merge (m, l) [WG / 2] and flag
     tile = tile_rows(head_dim)
-    return (tile * (2 * head_dim + 4) + query_rows * (head_dim + 2 * tile + 3)) * F32
+    lanes = 2 * head_dim + WORKGROUP + 1
+    return (tile * (2 * head_dim + 4) + query_rows * (head_dim + 2 * tile + 3) + lanes) * F32
