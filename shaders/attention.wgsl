@@ -40,32 +40,31 @@
 //   exactly as the decode step of that token would (greedy output identical to plain decoding).
 //   Dispatch (>= n_splits, HKV, T); workgroups without tiles exit at once.
 //
-// Entry points:
-//   main       queries from `q` (RoPE already applied, K/V rows already appended by rope.wgsl).
-//   main_rope  decode of one token with RoPE fused in (saves rope.wgsl's dispatch): binding 1 is then
+// Variants (one entry point, `main`; defines pick its prologue):
+//   plain      queries from `q` (RoPE already applied, K/V rows already appended by rope.wgsl).
+//   ROPE       decode of one token with RoPE fused in (saves rope.wgsl's dispatch): binding 1 is then
 //              the fused projection qkv, and the queries are rotated on load; row pos (rotated k,
-//              plain v) is computed in registers, used in place of the cache row by the tile loads,
-//              and appended to the cache by the workgroup whose tiles hold it (nothing in the
+//              plain v) is computed in registers, used in place of the cache row by the walk's
+//              loads, and appended to the cache by the workgroup whose tiles hold it (nothing in the
 //              dispatch reads it back from memory). n_tokens must be 1. Rotation as in rope.wgsl;
 //              needs ROPE_DIM % 8 == 0.
-//   main_rope_rows (built with DRAFT_ROWS; BQ = 1): main_rope for the T <= MAX_DRAFT rows of a
-//              speculative verify step, one token per workgroup row z. Token t's workgroups rotate
-//              rows pos .. pos + t of their KV head (the draft's rows up to t) into workgroup memory,
-//              so no workgroup waits for another's append; each token's row is appended by the
-//              workgroup whose tiles hold it. Row for row what main_rope computes for that token's
-//              decode step (the same rotation and packing, the same tiles), so verify rows round
-//              exactly as decode steps.
+//   DRAFT_ROWS (BQ = 1): ROPE for the T <= MAX_DRAFT rows of a speculative verify step, one token
+//              per workgroup row z. Token t's workgroups rotate rows pos .. pos + t of their KV head
+//              (the draft's rows up to t) into workgroup memory, so no workgroup waits for another's
+//              append; each token's row is appended by the workgroup whose tiles hold it. Row for
+//              row what ROPE computes for that token's decode step (the same rotation and packing,
+//              the same walk), so verify rows round exactly as decode steps.
 //
-// Bindings (main uses 0-5, main_rope 0-6):
+// Bindings (plain uses 0-5, ROPE and DRAFT_ROWS 0-6):
 //   0 params   uniform StepParams
-//   1 q        main: [T, HQ * HD] f32 (vec4), rotated queries;
-//              main_rope: qkv [1, (HQ + 2 * HKV) * HD] f32 (vec4), fused projection (q, k, v heads)
+//   1 q        plain: [T, HQ * HD] f32 (vec4), rotated queries;
+//              ROPE, DRAFT_ROWS: qkv [T, (HQ + 2 * HKV) * HD] f32 (vec4), fused projection (q, k, v heads)
 //   2 k_cache  [capacity, HKV * HD] f16 pairs in u32, KVWord per 4 values (_kv.wgsl; f32 with
-//              KV_F32) (read_write only for main_rope's append)
+//              KV_F32) (read_write only for the append)
 //   3 v_cache  [capacity, HKV * HD] likewise
 //   4 out      SPLIT: partial acc [MAX_TOKENS_SPLIT, HQ, MAX_SPLITS, HD] f32; else [T, HQ * HD] f32
 //   5 stats    SPLIT: partial (m, l) [MAX_TOKENS_SPLIT, HQ, MAX_SPLITS] vec2<f32>; else not written
-//   6 table    main_rope: [n_positions, ROPE_DIM / 2] (cos, sin) pairs, read as vec4 (two pairs)
+//   6 table    ROPE, DRAFT_ROWS: [n_positions, ROPE_DIM / 2] (cos, sin) pairs, read as vec4 (two pairs)
 
 ${STEP_PARAMS}
 //#include _kv
@@ -124,8 +123,8 @@ const STEP_ROWS: u32 = NLG * LANE_ROWS;
 // ((NLG / 2) * G * C4 vec4 fit there: Attention checks it).
 var<workgroup> merge_ml: array<vec2<f32>, max(NLG / 2u * G, 1u)>;
 var<workgroup> lanes_ok_wg: u32;
-//#if !DRAFT_ROWS
-var<workgroup> new_kv: array<KVWord, 2u * C4>;  // main_rope's row pos of this KV head: K, then V
+//#if ROPE
+var<workgroup> new_kv: array<KVWord, 2u * C4>;  // ROPE's row pos of this KV head: K, then V
 //#endif
 //#endif
 
@@ -240,8 +239,8 @@ fn lane_first_loads(tid: u32, kvh: u32, w: Work) -> LaneLoads {
 }
 //#endif
 
-//#if !DRAFT_ROWS
-// main_rope's prologue: queries rotated into qs; row pos of this KV head (rotated k, plain v) computed
+//#if ROPE
+// ROPE's prologue: queries rotated into qs; row pos of this KV head (rotated k, plain v) computed
 // by every invocation for its own column (all loads independent) and appended by the workgroup whose
 // tiles hold it (nothing in this dispatch reads it back from memory). Packed as stored, so this step
 // sees the row exactly as later steps will read it.
@@ -264,56 +263,10 @@ fn rope_prologue(tid: u32, kvh: u32, w: Work) -> NewRow {
     return row;
 }
 
-@compute @workgroup_size(WG)
-fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>,
-//#if LANES
-        @builtin(subgroup_size) sg_size: u32,
-//#endif
-) {
-    let w = plan(wid);
-    if (!w.ok) {
-        return;
-    }
-//#if LANES
-    if (lanes_fit(tid, sg_size)) {
-        let first = lane_first_loads(tid, wid.y, w);
-        fill_queries(tid, wid.y, w);
-        attend_lanes(tid, wid, w, first, false);
-        return;
-    }
-//#endif
-    let first = first_loads(tid, wid.y, w);
-    fill_queries(tid, wid.y, w);
-    attend(tid, wid, w, first, false, kv_zero(), kv_zero());
-}
-
-@compute @workgroup_size(WG)
-fn main_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>,
-//#if LANES
-             @builtin(subgroup_size) sg_size: u32,
-//#endif
-) {
-    let w = plan(wid);
-    if (!w.ok) {
-        return;
-    }
-//#if LANES
-    if (lanes_fit(tid, sg_size)) {
-        let first = lane_first_loads(tid, wid.y, w);
-        rope_prologue(tid, wid.y, w);
-        attend_lanes(tid, wid, w, first, true);
-        return;
-    }
-//#endif
-    let first = first_loads(tid, wid.y, w);
-    let row = rope_prologue(tid, wid.y, w);
-    attend(tid, wid, w, first, true, row.k, row.v);
-}
-
 //#endif
 
 //#if DRAFT_ROWS
-// main_rope_rows' prologue: rows pos .. pos + t of this KV head into workgroup memory (as main_rope
+// DRAFT_ROWS' prologue: rows pos .. pos + t of this KV head into workgroup memory (as ROPE
 // computes its row pos, packed as stored), token t's rotated queries into qs, and token t's row
 // appended by the workgroup whose tiles hold it (nothing in this dispatch reads it back).
 fn draft_prologue(tid: u32, kvh: u32, w: Work) {
@@ -334,11 +287,37 @@ fn draft_prologue(tid: u32, kvh: u32, w: Work) {
         v_cache[row * KV_ROW4 + kvh * C4 + tid] = draft_v[t * C4 + tid];
     }
 }
+//#endif
 
+// What a workgroup does before its walk: the queries of plain `main`, or the ROPE or DRAFT_ROWS
+// prologue (each variant only calls its own, so a pipeline binds only the buffers it reads).
+fn prologue(tid: u32, kvh: u32, w: Work) -> NewRow {
+//#if DRAFT_ROWS
+    draft_prologue(tid, kvh, w);
+//#else
+//#if ROPE
+    return rope_prologue(tid, kvh, w);
+//#else
+    fill_queries(tid, kvh, w);
+//#endif
+//#endif
+    return NewRow(kv_zero(), kv_zero());
+}
+
+// The tile walk takes row pos from the prologue's registers (ROPE); DRAFT_ROWS reads its rows from
+// workgroup memory instead (k_or_draft).
+//#if ROPE
+const HAS_NEW: bool = true;
+//#else
+const HAS_NEW: bool = false;
+//#endif
+
+// The plan, the first loads (issued before the prologue, so their latency overlaps it), the prologue,
+// then the lane-group walk or the tile walk.
 @compute @workgroup_size(WG)
-fn main_rope_rows(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>,
 //#if LANES
-                  @builtin(subgroup_size) sg_size: u32,
+        @builtin(subgroup_size) sg_size: u32,
 //#endif
 ) {
     let w = plan(wid);
@@ -348,16 +327,17 @@ fn main_rope_rows(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
 //#if LANES
     if (lanes_fit(tid, sg_size)) {
         let first = lane_first_loads(tid, wid.y, w);
-        draft_prologue(tid, wid.y, w);
-        attend_lanes(tid, wid, w, first, true);
+        prologue(tid, wid.y, w);
+        attend_lanes(tid, wid, w, first);
         return;
     }
 //#endif
     let first = first_loads(tid, wid.y, w);
-    draft_prologue(tid, wid.y, w);
-    attend(tid, wid, w, first, true, kv_zero(), kv_zero());
+    let row = prologue(tid, wid.y, w);
+    attend(tid, wid, w, first, HAS_NEW, row.k, row.v);
 }
 
+//#if DRAFT_ROWS
 // Row `row` at this invocation's column (lc within the head), given its cache word: rows from pos on
 // are the draft's, from workgroup memory.
 fn k_or_draft(cached: KVWord, row: u32, lc: u32) -> KVWord {
@@ -565,28 +545,34 @@ fn lane_loads(lg: u32, lane: u32, kvh: u32, base: u32, last: u32) -> LaneLoads {
 }
 
 // Row `row`'s word at head column c as this step sees it: rows the step computes itself come from
-// workgroup memory (main_rope's row pos, or the draft's rows from pos on).
+// workgroup memory (ROPE's row pos, or the draft's rows from pos on).
+fn lane_k(cached: KVWord, row: u32, c: u32) -> KVWord {
 //#if DRAFT_ROWS
-fn lane_k(cached: KVWord, row: u32, c: u32, has_new: bool) -> KVWord {
     return k_or_draft(cached, row, c);
-}
-
-fn lane_v(cached: KVWord, row: u32, c: u32, has_new: bool) -> KVWord {
-    return v_or_draft(cached, row, c);
-}
 //#else
-fn lane_k(cached: KVWord, row: u32, c: u32, has_new: bool) -> KVWord {
-    return select(cached, new_kv[c], has_new && row == params.pos);
+//#if ROPE
+    return select(cached, new_kv[c], row == params.pos);
+//#else
+    return cached;
+//#endif
+//#endif
 }
 
-fn lane_v(cached: KVWord, row: u32, c: u32, has_new: bool) -> KVWord {
-    return select(cached, new_kv[C4 + c], has_new && row == params.pos);
-}
+fn lane_v(cached: KVWord, row: u32, c: u32) -> KVWord {
+//#if DRAFT_ROWS
+    return v_or_draft(cached, row, c);
+//#else
+//#if ROPE
+    return select(cached, new_kv[C4 + c], row == params.pos);
+//#else
+    return cached;
 //#endif
+//#endif
+}
 
 // The walk; `first` holds the first step's loads. qs (and new_kv / draft rows) are written before the
 // first barrier here. Writes what `attend` writes for a one-token workgroup.
-fn attend_lanes(tid: u32, wid: vec3<u32>, w: Work, first: LaneLoads, has_new: bool) {
+fn attend_lanes(tid: u32, wid: vec3<u32>, w: Work, first: LaneLoads) {
     let kvh = wid.y;
     let lg = tid / LANES;
     let lane = tid % LANES;
@@ -616,8 +602,8 @@ fn attend_lanes(tid: u32, wid: vec3<u32>, w: Work, first: LaneLoads, has_new: bo
         let ok{{u}} = walks && row{{u}} < r_end;
         let rr{{u}} = min(row{{u}}, last);
 //#for j in LANE_VECS
-        let k{{u}}_{{j}} = kv_unpack(lane_k(cur.k{{u}}_{{j}}, rr{{u}}, c0 + {{j}}u, has_new));
-        let v{{u}}_{{j}} = kv_unpack(lane_v(cur.v{{u}}_{{j}}, rr{{u}}, c0 + {{j}}u, has_new));
+        let k{{u}}_{{j}} = kv_unpack(lane_k(cur.k{{u}}_{{j}}, rr{{u}}, c0 + {{j}}u));
+        let v{{u}}_{{j}} = kv_unpack(lane_v(cur.v{{u}}_{{j}}, rr{{u}}, c0 + {{j}}u));
 //#endfor
 //#for g in GQ
         var s{{u}}_{{g}} = 0.0;

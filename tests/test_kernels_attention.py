@@ -103,6 +103,7 @@ class Layer:
         initial_capacity=256,
         fused=False,
         dtype="f16",
+        lanes=None,
     ):
         self.device = device
         self.n_heads = n_heads
@@ -118,7 +119,7 @@ class Layer:
             max_tokens=max_tokens,
         )  # fmt: skip
         self.fused = fused
-        self.attention = self.make_attention(kernels, max_tokens, rope=self.rope if fused else None)
+        self.attention = self.make_attention(kernels, max_tokens, rope=self.rope if fused else None, lanes=lanes)
 
     def make_attention(self, kernels, max_tokens, **options) -> Attention:
         return Attention(
@@ -385,16 +386,18 @@ def test_long_context_decode_with_fused_rope(device, kernels, style, pass_pos):
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("style, rope_dim", [("neox", 64), ("interleaved", 64), ("neox", 32)])
 @pytest.mark.parametrize("dtype", ["f16", "f32"])
-def test_prefill_then_decode_with_cache_growth(device, kernels, style, rope_dim, fused, dtype):
+@pytest.mark.parametrize("lanes", [True, False], ids=["lane-walk", "tile-walk"])
+def test_prefill_then_decode_with_cache_growth(device, kernels, style, rope_dim, fused, dtype, lanes):
     """RopeKV + Attention in one recorder (or RoPE fused into the decode kernel): a 13-token prefill,
     then decode steps that grow the cache from 16 rows through 32 to 64; the rows written before each
-    growth must survive the copy, and the rebound ops must use the new buffers."""
+    growth must survive the copy, and the rebound ops must use the new buffers. Both walks of the decode
+    workgroups (the lane walk where the device has subgroups)."""
     n_heads, n_kv_heads, head_dim, theta = 4, 2, 64, 10000.0
     rng = np.random.default_rng(7)
     width = (n_heads + 2 * n_kv_heads) * head_dim
     layer = Layer(
         device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=13, max_context=100,
-        rope_dim=rope_dim, theta=theta, style=style, initial_capacity=16, fused=fused, dtype=dtype,
+        rope_dim=rope_dim, theta=theta, style=style, initial_capacity=16, fused=fused, dtype=dtype, lanes=lanes,
     )  # fmt: skip
     all_qkv = rng.standard_normal((40, width)).astype(np.float32)
     q, k, v = split_qkv(all_qkv, n_heads, n_kv_heads, head_dim)

@@ -18,6 +18,7 @@ from test_model import SMALL, VOCAB, assert_logits_close
 from bitnet_web.convert.synthetic import write_random_bitnet
 from bitnet_web.engine import Engine
 from bitnet_web.formats.gguf_reader import open_gguf
+from bitnet_web.kernels import attention as attention_module
 from bitnet_web.kernels.attention import DIRECT_MAX_TILES
 from bitnet_web.kernels.common import SMALL_T_MAX
 from bitnet_web.kernels.linear import SMALL_T_PATHS
@@ -49,14 +50,20 @@ def test_verify_rows_match_reference(tmp_path, path):
         engine.close()
 
 
-@pytest.mark.parametrize("gpu_kernels", [False, True], ids=["adapter-default", "gpu-kernels"])
-def test_verify_rows_equal_decode_steps_bit_for_bit(tmp_path, gpu_kernels):
+@pytest.mark.parametrize(
+    "gpu_kernels, lanes",
+    [(False, True), (True, True), (False, False)],
+    ids=["adapter-default", "gpu-kernels", "tile-walk"],
+)
+def test_verify_rows_equal_decode_steps_bit_for_bit(tmp_path, monkeypatch, gpu_kernels, lanes):
     """Greedy speculative output equals plain decoding only if each verify row computes exactly the
     logits of its decode step: same kernels per row, same reduction order (a last-bit difference can
     flip an int8 activation code and, at a near tie, the greedy token). Contexts where decode takes
     the one-dispatch attention (under DIRECT_MAX_TILES tiles: one tile, several tiles), a step that
     crosses into the split attention, and one past it; with the adapter's own kernel choice and with
-    the discrete GPU's (the fused norm + GEMV)."""
+    the discrete GPU's (the fused norm + GEMV); and with the attention's tile walk (devices whose
+    subgroups are narrower than a lane group)."""
+    monkeypatch.setattr(attention_module, "USE_LANES", lanes)
     path = tmp_path / "small.gguf"
     write_random_bitnet(str(path), vocab_size=VOCAB, context_length=512, seed=16, **SMALL)
     engine = Engine(prefill_chunk=64)
@@ -67,6 +74,7 @@ def test_verify_rows_equal_decode_steps_bit_for_bit(tmp_path, gpu_kernels):
         for layer in model.layer_ops:  # as the first speculative reply does (built at load on a GPU)
             layer.attention.prepare_draft_rows()
         assert model.layer_ops[0].attention.draft_rows >= 5, "verify rows must take the fused RoPE kernel"
+        assert model.layer_ops[0].attention.lanes == (lanes and "subgroups" in engine.device.features)
         if gpu_kernels:
             for layer in model.layer_ops:
                 for op in (layer.qkv, layer.wo, layer.gate_up, layer.down):

@@ -10,7 +10,7 @@ Two paths, both built at construction, chosen per step by the number of tokens:
   attention.wgsl's prefill path (8 query rows x 16 keys).
 Built with `rope=` (the layer's RopeKV), a one-token step also folds RoPE + the KV append into the
 attention kernel, and runs in a single dispatch (no split) while pos < DIRECT_MAX_TILES tiles; so do the
-2..max_tokens_split rows of a speculative verify step (`main_rope_rows`), each row as its decode step.
+2..max_tokens_split rows of a speculative verify step (its DRAFT_ROWS variant), each row as its decode step.
 One-token workgroups (decode, verify rows) walk their rows by lane groups where the device has
 subgroups (attention.wgsl `attend_lanes`: no barrier inside the walk), else by 16-row tiles in
 workgroup memory; the kernel checks the subgroup size itself and falls back to the tiles.
@@ -230,8 +230,9 @@ class Attention:
             )
         self.split_pipeline = kernels.pipeline("attention", defines=lanes_kv, SPLIT=True, **one)
         if self.fused_rope:
-            self.rope_split_pipeline = kernels.pipeline("attention", "main_rope", defines=lanes_kv, SPLIT=True, **one)
-            self.rope_direct_pipeline = kernels.pipeline("attention", "main_rope", defines=lanes_kv, SPLIT=False, **one)
+            rope_kv = (*lanes_kv, "ROPE")
+            self.rope_split_pipeline = kernels.pipeline("attention", defines=rope_kv, SPLIT=True, **one)
+            self.rope_direct_pipeline = kernels.pipeline("attention", defines=rope_kv, SPLIT=False, **one)
         # Verify rows (2..max_tokens_split tokens) with RoPE and the KV append fused in, where the
         # draft's rows fit in workgroup memory beside the tiles: one dispatch fewer per layer. Built
         # now on a GPU (compiled with the rest during the load); on a CPU adapter, which does not
@@ -240,7 +241,7 @@ class Attention:
         draft_bytes = 2 * self.draft_rows_max * head_dim * cache.np_dtype.itemsize  # draft_k, draft_v
         if _workgroup_bytes(group, head_dim) + draft_bytes > limit:
             self.draft_rows_max = 0
-        self.draft_rows = 0  # verify rows up to this take main_rope_rows (0: not built)
+        self.draft_rows = 0  # verify rows up to this take the DRAFT_ROWS kernels (0: not built)
         self._rows_pipeline_args = dict(defines=(*lanes_kv, "DRAFT_ROWS"), MAX_DRAFT=self.draft_rows_max, **one)
         self._kernels = kernels
         self.combine_pipeline = kernels.pipeline(
@@ -289,12 +290,11 @@ class Attention:
         self._bind_draft_rows()
 
     def prepare_draft_rows(self) -> None:
-        """Build the verify-rows kernels (main_rope_rows) if this device can run them and they are not yet."""
+        """Build the verify-rows kernels (DRAFT_ROWS) if this device can run them and they are not yet."""
         if self.draft_rows or not self.draft_rows_max:
             return
         self.rope_rows_split_pipeline, self.rope_rows_direct_pipeline = (
-            self._kernels.pipeline("attention", "main_rope_rows", SPLIT=split, **self._rows_pipeline_args)
-            for split in (True, False)
+            self._kernels.pipeline("attention", SPLIT=split, **self._rows_pipeline_args) for split in (True, False)
         )
         self.draft_rows = self.draft_rows_max
         self._bind_draft_rows()
