@@ -292,16 +292,17 @@ fn draft_prologue(tid: u32, kvh: u32, w: Work) {
 // What a workgroup does before its walk: the queries of plain `main`, or the ROPE or DRAFT_ROWS
 // prologue (each variant only calls its own, so a pipeline binds only the buffers it reads).
 fn prologue(tid: u32, kvh: u32, w: Work) -> NewRow {
+    var row = NewRow(kv_zero(), kv_zero());
 //#if DRAFT_ROWS
     draft_prologue(tid, kvh, w);
 //#else
 //#if ROPE
-    return rope_prologue(tid, kvh, w);
+    row = rope_prologue(tid, kvh, w);
 //#else
     fill_queries(tid, kvh, w);
 //#endif
 //#endif
-    return NewRow(kv_zero(), kv_zero());
+    return row;
 }
 
 // The tile walk takes row pos from the prologue's registers (ROPE); DRAFT_ROWS reads its rows from
