@@ -12,7 +12,18 @@ import pytest
 
 from bitnet_web import gpu  # noqa: E402
 from bitnet_web.kernels import attention as attention_module  # noqa: E402
-from bitnet_web.kernels.attention import MAX_SPLITS, Attention, AttentionScratch, tile_rows  # noqa: E402
+from bitnet_web.kernels.attention import (  # noqa: E402
+    LANES_CPU,
+    LANES_GPU,
+    MAX_SPLITS,
+    SUPPORTED_HEAD_DIMS,
+    WORKGROUP,
+    Attention,
+    AttentionScratch,
+    lane_shape,
+    max_query_heads_per_kv,
+    tile_rows,
+)
 from bitnet_web.kernels.common import StepParams  # noqa: E402
 from bitnet_web.kernels.kv_cache import KV_DTYPES, KVCache, KVCacheFullError, kv_bytes_per_token  # noqa: E402
 from bitnet_web.kernels.rope import RopeKV, RopeTable  # noqa: E402
@@ -247,9 +258,36 @@ def test_attention_matches_reference(device, kernels, n_heads, n_kv_heads, head_
     np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("group", [1, 2, 4, 5, 8])
+@pytest.mark.parametrize("cpu, subgroup_min_size", [(False, None), (True, None), (False, 16), (False, 4), (True, 64)])
+def test_lane_shape_fits(head_dim, group, cpu, subgroup_min_size):
+    """The lane walk's constants: lanes a power of two within the head, the subgroup's known minimum and
+    the adapter's cap; each lane a whole number of vec4; the merge's partials within the K tile's memory."""
+    if group > max_query_heads_per_kv(head_dim):
+        pytest.skip("more query heads per KV head than one workgroup serves")
+    shape = lane_shape(head_dim, group, cpu, subgroup_min_size=subgroup_min_size)
+    lanes, c4 = shape["LANES"], head_dim // 4
+    cap = min(LANES_CPU if cpu else LANES_GPU, subgroup_min_size or c4)
+    assert lanes == min(cap, c4) and lanes & (lanes - 1) == 0
+    assert shape["LANE_VECS"] * lanes == c4 and 1 << shape["LANE_LEVELS"] == lanes
+    groups = shape["LANE_GROUPS"]
+    assert groups & (groups - 1) == 0 and groups * lanes <= WORKGROUP
+    assert groups // 2 * group * c4 <= tile_rows(head_dim) * (c4 + 1)
+    assert groups == WORKGROUP // lanes or (2 * groups) // 2 * group * c4 > tile_rows(head_dim) * (c4 + 1)
+
+
 @pytest.mark.parametrize("n_heads, n_kv_heads, head_dim", [(4, 4, 64), (10, 2, 128), (8, 2, 64), (4, 2, 256)])
 @pytest.mark.parametrize(
-    "walk", ["tiles", "lanes", "lanes, 1 row a step", "lanes, 3 rows a step", "lanes, splits of 3 tiles"]
+    "walk",
+    [
+        "tiles",
+        "lanes",
+        "lanes, 1 row a step",
+        "lanes, 3 rows a step",
+        "lanes, splits of 3 tiles",
+        "lanes, subgroups of 4",
+    ],
 )
 @pytest.mark.parametrize("pos", [0, 45, 300, 1000])
 def test_decode_walks_match_reference(device, kernels, monkeypatch, n_heads, n_kv_heads, head_dim, walk, pos):
@@ -263,6 +301,8 @@ def test_decode_walks_match_reference(device, kernels, monkeypatch, n_heads, n_k
         monkeypatch.setattr(attention_module, "LANE_ROWS", int(walk.split()[1]))
     if walk.endswith("tiles"):
         monkeypatch.setattr(attention_module, "SPLIT_MIN_TILES", 3)
+    if walk.endswith("of 4"):  # a browser's adapter.info.subgroupMinSize (SwiftShader's): 4 lanes a row
+        monkeypatch.setattr(device, "subgroup_min_size", 4, raising=False)
     rng = np.random.default_rng(pos + head_dim + n_heads)
     rows = pos + 1
     layer = Layer(
@@ -271,6 +311,8 @@ def test_decode_walks_match_reference(device, kernels, monkeypatch, n_heads, n_k
     )  # fmt: skip
     attention = layer.make_attention(kernels, 1, lanes=walk != "tiles")
     assert attention.lanes == (walk != "tiles")
+    if walk.endswith("of 4"):
+        assert attention.split_pipeline.label.count("LANES=4 ") == 1
     for buffer in (attention.scratch.acc, attention.scratch.stats):  # a partial read but never written shows
         device.upload(buffer, 0, np.full(buffer.nbytes // 4, np.nan, dtype=np.float32))
     q, k, v = random_qkv(rng, 1, rows, n_heads, n_kv_heads, head_dim, "f16")

@@ -154,6 +154,9 @@ class Device(Protocol):
     bytes_allocated: int
     lost_reason: str | None = None  # None while usable; why it stopped being usable otherwise
     is_cpu: bool = False  # a software adapter (lavapipe, SwiftShader): kernels pick CPU-friendly variants
+    # The smallest subgroup the adapter may run a kernel with, where it says (a browser's adapter.info);
+    # None where unknown (wgpu-native reports a range that does not describe the GPU).
+    subgroup_min_size: int | None = None
     # (decode steps per submit, submits in flight) for the model's GPU decode loop: what hides the
     # host's per-readback cost on this backend (docs/performance.md, "Chromium on an H100")
     decode_batching: tuple[int, int] = (1, 2)

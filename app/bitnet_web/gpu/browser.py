@@ -265,6 +265,8 @@ class BrowserDevice(Device):
         # queued keep a real GPU busy. A CPU adapter takes seconds per step: steps queued past a stop
         # would cost that much each, so it keeps one step per submit.
         self.decode_batching = (1, 2) if self.is_cpu else (16, 2)
+        min_size = getattr(info, "subgroupMinSize", None) if info is not None else None
+        self.subgroup_min_size = int(min_size) if isinstance(min_size, (int, float)) and min_size >= 1 else None
         limits = device.limits
         binding = int(limits.maxStorageBufferBindingSize)
         if max_binding_size is not None:

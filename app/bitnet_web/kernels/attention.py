@@ -55,12 +55,18 @@ def tile_rows(head_dim: int) -> int:
     return 2 * WORKGROUP * 4 // head_dim
 
 
-def lane_shape(head_dim: int, group: int, cpu: bool, lane_rows: int | None = None) -> dict[str, int]:
+def lane_shape(
+    head_dim: int, group: int, cpu: bool, lane_rows: int | None = None, subgroup_min_size: int | None = None
+) -> dict[str, int]:
     """The lane walk's constants: LANES invocations per row (each VPL vec4 columns), NLG lane groups
     (as many as the workgroup holds, fewer where half of their partials would not fit the K tile's
-    workgroup memory, which the final merge borrows), LANE_ROWS rows per group and step."""
+    workgroup memory, which the final merge borrows), LANE_ROWS rows per group and step.
+
+    LANES is at most the device's smallest subgroup where it is known, so every pipeline takes the lane
+    walk (a device that picks a subgroup size per pipeline could otherwise run decode steps and verify
+    rows by different walks, whose sums round differently)."""
     c4 = head_dim // 4
-    lanes = min(LANES_CPU if cpu else LANES_GPU, c4)
+    lanes = min(LANES_CPU if cpu else LANES_GPU, c4, subgroup_min_size or c4)
     groups = WORKGROUP // lanes
     ks_vec4 = tile_rows(head_dim) * (c4 + 1)
     while groups > 1 and groups // 2 * group * c4 > ks_vec4:
@@ -220,7 +226,7 @@ class Attention:
         self.lanes = (USE_LANES if lanes is None else lanes) and subgroups_available(device)
         one = dict(shape, BQ=1)
         if self.lanes:
-            one.update(lane_shape(head_dim, group, device.is_cpu, LANE_ROWS))
+            one.update(lane_shape(head_dim, group, device.is_cpu, LANE_ROWS, device.subgroup_min_size))
             one["enables"] = wgsl_enables(device, subgroups=True)
         lanes_kv = (*kv, "LANES") if self.lanes else kv
         self.tiled = None  # (pipeline, tokens per workgroup) of attention_prefill.wgsl, when it fits
