@@ -169,6 +169,9 @@ engine.model.DECODE_BATCHING = {BROWSER_BATCHING!r}
 SPECULATE = {SPECULATE}
 result = await scenarios(engine, {reference["eos"]}, {json.dumps(reference["stop_string"])})
 result["batching"] = list(engine.model.decode_batching())
+attention = engine.model.layer_ops[0].attention
+result["attention"] = dict(lanes=attention.lanes, label=attention.split_pipeline.label,
+                           features=sorted(engine.device.features), subgroup_min_size=engine.device.subgroup_min_size)
 # the same scenarios with drafted tokens verified several to a forward pass (speculative decoding)
 result["speculative"] = await scenarios(engine, {reference["eos"]}, {json.dumps(reference["stop_string"])}, SPECULATE)
 engine.close()
@@ -198,6 +201,17 @@ json.dumps(result)
 
 def test_browser_decodes_several_steps_per_submit(browser_runs):
     assert browser_runs["batching"] == list(BROWSER_BATCHING)
+
+
+def test_page_attention_takes_the_lane_walk(browser_runs):
+    """Where the adapter has subgroups and says its smallest (SwiftShader: 4), decode attention walks by
+    lane groups of at most that many invocations, so every pipeline takes the lane walk (the speculative
+    scenarios below then check verify rows against plain decoding on it)."""
+    info = browser_runs["attention"]
+    if "subgroups" not in info["features"] or not info["subgroup_min_size"]:
+        pytest.skip(f"this adapter reports no subgroup size: {info}")
+    lanes = int(info["label"].split(" LANES=")[1].split()[0])
+    assert info["lanes"] and lanes <= info["subgroup_min_size"], info
 
 
 @pytest.mark.parametrize("scenario", ["full", "max_tokens", "eos", "stop_string", "stop_button"])
