@@ -31,8 +31,8 @@
 // SPLIT = false (prefill): the workgroup walks every tile up to its last token's row and writes
 //   out [T, HQ*HD] f32 = acc / l. Dispatch (1, HKV, ceil(T / BQ)).
 // SPLIT = true (decode): the n_tiles = ceil((pos + t + 1) / TILE) tiles are dealt to
-//   n_splits = min(ceil(n_tiles / SPLIT_TILES), MAX_SPLITS) workgroups (ceil(n_tiles / n_splits)
-//   consecutive tiles each),
+//   n_splits = min(n_tiles, MAX_SPLITS) workgroups (ceil(n_tiles / n_splits) consecutive tiles each,
+//   _split_plan.wgsl),
 //   or to one workgroup while the token's row is within the first DIRECT_TILES tiles (where a decode
 //   step runs SPLIT = false: one workgroup walks every tile); each writes its unnormalized partial
 //   (acc, m, l) for attention_combine.wgsl. BQ must be 1. A token's partials depend on its own
@@ -78,10 +78,10 @@ const WG: u32 = ${WG};
 const SPLIT: bool = ${SPLIT};
 const MAX_SPLITS: u32 = ${MAX_SPLITS};
 const DIRECT_TILES: u32 = ${DIRECT_TILES};
-const SPLIT_TILES: u32 = ${SPLIT_TILES};  // fewest tiles per split (more only past MAX_SPLITS splits)
 const SCALE: f32 = ${SCALE};
 const ROPE_DIM: u32 = ${ROPE_DIM};
 const NEOX: bool = ${NEOX};
+//#include _split_plan
 
 const G: u32 = HQ / HKV;            // query heads per KV head
 const C4: u32 = HD / 4u;            // vec4 columns of one head
@@ -175,8 +175,7 @@ fn plan(wid: vec3<u32>) -> Work {
     w.tile_begin = 0u;
     w.tile_end = n_tiles;
     if (SPLIT) {
-        let n_splits = select(min((n_tiles + SPLIT_TILES - 1u) / SPLIT_TILES, MAX_SPLITS), 1u,
-                              w.kv_len <= DIRECT_TILES * TILE);
+        let n_splits = split_count(w.kv_len, n_tiles);
         let per_split = (n_tiles + n_splits - 1u) / n_splits;
         w.tile_begin = wid.x * per_split;
         w.tile_end = min(n_tiles, w.tile_begin + per_split);
@@ -579,8 +578,8 @@ fn attend_lanes(tid: u32, wid: vec3<u32>, w: Work, first: LaneLoads) {
     let lane = tid % LANES;
     let walks = lg < NLG;
     let r_begin = w.tile_begin * TILE;
-    let r_end = min(w.tile_end * TILE, w.kv_len);
-    let last = r_end - 1u;
+    let last = lane_last_row(w);
+    let r_end = last + 1u;
     let c0 = lane * VPL;
     workgroupBarrier();
 //#for g in GQ

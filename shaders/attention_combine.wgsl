@@ -1,8 +1,8 @@
 // Merge the per-tile partials of split-sequence attention (attention.wgsl with SPLIT = true).
 //
 // For token t and query head qh, with n partials (acc_s, m_s, l_s) (n_tiles = ceil((pos + t + 1) / TILE)
-// dealt ceil(n_tiles / min(ceil(n_tiles / SPLIT_TILES), MAX_SPLITS)) per partial, or all to one partial while
-// pos + t < DIRECT_TILES * TILE, exactly as attention.wgsl does):
+// dealt ceil(n_tiles / n_splits) per partial, n_splits = split_count of _split_plan.wgsl, as attention.wgsl
+// deals them):
 //   M = max_s m_s,  w_s = exp(m_s - M),  out = sum_s w_s * acc_s / sum_s w_s * l_s
 //
 // Bindings:
@@ -26,10 +26,10 @@ const TILE: u32 = ${TILE};
 const WG: u32 = ${WG};
 const MAX_SPLITS: u32 = ${MAX_SPLITS};
 const DIRECT_TILES: u32 = ${DIRECT_TILES};
-const SPLIT_TILES: u32 = ${SPLIT_TILES};
 
 const C4: u32 = HD / 4u;
 const SLICES: u32 = WG / C4;
+//#include _split_plan
 
 @group(0) @binding(0) var<uniform> params: StepParams;
 @group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;
@@ -89,8 +89,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         return;
     }
     let n_tiles = (params.pos + t + TILE) / TILE;
-    let n_splits = select(min((n_tiles + SPLIT_TILES - 1u) / SPLIT_TILES, MAX_SPLITS), 1u,
-                          params.pos + t < DIRECT_TILES * TILE);
+    let n_splits = split_count(params.pos + t + 1u, n_tiles);
     let per_split = (n_tiles + n_splits - 1u) / n_splits;
     let n_parts = (n_tiles + per_split - 1u) / per_split;
     let first = (t * HQ + qh) * MAX_SPLITS;

@@ -274,7 +274,7 @@ def test_lane_shape_fits(head_dim, group, cpu, subgroup_min_size):
     groups = shape["LANE_GROUPS"]
     assert groups & (groups - 1) == 0 and groups * lanes <= WORKGROUP
     assert groups // 2 * group * c4 <= tile_rows(head_dim) * (c4 + 1)
-    assert groups == WORKGROUP // lanes or (2 * groups) // 2 * group * c4 > tile_rows(head_dim) * (c4 + 1)
+    assert groups == WORKGROUP // lanes or groups * group * c4 > tile_rows(head_dim) * (c4 + 1)
 
 
 @pytest.mark.parametrize("n_heads, n_kv_heads, head_dim", [(4, 4, 64), (10, 2, 128), (8, 2, 64), (4, 2, 256)])
@@ -285,7 +285,7 @@ def test_lane_shape_fits(head_dim, group, cpu, subgroup_min_size):
         "lanes",
         "lanes, 1 row a step",
         "lanes, 3 rows a step",
-        "lanes, splits of 3 tiles",
+        "lanes, at most 8 splits",
         "lanes, subgroups of 4",
     ],
 )
@@ -293,14 +293,12 @@ def test_lane_shape_fits(head_dim, group, cpu, subgroup_min_size):
 def test_decode_walks_match_reference(device, kernels, monkeypatch, n_heads, n_kv_heads, head_dim, walk, pos):
     """Both walks of a one-token workgroup: the tile walk (five barriers a tile) and, where the device
     has subgroups, the lane-group walk, with steps that end inside a split's rows (1 and 3 rows per lane
-    group and step), direct (pos 0, 45) and split (300: one tile a split, 1000: one or two; or at
-    least three tiles a split, SPLIT_MIN_TILES, which the combine must agree on)."""
+    group and step), direct (pos 0, 45) and split (300: one tile a split, 1000: one or two; or
+    at most 8 splits of several tiles each, which the combine must deal as the walk does)."""
     if walk != "tiles" and "subgroups" not in device.features:
         pytest.skip("the lane walk needs subgroups")
     if walk.endswith("a step"):
         monkeypatch.setattr(attention_module, "LANE_ROWS", int(walk.split()[1]))
-    if walk.endswith("tiles"):
-        monkeypatch.setattr(attention_module, "SPLIT_MIN_TILES", 3)
     if walk.endswith("of 4"):  # a browser's adapter.info.subgroupMinSize (SwiftShader's): 4 lanes a row
         monkeypatch.setattr(device, "subgroup_min_size", 4, raising=False)
     rng = np.random.default_rng(pos + head_dim + n_heads)
@@ -309,7 +307,9 @@ def test_decode_walks_match_reference(device, kernels, monkeypatch, n_heads, n_k
         device, kernels, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, max_tokens=1, max_context=1024,
         initial_capacity=rows,
     )  # fmt: skip
-    attention = layer.make_attention(kernels, 1, lanes=walk != "tiles")
+    splits = 8 if walk.endswith("8 splits") else None
+    scratch = AttentionScratch(device, n_heads, head_dim, 1024, max_splits=splits)
+    attention = layer.make_attention(kernels, 1, lanes=walk != "tiles", scratch=scratch)
     assert attention.lanes == (walk != "tiles")
     if walk.endswith("of 4"):
         assert attention.split_pipeline.label.count("LANES=4 ") == 1

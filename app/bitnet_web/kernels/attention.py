@@ -34,8 +34,6 @@ MAX_SPLITS = 64  # most workgroups one KV head's decode is split over (partials 
 # Fused decode up to this many tiles runs in one dispatch, without split + combine: past 128 rows one
 # workgroup per KV head costs more than the combine dispatch (tools/bench_kernels.py --walks).
 DIRECT_MAX_TILES = 8
-# Past the direct limit, each split workgroup takes at least this many tiles (fewer partials to combine).
-SPLIT_MIN_TILES = 1
 # attention_prefill.wgsl: query rows per workgroup (tried largest first until workgroup memory fits) and
 # query rows per thread (the workgroup has 16 * rows / RQ threads).
 PREFILL_QUERY_ROWS = (32, 16)
@@ -183,7 +181,6 @@ class Attention:
                 f"workgroup (at most {max_query_rows})"
             )
         self.block_tokens = max_query_rows // group  # BQ: tokens per prefill workgroup
-        self.split_tiles = SPLIT_MIN_TILES
         limit = device.limits.max_compute_workgroup_storage_size
         if _workgroup_bytes(self.block_tokens * group, head_dim) > limit:
             raise ValueError(
@@ -213,7 +210,6 @@ class Attention:
             WG=WORKGROUP,
             MAX_SPLITS=scratch.max_splits,
             DIRECT_TILES=DIRECT_MAX_TILES,
-            SPLIT_TILES=SPLIT_MIN_TILES,
             SCALE=float(1.0 / math.sqrt(head_dim)) if scale is None else float(scale),
             ROPE_DIM=rope.table.rope_dim if rope is not None else head_dim,
             NEOX=rope.style == "neox" if rope is not None else True,
@@ -259,7 +255,6 @@ class Attention:
             WG=WORKGROUP,
             MAX_SPLITS=scratch.max_splits,
             DIRECT_TILES=DIRECT_MAX_TILES,
-            SPLIT_TILES=SPLIT_MIN_TILES,
         )
         self.combine_group = device.bind_group(
             self.combine_pipeline, [params.buffer, scratch.acc, scratch.stats, out], f"attention combine {layer}"
@@ -332,9 +327,8 @@ class Attention:
         if not 0 < n_tokens <= self.max_tokens:
             raise ValueError(f"Attention layer {self.layer}: n_tokens {n_tokens} outside 1..{self.max_tokens}")
         max_splits = self.scratch.max_splits
-        split_tiles = self.split_tiles
-        tiles = max_splits * split_tiles if pos is None else -(-(pos + n_tokens) // self.tile)
-        splits = min(max_splits, 1 << (-(-tiles // split_tiles) - 1).bit_length())
+        tiles = max_splits if pos is None else -(-(pos + n_tokens) // self.tile)
+        splits = min(max_splits, 1 << (tiles - 1).bit_length())  # shaders/_split_plan.wgsl's count, or more
         if self.fused_rope and n_tokens == 1:
             if pos is not None and pos < DIRECT_MAX_TILES * self.tile:
                 recorder.dispatch(self.rope_direct_pipeline, self.rope_direct_group, 1, self.n_kv_heads, 1)
