@@ -13,17 +13,22 @@
 // decode loop mixes such steps with drafting ones on the same buffers (sized for OUT_K drafted tokens)
 // without reading anything back between them.
 //
+// The reply's end: state[3] is the budget, the tokens its steps may still emit (NO_BUDGET: no limit),
+// less those folded here, and 0 once a folded token is one of the STOPS stop ids in state[4..]. A
+// step that starts with no budget left is over: n_tokens = 0 (every kernel of the step leaves at
+// once), no draft, and its acceptance emits nothing (out[0] = 0), so the next step folds nothing.
+//
 // One workgroup. Writes:
 //   token_ids[0..K]  the verify pass's rows: the last token, then the draft (padded with the last
 //                    token; padding rows are past n_tokens: the step's kernels skip them)
 //   draft[0..K-1]    the drafted tokens (0 past draft_len)
 //   state            [0] draft_len  [1] L (the history's length after the fold)
-//                    [2] kv_capacity (written by the host)  [3] unused
+//                    [2] kv_capacity (written by the host)  [3] the budget left
 //   step             StepParams (n_tokens = draft_len + 1, pos = L - 1, kv_capacity): the model's uniform, written
 //                    here as storage for the step's later dispatches
 //   out[0] = 0       the fold consumed the previous step's tokens
 //
-// Bindings: 0 history [HISTORY] u32, 1 state [4] u32, 2 out [OUT_K + 2] u32 (n_emitted, tokens...),
+// Bindings: 0 history [HISTORY] u32, 1 state [4 + STOPS] u32, 2 out [OUT_K + 2] u32 (n_emitted, tokens...),
 //           3 draft [max(OUT_K, 1)] u32, 4 token_ids [>= K + 1] u32, 5 step [4] u32.
 // Dispatch: (1, 1, 1).
 
@@ -32,6 +37,8 @@ const OUT_K: u32 = ${OUT_K};  // the buffers' draft size: a previous step emitte
 const NGRAM: u32 = ${NGRAM};
 const WG: u32 = ${WG};
 const HISTORY: u32 = ${HISTORY};
+const STOPS: u32 = ${STOPS};  // stop-id slots in state[4..]
+const NO_BUDGET: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<storage, read_write> history: array<u32>;
 @group(0) @binding(1) var<storage, read_write> state: array<u32>;
@@ -41,12 +48,14 @@ const HISTORY: u32 = ${HISTORY};
 @group(0) @binding(5) var<storage, read_write> step: array<u32>;
 
 var<workgroup> best: array<atomic<u32>, NGRAM>;  // per n: 1 + the largest matching end e, 0 = none
-var<workgroup> header: vec2<u32>;                 // (n_emitted, L before the fold), read once
+var<workgroup> header: vec3<u32>;                 // (n_emitted, L before the fold, budget), read once
+var<workgroup> stopped: atomic<u32>;              // a folded token is a stop id
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32) {
     if (lid == 0u) {
-        header = vec2<u32>(min(out[0], OUT_K + 1u), state[1]);
+        header = vec3<u32>(min(out[0], OUT_K + 1u), state[1], state[3]);
+        atomicStore(&stopped, 0u);
     }
     if (lid < NGRAM) {
         atomicStore(&best[lid], 0u);
@@ -54,13 +63,29 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     let head = workgroupUniformLoad(&header);
     let n_new = head.x;
     let length = min(head.y + n_new, HISTORY);
-    if (lid < n_new && head.y + lid < HISTORY) {
-        history[head.y + lid] = out[1u + lid];
+    if (lid < n_new) {
+        let token = out[1u + lid];
+        if (head.y + lid < HISTORY) {
+            history[head.y + lid] = token;
+        }
+        for (var i = 0u; i < STOPS; i++) {
+            if (state[4u + i] == token) {
+                atomicOr(&stopped, 1u);
+            }
+        }
     }
     storageBarrier();
     workgroupBarrier();
+    var budget = head.z;
+    if (budget != NO_BUDGET) {
+        budget -= min(n_new, budget);
+    }
+    if (atomicLoad(&stopped) != 0u) {
+        budget = 0u;
+    }
+    let live = budget != 0u;
 
-    for (var e = lid; K > 0u && e + 1u < length; e += WG) {
+    for (var e = lid; K > 0u && live && e + 1u < length; e += WG) {
         var c = 0u;
         for (var t = 0u; t < NGRAM; t++) {
             if (t > e || history[e - t] != history[length - 1u - t]) {
@@ -86,7 +111,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     }
     let last = history[length - 1u];
     // start e + 1 = found; as many tokens as the match is long, K after a full NGRAM match
-    let draft_len = select(0u, select(min(matched, K), K, matched == NGRAM), found != 0u);
+    let draft_len = select(0u, select(min(matched, K), K, matched == NGRAM), found != 0u && live);
     let period = max(length - found, 1u);         // the copy's period (found <= length - 1)
     if (lid <= K) {
         let j = lid;
@@ -104,7 +129,8 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     if (lid == 0u) {
         state[0] = draft_len;
         state[1] = length;
-        step[0] = draft_len + 1u;  // the step's later dispatches cover K + 1 rows; those past this exit
+        state[3] = budget;
+        step[0] = select(0u, draft_len + 1u, live);  // the step's dispatches cover K + 1 rows; those past this exit
         step[1] = length - 1u;
         step[2] = state[2];
         step[3] = 0u;

@@ -25,12 +25,15 @@
 // ring:      sample_topk.wgsl's state ([0] draw counter, [1] status, [2] ring length, [3] ring head,
 //            [4 ..] the ring of RING_MAX), then [4 + RING_MAX] drafted tokens proposed and
 //            [5 + RING_MAX] accepted, summed over the steps since configure
-// draft:     [k] u32 drafted tokens; spec: [0] draft_len (clamped to n_rows - 1)
-// decisions: [0] draft_len, then per row r: [1 + 2r] flags (1 = drafted token kept, 2 = no valid
+// draft:     [k] u32 drafted tokens; spec: [0] draft_len (clamped to n_rows - 1), [3] budget (0: the
+//            step is past the reply's end, spec_draft.wgsl)
+// decisions: [0] draft_len (OVER past the reply's end: ACCEPT emits nothing), then per row r: [1 + 2r] flags (1 = drafted token kept, 2 = no valid
 //            logit: token 0), [2 + 2r] the token
 // out:       [0] tokens emitted (kept drafted tokens + 1), [1 ..] the tokens
 
 //#include _topk_sort
+
+const OVER: u32 = 0xffffffffu;
 
 //#if PENALTY
 const V: u32 = ${V};
@@ -177,7 +180,7 @@ fn main(
     decisions[1u + 2u * row] = flags;
     decisions[2u + 2u * row] = token;
     if (row == 0u) {
-        decisions[0] = draft_len;
+        decisions[0] = select(draft_len, OVER, spec[3] == 0u);  // no budget: past the reply's end
     }
 }
 //#endif
@@ -186,6 +189,10 @@ fn main(
 @compute @workgroup_size(1)
 fn main() {
     let draft_len = decisions[0];
+    if (draft_len == OVER) {  // past the reply's end: nothing emitted, no draw taken
+        out[0] = 0u;
+        return;
+    }
     var emitted = 0u;
     var status = 0u;
     for (var row = 0u; row <= draft_len; row++) {

@@ -14,6 +14,7 @@ import pytest
 from gpu_helpers import upload
 
 from bitnet_web.kernels.spec_sampling import SpecSampleAccept
+from bitnet_web.kernels.speculative import NO_BUDGET
 from bitnet_web.model.speculation import accept_sampled
 from bitnet_web.text.sampler import Sampler, SamplerSettings, distribution, uniform
 
@@ -87,10 +88,11 @@ class Harness:
         self.out = upload(device, np.full(max_rows + 1, 0xDEAD, np.uint32), "out")
         self.op = SpecSampleAccept(kernels, self.logits, self.draft, self.spec, self.out, vocab, max_rows)
 
-    def step(self, logits: np.ndarray, draft: list[int], draft_len: int, n_rows: int) -> list[int]:
+    def step(self, logits: np.ndarray, draft: list[int], draft_len: int, n_rows: int, ended: bool = False) -> list[int]:
+        """`ended`: a step past the reply's end (its spec state's budget word is 0)."""
         self.device.upload(self.logits, 0, np.ascontiguousarray(logits, np.float32))
         self.device.upload(self.draft, 0, np.array(list(draft) + [0] * (self.max_rows - len(draft)), np.uint32))
-        self.device.upload(self.spec, 0, np.array([draft_len, 0, 0, 0], np.uint32))
+        self.device.upload(self.spec, 0, np.array([draft_len, 0, 0, 0 if ended else NO_BUDGET], np.uint32))
         recorder = self.device.begin()
         self.op.record(recorder, n_rows)
         recorder.submit()
@@ -147,6 +149,10 @@ def test_steps_match_the_reference(device, kernels, vocab):
             kept += len(got) - 1
             history += got
             counter += 2 * len(got)
+        ring = device.read_sync(harness.op.state, 0, harness.op.STATE_NBYTES).tobytes()
+        logits, draft, draft_len = random_step(rng, vocab, k, history)
+        assert harness.step(logits, draft, draft_len, n_rows=k + 1, ended=True) == []  # past the reply's end
+        assert device.read_sync(harness.op.state, 0, harness.op.STATE_NBYTES).tobytes() == ring  # no draw taken
         state = device.read_sync(harness.op.state, 0, 8).view(np.uint32)
         assert state[0] == counter and state[1] == 0  # the GPU advanced its draw counter the same way
         assert harness.op.totals() == (proposed, accepted)
@@ -219,7 +225,7 @@ def test_first_token_is_distributed_as_p(device, kernels, draft_p):
     harness = Harness(device, kernels, vocab, max_rows=2)
     device.upload(harness.logits, 0, logits)
     device.upload(harness.draft, 0, np.array([drafted, 0], np.uint32))
-    device.upload(harness.spec, 0, np.array([1, 0, 0, 0], np.uint32))
+    device.upload(harness.spec, 0, np.array([1, 0, 0, NO_BUDGET], np.uint32))
     results = device.buffer(8 * steps, label="results")
     harness.op.configure(settings, 2024, 0, [])
     recorder = device.begin()

@@ -20,7 +20,7 @@ import pytest
 
 from bitnet_web.bench import speculation_policy_bench
 from bitnet_web.engine import Engine, EngineError
-from bitnet_web.kernels.speculative import GreedyAccept, SpecBuffers, SpecDraft
+from bitnet_web.kernels.speculative import NO_BUDGET, STOP_IDS_MAX, GreedyAccept, SpecBuffers, SpecDraft
 from bitnet_web.model.speculation import NGRAM_MAX, SpeculationPolicy, accept_greedy, prompt_lookup_draft
 from bitnet_web.text.sampler import Sampler, SamplerSettings
 
@@ -116,7 +116,9 @@ def test_draft_kernel_is_prompt_lookup_draft(device, kernels, k, drafted):
     """Random histories over small alphabets (matches of every n-gram length, none, at the ends),
     each with a previous step's output (up to k + 1 tokens) to fold in first: the kernel's history,
     draft, verify rows and StepParams must be the host rule's. drafted = 0: the draft-off step's
-    kernel on buffers for drafts of k (the fold, one row, no draft)."""
+    kernel on buffers for drafts of k (the fold, one row, no draft). Each case also has a token budget
+    (or none) and stop ids (some among the folded tokens): a fold that uses up the budget or holds a
+    stop id ends the reply, and the step is then empty (0 rows, no draft) with the budget at 0."""
     rng = np.random.default_rng(k + drafted)
     buffers = SpecBuffers(device, k, 300)
     token_ids = device.buffer(4 * (k + 1), label="token ids")
@@ -125,29 +127,37 @@ def test_draft_kernel_is_prompt_lookup_draft(device, kernels, k, drafted):
     cases = [(1, 0), (2, 0), (2, 1), (3, 2)] + [
         (int(rng.integers(2, 280)), int(rng.integers(0, k + 2))) for _ in range(30)
     ]
+    ended = 0
     for case, (length, n_new) in enumerate(cases):
         alphabet = [2, 3, 5, 50][case % 4]
         history = rng.integers(0, alphabet, length).tolist()
         new = rng.integers(0, alphabet, n_new).tolist()
-        buffers.start(history, kv_capacity=512)
+        budget = None if case % 3 == 0 else int(rng.integers(0, k + 3))
+        stops = rng.choice(60, int(rng.integers(0, STOP_IDS_MAX + 1)), replace=False).tolist()
+        buffers.start(history, kv_capacity=512, budget=budget, stop_ids=stops)
         device.upload(buffers.out, 0, np.asarray([n_new, *new] + [0] * (k + 1 - n_new), dtype=np.uint32))
         rec = device.begin()
         draft_op.record(rec)
         rec.submit()
         full = history + new
-        expected = prompt_lookup_draft(full, drafted)
+        left = NO_BUDGET if budget is None else budget - min(n_new, budget)
+        left = 0 if set(new) & set(stops) else left
+        expected = prompt_lookup_draft(full, drafted) if left else []
+        ended += not left
         state, draft, rows = (
             read(device, buffers.state, 4),
             read(device, buffers.draft, k),
             read(device, token_ids, drafted + 1),
         )
         step = read(device, step_params, 4)
-        assert state[:3] == [len(expected), len(full), 512], (case, full)
+        assert state[:4] == [len(expected), len(full), 512, left], (case, full, budget, stops)
         assert draft[: len(expected)] == expected, (case, full)
-        assert rows == [full[-1]] + expected + [full[-1]] * (drafted - len(expected)), (case, full)
-        assert step[:3] == [len(expected) + 1, len(full) - 1, 512]  # rows past the draft are skipped
+        if left:
+            assert rows == [full[-1]] + expected + [full[-1]] * (drafted - len(expected)), (case, full)
+        assert step[:3] == [len(expected) + 1 if left else 0, len(full) - 1, 512]  # rows past the draft are skipped
         assert read(device, buffers.history, len(full)) == full
         assert read(device, buffers.out, 1) == [0]  # folded: the next step does not append it again
+    assert 5 <= ended <= len(cases) - 5  # both kinds of step were checked
     buffers.release()
     device.release(token_ids)
     device.release(step_params)
@@ -169,12 +179,17 @@ def test_greedy_accept_kernel_is_accept_greedy(device, kernels):
         values[np.arange(k + 1), chosen] = 10.0 + case
         device.upload(logits, 0, values)
         device.upload(buffers.draft, 0, draft.astype(np.uint32))
-        device.upload(buffers.state, 0, np.asarray([draft_len, 1, 1, 0], dtype=np.uint32))
+        ended = case % 5 == 4  # a step past the reply's end (no budget left) emits nothing
+        device.upload(buffers.state, 0, np.asarray([draft_len, 1, 1, 0 if ended else 1 + case], dtype=np.uint32))
+        device.upload(buffers.out, 0, np.full(k + 2, 77, dtype=np.uint32))
         rec = device.begin()
         accept.record(rec, k + 1)
         rec.submit()
         out = read(device, buffers.out, k + 2)
         n_accepted, tokens = accept_greedy(draft[:draft_len].tolist(), chosen.tolist())
+        if ended:
+            assert out == [0] + [77] * (k + 1)
+            continue
         assert out[0] == n_accepted + 1 == len(tokens)
         assert out[1 : 1 + out[0]] == tokens
     accept.release(device)
@@ -314,6 +329,77 @@ def test_stops_are_exact_and_the_next_reply_is_a_fresh_engines(engine, tiny_path
         policies.close()
         del engine.model.DECODE_BATCHING
         fresh.close()
+
+
+@pytest.mark.parametrize("end", ["max_tokens", "eos"])
+def test_steps_queued_past_the_reply_end_do_nothing(engine, end):
+    """16 steps a submit queue far past the end of a short reply; the GPU ends the reply itself (its
+    token budget, or a stop id it was given), so those steps emit nothing and fold nothing: once the
+    queue has drained, the GPU's history is the prompt plus the tokens of the steps up to the end (at
+    most a draft past it), and the last step emitted nothing. The reply and the cache are plain
+    decoding's (and a follow-up reply reusing the cache equals a fresh prefill's)."""
+    plain = generate(engine, PROMPT, 0, max_tokens=48)
+    model = engine.model
+    model.DECODE_BATCHING = (16, 2)
+    tokenizer, saved = engine.tokenizer, engine.tokenizer.stop_ids
+    k = 4
+    try:
+        with fixed_k(engine):
+            if end == "eos":
+                eos = plain[14]
+                last = plain.index(eos)  # the reply is plain[:last]; the steps emitted plain[1 .. last]
+                tokenizer.stop_ids = saved | {eos}
+                got = generate(engine, PROMPT, k, max_tokens=48)
+                assert got == plain[:last] and engine.last_stats.stop_reason == "eos"
+            else:
+                last = 29  # the steps' budget: max_tokens - 1 (the first token comes from the prompt)
+                got = generate(engine, PROMPT, k, max_tokens=last + 1)
+                assert got == plain[: last + 1] and engine.last_stats.stop_reason == "max_tokens"
+            buffers = model.speculation_buffers(k)
+            state = read(model.device, buffers.state, 4)  # waits for every queued step
+            # the last queued step was empty, so the steps ran out of budget before the queue did
+            assert state[3] == 0 and read(model.device, buffers.out, 1) == [0]
+            folded = state[1]  # the prompt, the first token and the steps' tokens up to the end
+            assert len(PROMPT) + 1 + last <= folded <= len(PROMPT) + 1 + last + k  # no step past the end emitted
+            assert read(model.device, buffers.history, folded) == (PROMPT + plain)[:folded]
+            follow_up = PROMPT + got + [7]
+            list(engine.generate(tokens=follow_up, settings=GREEDY, speculate=k, max_tokens=6))
+            assert engine.last_stats.n_reused_tokens >= len(PROMPT) + len(got) - 1
+            reused = list(engine.generated_tokens)
+            assert reused == generate(engine, follow_up, 0, max_tokens=6)
+    finally:
+        tokenizer.stop_ids = saved
+        del model.DECODE_BATCHING
+
+
+@pytest.mark.parametrize("end", ["limit", "stop_id"])
+def test_reading_past_the_gpu_end_of_a_reply_reopens_it(engine, end):
+    """A caller of the model's loop that reads on past its `limit`, or past a stop id, gets plain greedy
+    decoding's tokens all the same, and the cache stays consistent."""
+    plain = generate(engine, PROMPT, 0, max_tokens=48)
+    model = engine.model
+    model.DECODE_BATCHING = (16, 2)
+    limit, stop_ids = (40, ()) if end == "limit" else (None, [plain[24]])
+
+    async def reply() -> list[int]:
+        model.truncate(0)
+        await model.prefill(PROMPT[:-1])
+        steps = model.decode_speculative(PROMPT[-1], 4, limit=limit, stop_ids=stop_ids)
+        tokens = []
+        async for token in steps:
+            tokens.append(token)
+            if len(tokens) == 45:
+                break
+        await steps.aclose()
+        return tokens
+
+    try:
+        assert engine._run(reply()) == plain[:45]
+        assert model.idle_steps > 0  # steps past the end were read and skipped
+        cached = model.cached_tokens
+        assert cached == (PROMPT + plain)[: len(cached)] and len(cached) >= len(PROMPT) + 43
+    finally:
+        del model.DECODE_BATCHING
 
 
 def test_bad_speculate_is_a_clear_error(engine, tiny_path):

@@ -497,7 +497,9 @@ class Engine:
         if settings.temperature == 0 and settings.repetition_penalty == 1.0:
             if speculate > 0:
                 policy = self._speculation_policy(speculate)
-                on_gpu = model.decode_speculative(first, speculate, max_tokens - 1, policy=policy)
+                on_gpu = model.decode_speculative(
+                    first, speculate, max_tokens - 1, policy=policy, stop_ids=self.tokenizer.stop_ids
+                )
                 stats.speculate = speculate
             else:
                 on_gpu = model.decode_greedy(first, max_tokens - 1)
@@ -507,7 +509,7 @@ class Engine:
             if speculate > 0:
                 limit, policy = max_tokens - 1, self._speculation_policy(speculate)
                 on_gpu = model.decode_speculative_sampled(
-                    first, speculate, settings, seed, draws, history, limit, policy
+                    first, speculate, settings, seed, draws, history, limit, policy, self.tokenizer.stop_ids
                 )
                 stats.speculate = speculate
             else:

@@ -258,6 +258,7 @@ class LMHead:
                     groups,
                 )
             )
+        self._single_bounded: list[tuple[gpu.Pipeline, gpu.BindGroup, int]] | None = None
         # rows up to which one pass covers all tokens (longer steps: passes of multi_tokens rows)
         fits = [n for n in range(2, min(SMALL_T_MAX, self.max_tokens) + 1) if self._small_t_shape(n)]
         self.small_max = max(fits, default=1)
@@ -302,9 +303,32 @@ class LMHead:
         self._small[n_tokens] = found
         return found
 
-    def record(self, recorder: gpu.Recorder, n_tokens: int = 1) -> None:
+    def single_bounded(self) -> list[tuple[gpu.Pipeline, gpu.BindGroup, int]]:
+        """The one-row head that reads StepParams.n_tokens (0: it leaves at once), per shard: the
+        single-row kernel's arithmetic, for steps whose row count is written on the GPU (a speculative
+        draft-off step past the reply's end). Built on first use."""
+        if self._single_bounded is None:
+            kernels, matrix, x, logits, step, label, enables, sg, _, _ = self._small_t_args
+            variant = sg + (("INT8",) if isinstance(matrix, Int8Matrix) else ()) + ("MULTI",)
+            extra = [matrix.scales] if isinstance(matrix, Int8Matrix) else []
+            found = []
+            for i, ((_, _, groups), constants) in enumerate(zip(self.single, self._shard_constants, strict=True)):
+                pipeline = kernels.pipeline(
+                    "lm_head", enables=enables, defines=variant, TOK=1, STEP_PARAMS=STEP_PARAMS_WGSL, **constants
+                )
+                buffer = matrix.shards[i][2]
+                bind = kernels.device.bind_group(
+                    pipeline, [buffer, x, logits, *extra, step.buffer], f"{label} shard {i} (bounded)"
+                )
+                found.append((pipeline, bind, groups))
+            self._single_bounded = found
+        return self._single_bounded
+
+    def record(self, recorder: gpu.Recorder, n_tokens: int = 1, bounded: bool = False) -> None:
+        """`bounded`: one row whose StepParams are written on the GPU and may say 0 rows (more rows
+        always read them)."""
         if n_tokens == 1:
-            for pipeline, bind, groups in self.single:
+            for pipeline, bind, groups in self.single_bounded() if bounded else self.single:
                 recorder.dispatch(pipeline, bind, groups)
         elif n_tokens <= self.small_max:
             for pipeline, bind, groups in self.small_t(n_tokens):

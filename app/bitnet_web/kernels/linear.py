@@ -497,19 +497,23 @@ class NormTernaryLinear:
         self.fuse_decode = not device.is_cpu
         if self.fuse_decode:  # compiled with the others, not at the first verify step (elsewhere: on first use)
             self._fused_kernel(verify_rows, bounded=True)
+            self._fused_kernel(rows, bounded=True)  # speculative draft-off steps
         self.small_max = min(SMALL_T_MAX, self.linear.max_tokens, x.nbytes // (4 * k))
         if SMALL_T_PATH not in SMALL_T_PATHS:
             raise ValueError(f"SMALL_T_PATH is {SMALL_T_PATH!r}; expected one of {SMALL_T_PATHS}")
         self.small_t_path = SMALL_T_PATH
 
-    def record(self, recorder: gpu.Recorder, n_tokens: int) -> None:
+    def record(self, recorder: gpu.Recorder, n_tokens: int, bounded: bool = False) -> None:
+        """`bounded`: a one-row step whose StepParams are written on the GPU (a speculative draft-off
+        step), which may say 0 rows: the fused kernel then reads n_tokens and leaves at once (more
+        rows always do)."""
         small = 1 < n_tokens <= self.small_max and self.fuse_decode
         if small and self.small_t_path == "rows":
             self.record_rows(recorder, n_tokens)
         elif small and self.small_t_path == "split":
             self.record_split(recorder, n_tokens)
         elif n_tokens <= self.small_max and self.fuse_decode:
-            self.record_fused(recorder, n_tokens)
+            self.record_fused(recorder, n_tokens, bounded)
         else:
             self.norm.record(recorder, n_tokens)
             self.linear.record(recorder, n_tokens)
@@ -544,11 +548,13 @@ class NormTernaryLinear:
             found = self._fused[(rows, bounded)] = (pipeline, bind, ceil_div(self.linear.out_width, total))
         return found
 
-    def record_fused(self, recorder: gpu.Recorder, n_tokens: int) -> None:
+    def record_fused(self, recorder: gpu.Recorder, n_tokens: int, bounded: bool = False) -> None:
         """The fused kernel for each of `n_tokens` rows (what record() runs for up to SMALL_T_MAX rows
         on a GPU; tests and benchmarks call it on any adapter): `rows` weight rows per row group for one
         token row; for more, `verify_rows` and rows from StepParams.n_tokens on skipped (the same
-        arithmetic per row either way)."""
+        arithmetic per row either way; `bounded` skips them for one row too)."""
         verify = n_tokens > 1
-        pipeline, bind, groups = self._fused_kernel(self.verify_rows if verify else self.rows, bounded=verify)
+        pipeline, bind, groups = self._fused_kernel(
+            self.verify_rows if verify else self.rows, bounded=verify or bounded
+        )
         recorder.dispatch(pipeline, bind, groups, n_tokens)

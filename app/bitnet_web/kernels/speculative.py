@@ -9,6 +9,8 @@ which takes the same buffers. The rules are model/speculation.py's; tests check 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from .. import gpu
@@ -23,14 +25,22 @@ SPECULATE_MAX = 8  # largest draft (verify rows = draft + 1)
 # (docs/performance.md, "Session 15"), where full drafts of 2 were best before.
 SPECULATE_GPU = 6
 DRAFT_WORKGROUP = 256  # > SPECULATE_MAX: one invocation per verify row writes it
-STATE_WORDS = 4  # SpecBuffers.state: draft_len, history length, kv_capacity, unused
+# The reply's end on the GPU (SpecBuffers.start): its token budget and up to STOP_IDS_MAX stop ids, so
+# the steps queued past the end leave at once instead of computing tokens nobody reads. The host stays
+# the authority on where a reply ends (more stop ids, stop strings): this only saves GPU time.
+STOP_IDS_MAX = 8
+NO_BUDGET = 0xFFFFFFFF  # a reply without a token budget (until the context is full)
+NO_TOKEN = 0xFFFFFFFF  # an unused stop-id slot
+STATE_WORDS = 4 + STOP_IDS_MAX  # SpecBuffers.state, see there
 
 
 class SpecBuffers:
     """The speculative loop's GPU state for drafts of up to `k` tokens.
 
     history [history_len] u32   prompt + accepted tokens (spec_draft.wgsl appends each step's output)
-    state   [4] u32             draft_len, history length, kv_capacity (host-written), unused
+    state   [STATE_WORDS] u32   [0] draft_len, [1] history length, [2] kv_capacity (host-written),
+                                [3] budget: tokens the reply's steps may still emit (0: it has ended,
+                                every later step leaves at once and emits nothing), [4..] stop ids
     out     [k + 2] u32         the last verify step's n_emitted, then its emitted tokens
     draft   [max(k, 1)] u32     the drafted tokens of the current step
     """
@@ -45,14 +55,30 @@ class SpecBuffers:
         self.draft = device.buffer(4 * max(k, 1), label="speculation draft")
         self.buffers = [self.history, self.state, self.out, self.draft]
 
-    def start(self, history: list[int], kv_capacity: int) -> None:
+    def start(
+        self, history: list[int], kv_capacity: int, budget: int | None = None, stop_ids: Sequence[int] = ()
+    ) -> None:
         """A speculative reply starts: the history (the text so far, its last token not yet verified)
-        and no output to fold."""
+        and no output to fold. The reply ends on the GPU once its steps have emitted `budget` tokens
+        (None: never) or a token of `stop_ids` (the first STOP_IDS_MAX of them, smallest first)."""
         if not 1 <= len(history) <= self.history_len:
             raise ValueError(f"speculation history of {len(history)} tokens, room for 1..{self.history_len}")
+        if budget is not None and budget < 0:
+            raise ValueError(f"speculation budget of {budget} tokens")
         self.device.upload(self.history, 0, np.asarray(history, dtype=np.uint32))
-        self.device.upload(self.state, 0, np.asarray([0, len(history), kv_capacity, 0], dtype=np.uint32))
+        state = np.full(STATE_WORDS, NO_TOKEN, dtype=np.uint32)
+        state[:4] = [0, len(history), kv_capacity, NO_BUDGET if budget is None else min(budget, NO_BUDGET - 1)]
+        stops = sorted(int(t) for t in stop_ids)[:STOP_IDS_MAX]
+        state[4 : 4 + len(stops)] = stops
+        self.device.upload(self.state, 0, state)
         self.device.upload(self.out, 0, np.zeros(self.k + 2, dtype=np.uint32))
+
+    def reopen(self) -> None:
+        """The reply goes on past its end on the GPU (a caller reading past its budget or a stop id):
+        no budget and no stop ids from the next submitted step on."""
+        state = np.full(STATE_WORDS - 3, NO_TOKEN, dtype=np.uint32)
+        state[0] = NO_BUDGET
+        self.device.upload(self.state, 12, state)
 
     def set_kv_capacity(self, kv_capacity: int) -> None:
         """The KV cache grew: later verify steps' StepParams carry the new row count."""
@@ -91,7 +117,13 @@ class SpecDraft:
                 f"step params buffer {step_params.label!r}: needs {StepParams.NBYTES} bytes and STORAGE usage"
             )
         self.pipeline = kernels.pipeline(
-            "spec_draft", K=k, OUT_K=buffers.k, NGRAM=ngram_max, WG=DRAFT_WORKGROUP, HISTORY=buffers.history_len
+            "spec_draft",
+            K=k,
+            OUT_K=buffers.k,
+            NGRAM=ngram_max,
+            WG=DRAFT_WORKGROUP,
+            HISTORY=buffers.history_len,
+            STOPS=STOP_IDS_MAX,
         )
         self.bind = kernels.device.bind_group(
             self.pipeline,

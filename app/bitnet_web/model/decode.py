@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,7 +23,7 @@ from ..kernels.common import StepParams
 from ..kernels.embedding import Argmax
 from ..kernels.sampling import GPUSampler
 from ..kernels.spec_sampling import SpecSampleAccept
-from ..kernels.speculative import SPECULATE_MAX, GreedyAccept, SpecBuffers, SpecDraft
+from ..kernels.speculative import NO_BUDGET, SPECULATE_MAX, STOP_IDS_MAX, GreedyAccept, SpecBuffers, SpecDraft
 from ..text.sampler import SamplerSettings
 from .speculation import NGRAM_MAX, SpeculationPolicy
 
@@ -75,8 +75,8 @@ class GPUDecodeLoop:
     _speculation: dict[int, SpeculationOps] | None = None  # per draft size
     _spec_samplers: dict[int, SpecSampleAccept] | None = None  # sampled acceptance, per draft size
     # of the last speculative decode: drafted tokens, those yielded, verify steps whose output was read,
-    # and tokens of draft-off steps
-    draft_proposed = draft_accepted = verify_steps = plain_steps = 0
+    # tokens of draft-off steps, and steps read back that had run past the reply's end
+    draft_proposed = draft_accepted = verify_steps = plain_steps = idle_steps = 0
     draft_length_counts: list[int] = []  # of the last speculative decode: verify steps per draft length 0..k
     encode_seconds = 0.0  # time spent recording decode steps (Python's share of a token)
 
@@ -240,6 +240,7 @@ class GPUDecodeLoop:
         if ops is None:
             for layer in self.layer_ops:  # verify rows with RoPE fused in (built at load on a GPU)
                 layer.attention.prepare_draft_rows()
+            self.lm_head.single_bounded()  # draft-off steps' head, not compiled mid-reply
             # history: the context, plus the tokens a last verify step emits past it
             buffers = SpecBuffers(self.device, k, self.config.context_length + k + 2)
             draft, draft_off = (
@@ -262,6 +263,7 @@ class GPUDecodeLoop:
         history: list[int],
         limit: int | None = None,
         policy: SpeculationPolicy | None = None,
+        stop_ids: Sequence[int] = (),
     ) -> AsyncIterator[int]:
         """decode_speculative with the speculative sampling rule (kernels/spec_sampling.py: a drafted
         token is kept with probability p(x), else one is drawn from p without it), so the tokens are
@@ -278,7 +280,7 @@ class GPUDecodeLoop:
             self._buffers.extend(op.buffers)
             self._spec_samplers[k] = op
         op.configure(settings, seed, first_draw, history)
-        return self.decode_speculative(first_token, k, limit, op, policy)
+        return self.decode_speculative(first_token, k, limit, op, policy, stop_ids)
 
     def _record_verify_steps(
         self, k: int, n_steps: int, rows: int, staging: gpu.Buffer, pos_bound: int, accept: Acceptance
@@ -307,6 +309,7 @@ class GPUDecodeLoop:
         limit: int | None = None,
         accept: Acceptance | None = None,
         policy: SpeculationPolicy | None = None,
+        stop_ids: Sequence[int] = (),
     ) -> AsyncIterator[int]:
         """Greedy decoding, `first_token` first fed, with steps that verify a prompt-lookup draft of up
         to `k` tokens (model/speculation.py's rules, run on the GPU): the same tokens as decode_greedy,
@@ -327,12 +330,20 @@ class GPUDecodeLoop:
         are overwritten later. `cached_tokens` holds the inputs of the submitted steps the host knows
         (as in _decode_on_gpu), so stopping at any yield leaves the cache consistent.
 
+        The reply also ends on the GPU, after `limit` tokens or a token of `stop_ids` (SpecBuffers.start):
+        the steps queued past its end (up to a submit or two: the host learns of the end only from a
+        readback) then leave every kernel at once and emit nothing, instead of costing a whole step
+        each. The host tracks that end exactly (such steps compute no row, so their input is not
+        cached); a caller that reads on past it reopens the reply (SpecBuffers.reopen) and gets the
+        same tokens as without the end.
+
         `draft_proposed` / `draft_accepted` count the drafted tokens of the verify steps whose output
         was yielded, and those of them yielded (each step's last token is the model's own choice);
         `verify_steps` those steps (`draft_length_counts[d]`: those with a draft of d tokens),
-        `plain_steps` the tokens of draft-off steps.
+        `plain_steps` the tokens of draft-off steps, `idle_steps` the steps read back that the GPU ran
+        past the reply's end.
         """
-        self.draft_proposed = self.draft_accepted = self.verify_steps = self.plain_steps = 0
+        self.draft_proposed = self.draft_accepted = self.verify_steps = self.plain_steps = self.idle_steps = 0
         self.draft_length_counts = [0] * (k + 1)
         ops = self._speculation_ops(k)  # a bad k fails here, before any step
         accept = accept or ops.greedy
@@ -344,7 +355,12 @@ class GPUDecodeLoop:
         context = self.config.context_length
         pos = self.n_cached  # the next unread step's position (exact: every step before it is read)
         emitted = 0  # tokens yielded (first_token not counted)
-        ops.buffers.start(self.cached_tokens + [first_token], self.kv_cache.capacity)
+        stops = frozenset(int(t) for t in stop_ids)
+        ops.buffers.start(self.cached_tokens + [first_token], self.kv_cache.capacity, limit, stops)
+        # what the GPU's budget is once every step read so far has folded (0: the reply ended there),
+        # tracked exactly: so the host knows which queued steps run and which leave at once
+        budget = NO_BUDGET if limit is None else limit
+        gpu_stops = frozenset(sorted(stops)[:STOP_IDS_MAX])
         queued: deque[tuple[gpu.Buffer, int, int]] = deque()  # submitted, not read: (staging, steps, rows)
         pending = pending_rows = 0  # steps submitted and not read; the most rows they can take
         launched = 0
@@ -353,6 +369,8 @@ class GPUDecodeLoop:
         def next_submit() -> tuple[int, int]:
             """(steps, rows per step) of the next submit; no steps when none is due now."""
             rows = k + 1
+            if budget == 0:
+                return 0, rows  # the reply ended on the GPU: more only if the caller reads on
             if policy is not None and not policy.speculating:
                 rows = 1
             elif pos + pending_rows + k + 1 > context:  # a verify step may not fit
@@ -391,6 +409,9 @@ class GPUDecodeLoop:
         try:
             while pos < context:
                 if not queued:
+                    if budget == 0:  # the caller reads past the reply's end: the GPU's steps go on
+                        ops.buffers.reopen()
+                        budget, gpu_stops = NO_BUDGET, frozenset()
                     n, rows = next_submit()
                     launch(max(1, n), rows)
                     if len(self.cached_tokens) == pos:
@@ -408,8 +429,15 @@ class GPUDecodeLoop:
                     pending_rows -= rows
                     row = raw[stride * j : stride * (j + 1)].tolist()
                     n_emitted, tokens, draft_len = row[0], row[1 : 1 + row[0]], row[k + 2]
+                    if n_emitted == 0:  # queued past the reply's end: it left at once
+                        self.idle_steps += 1
+                        continue
                     pos += n_emitted
                     last = tokens[-1]
+                    if budget != NO_BUDGET:
+                        budget -= min(n_emitted, budget)
+                    if not gpu_stops.isdisjoint(tokens):
+                        budget = 0
                     verified = rows > 1
                     if verified:
                         self.draft_proposed += draft_len
@@ -424,8 +452,8 @@ class GPUDecodeLoop:
                         if i < n_emitted - 1:
                             self.draft_accepted += 1
                             self.cached_tokens.append(token)  # an accepted draft: its row was computed
-                        elif pending:
-                            self.cached_tokens.append(token)  # the input of a submitted step
+                        elif pending and budget:
+                            self.cached_tokens.append(token)  # the input of a submitted step that runs
                         if policy is not None:
                             policy.push(token, verified)
                         yield token

@@ -314,7 +314,8 @@ class BitNetModel(GPUDecodeLoop):
         itself from that row of `step_rows` (the caller packed it): several steps in one submit. With
         `params_on_gpu` the caller has recorded their copy into the uniform and the position is known
         only on the GPU (speculative verify steps: the caller made room in the KV cache); `pos` is then
-        an upper bound of it or None (attention dispatches enough splits for any position)."""
+        an upper bound of it or None (attention dispatches enough splits for any position), and the
+        rows may be fewer than n_tokens, even none (a step past the reply's end leaves at once)."""
         if not params_on_gpu:
             pos = self.n_cached if pos is None else pos
             self.kv_cache.ensure_capacity(pos + n_tokens)
@@ -326,20 +327,21 @@ class BitNetModel(GPUDecodeLoop):
         else:
             rec.copy(self.step_rows, StepParams.NBYTES * step_row, self.step.buffer, 0, StepParams.NBYTES)
         n = n_tokens
+        bounded = params_on_gpu  # StepParams may say fewer rows, even none: the kernels read them
         self.embed.record(rec, n)  # x = token_embd[token_ids]
         for layer in self.layer_ops:
             # x = x + W_o(sub_norm(attention(rope(W_qkv(norm(x)))))); RoPE and the KV-cache write run
             # inside the attention op (fused into its kernel for a decode step or a verify step's rows)
-            layer.qkv.record(rec, n)
+            layer.qkv.record(rec, n, bounded)
             layer.attention.record(rec, n, pos)
-            layer.wo.record(rec, n)
+            layer.wo.record(rec, n, bounded)
             # x = x + W_down(sub_norm(act(W_gate(norm(x))) * W_up(norm(x))))
-            layer.gate_up.record(rec, n)
-            layer.down.record(rec, n)
+            layer.gate_up.record(rec, n, bounded)
+            layer.down.record(rec, n, bounded)
         # logits = head(output_norm(x)) for the last row, or for every row
         if head:
             self.final_norm.record(rec, n, last_only=not all_logits)
-            self.lm_head.record(rec, n if all_logits else 1)
+            self.lm_head.record(rec, n if all_logits else 1, bounded)
         return rec
 
     async def forward(self, token_ids: list[int], all_logits: bool = False) -> np.ndarray:
