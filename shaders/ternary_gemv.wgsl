@@ -19,6 +19,8 @@
 //   2 xq       [T, K/16] vec4<u32>   int8 activations, 4 per u32
 //   3 xscale   [T] f32               1/s of each activation row
 //   4 out      [T, OUT_W] f32        OUT_W = N, or N/2 for the gated epilogues
+//   5 params   uniform StepParams    only with BOUNDED (a verify step's rows): rows from n_tokens on
+//                                    exit at once
 //
 // Mapping: a workgroup of WG threads computes ROWS accumulators (ROWS output rows, or ROWS/2 gate
 // and the ROWS/2 matching up rows) for token t = workgroup_id.y. Thread lid takes 16-byte chunks
@@ -29,6 +31,9 @@
 // thread without subgroups).
 // Dispatch: (ceil(OUT_W / OUTS), n_tokens, 1) with OUTS = ROWS (or ROWS/2 gated).
 
+//#if BOUNDED
+${STEP_PARAMS}
+//#endif
 const K: u32 = ${K};
 const N: u32 = ${N};
 const ROWS: u32 = ${ROWS};
@@ -48,6 +53,9 @@ const OUT_W: u32 = select(N, HALF, GATED);
 @group(0) @binding(2) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> xscale: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+//#if BOUNDED
+@group(0) @binding(5) var<uniform> params: StepParams;
+//#endif
 
 var<workgroup> acc_wg: array<atomic<i32>, ROWS>;
 
@@ -69,6 +77,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 ) {
     let g = wid.x;
     let t = wid.y;
+//#if BOUNDED
+    if (t >= params.n_tokens) {  // uniform: the whole workgroup leaves
+        return;
+    }
+//#endif
     // All loads first (clamped indices, no branch).
 //#for it in ITERS
     let c{{it}} = lid + {{it}}u * WG;

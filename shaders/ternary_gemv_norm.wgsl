@@ -32,6 +32,14 @@
 //   5 params   uniform StepParams    only with BOUNDED (verify steps; 4 without HAS_WEIGHT): token rows
 //                                    from n_tokens on exit at once (a draft shorter than the step's rows)
 //
+// QUANT_ONLY: the norm and quantization alone, for the rows of a verify step (one workgroup row per
+// token, no weights): each thread writes its quantized words to xq_out [T, K/16] vec4<u32> in the
+// order ternary_gemv.wgsl reads (vec4 8b + 2s + h holds values 128b + 32s + 16h + 0..15) and thread 0
+// writes 1/s to xscale_out [T] f32; ternary_gemv.wgsl then computes per row what this kernel would
+// (the same words, wscale * (1/s) * the exact integer sum, the same epilogue), so a verify row still
+// equals its decode step bit for bit. Bindings: 0 x, 1 norm_w (HAS_WEIGHT), then xq_out, xscale_out
+// and params (BOUNDED). Dispatch: (1, n_tokens, 1).
+//
 // Per-thread values are unrolled `let`s (//#for, see common.unroll_loops), never loop-indexed arrays.
 // Mapping: accumulators TOTAL = GROUPS * ROWS per workgroup (TOTAL output rows, or TOTAL/2 gate rows
 // and the matching up rows) for token t = workgroup_id.y; group gi owns accumulators gi*ROWS + r.
@@ -57,6 +65,23 @@ const HALF: u32 = N / 2u;
 const OUTS: u32 = select(TOTAL, TOTAL / 2u, GATED);
 const OUT_W: u32 = select(N, HALF, GATED);
 
+//#if QUANT_ONLY
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+//#if HAS_WEIGHT
+@group(0) @binding(1) var<storage, read> norm_w: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> xq_out: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> xscale_out: array<f32>;
+//#if BOUNDED
+@group(0) @binding(4) var<uniform> params: StepParams;
+//#endif
+//#else
+@group(0) @binding(1) var<storage, read_write> xq_out: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> xscale_out: array<f32>;
+//#if BOUNDED
+@group(0) @binding(3) var<uniform> params: StepParams;
+//#endif
+//#endif
+//#else
 @group(0) @binding(0) var<storage, read> weights: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> wscale: array<f32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
@@ -72,22 +97,25 @@ const OUT_W: u32 = select(N, HALF, GATED);
 @group(0) @binding(4) var<uniform> params: StepParams;
 //#endif
 //#endif
+//#endif
 
-var<workgroup> acc_wg: array<atomic<i32>, TOTAL>;
 var<workgroup> sg_fits_wg: u32;  // 1 when subgroups never straddle two row groups
+//#if !QUANT_ONLY
+var<workgroup> acc_wg: array<atomic<i32>, TOTAL>;
 //#if SHARED_ROW
 var<workgroup> xq_s: array<vec4<u32>, CHUNKS * 4u>;  // chunk c's quantized inputs: vec4 4c + s
 //#endif
 
 //#include _ternary_codes
 //#include _epilogue
-//#include _norm_reduce
-
 
 // Weight row of accumulator r (0..TOTAL-1) of workgroup g.
 fn weight_row(g: u32, r: u32) -> u32 {
     return group_row(g, r, TOTAL);
 }
+//#endif
+//#include _norm_reduce
+
 
 fn pack_i8(v: vec4<f32>, k: f32) -> u32 {
     let q = vec4<i32>(clamp(round(v * k), vec4<f32>(-128.0), vec4<f32>(127.0)));
@@ -118,6 +146,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let cl = lid % GW;
     let live = cl < CHUNKS;
     let c = min(cl, CHUNKS - 1u);  // idle threads load a valid chunk and contribute nothing
+//#if !QUANT_ONLY
 
     // Weight loads first (clamped indices, no branch): nothing needs them until the dot products.
 //#for r in ROWS
@@ -142,6 +171,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             residual = out[t * OUT_W + o];
         }
     }
+//#endif
 
     // This thread's inputs: runs s = gi * SVEC + q (q < SVEC) of chunk c, at vec4 32b + 8s + 4h + j.
     let at = (c / 2u) * 32u + (c % 2u) * 4u + gi * SVEC * 8u;
@@ -184,6 +214,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#endif
     let s = 127.0 / max(amax * rn, 1e-5);
     let k = rn * s;
+//#if QUANT_ONLY
+    if (live) {
+//#for q in SVEC
+        xq_out[t * (K / 16u) + (c / 2u) * 8u + 2u * (gi * SVEC + {{q}}u) + c % 2u] = vec4<u32>(
+            pack_i8(h{{q}}_0, k), pack_i8(h{{q}}_1, k), pack_i8(h{{q}}_2, k), pack_i8(h{{q}}_3, k));
+//#endfor
+    }
+    if (lid == 0u) {
+        xscale_out[t] = 1.0 / s;
+    }
+//#else
 //#if SHARED_ROW
     if (live) {
 //#for q in SVEC
@@ -237,4 +278,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         }
         store_out_from(t * OUT_W + o, y, u, residual);
     }
+//#endif
 }

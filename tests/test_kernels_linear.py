@@ -1119,20 +1119,57 @@ def test_norm_linear_verify_rows_match_numpy(device, kernels, parts, k, epilogue
 @pytest.mark.parametrize("epilogue", ["residual", "gate_relu2"])
 def test_norm_linear_verify_rows_past_n_tokens_are_skipped(device, kernels, epilogue):
     """A verify step dispatches k + 1 rows and its draft kernel sets StepParams.n_tokens to the rows its
-    draft fills: the fused kernel computes rows below n_tokens as before and leaves the others alone."""
+    draft fills (0 past the reply's end): the fused and split paths compute rows below n_tokens as before
+    and leave the others alone."""
     rng = np.random.default_rng(95)
     t = 6
     op, out_buf, expected, tie = norm_linear_case(device, kernels, rng, [96, 96], 384, t, epilogue)
     prior = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
-    for n_tokens in (1, 4, t):
+    for record in (op.record_fused, op.record_split):
+        for n_tokens in (0, 1, 4, t):
+            device.upload(out_buf, 0, prior)
+            op.step.write(n_tokens, 0, 0)
+            recorder = device.begin()
+            record(recorder, t)
+            recorder.submit()
+            got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
+            name = f"{record.__name__}, n_tokens {n_tokens}"
+            if n_tokens:
+                check_norm_linear(got[:n_tokens], expected[:n_tokens], tie[:n_tokens], name)
+            assert np.array_equal(got[n_tokens:], prior[n_tokens:]), name
+
+
+@pytest.mark.parametrize(
+    "parts,k,epilogue,with_weight,row_groups,mean_width",
+    [
+        ([96, 96], 384, "gate_relu2", True, 4, None),
+        ([200], 2560, "residual", True, 2, 2500),
+        ([64, 64], 6912, "gate_silu", True, 2, None),
+        ([72], 384, "store", False, 1, None),
+    ],
+)
+def test_norm_linear_split_rows_equal_fused_rows_bit_for_bit(
+    device, kernels, parts, k, epilogue, with_weight, row_groups, mean_width
+):
+    """The split small-T path (the fused kernel's norm and quantization alone, then the decode GEMV)
+    must give every row exactly the fused kernel's floats: a verify row equals its decode step only so
+    (RMSNormQuant's norm, the same math in another order, fails this)."""
+    t = 5
+    rng = np.random.default_rng(k + row_groups)
+    kwargs = {"mean_width": mean_width} if mean_width else {}
+    op, out_buf, expected, _ = norm_linear_case(
+        device, kernels, rng, parts, k, t, epilogue, with_weight, row_groups=row_groups, **kwargs
+    )
+    prior = read(device, out_buf, np.float32, expected.size)
+    results = []
+    for record in (op.record_fused, op.record_split):
         device.upload(out_buf, 0, prior)
-        op.step.write(n_tokens, 0, 0)
+        op.step.write(t, 0, 0)
         recorder = device.begin()
-        op.record_fused(recorder, t)
+        record(recorder, t)
         recorder.submit()
-        got = read(device, out_buf, np.float32, expected.size).reshape(expected.shape)
-        check_norm_linear(got[:n_tokens], expected[:n_tokens], tie[:n_tokens], f"n_tokens {n_tokens}")
-        assert np.array_equal(got[n_tokens:], prior[n_tokens:]), n_tokens
+        results.append(read(device, out_buf, np.float32, expected.size))
+    assert np.array_equal(results[0], results[1]), np.flatnonzero(results[0] != results[1])[:8]
 
 
 def test_row_groups_follow_the_row_length():

@@ -203,16 +203,17 @@ def test_greedy_accept_kernel_is_accept_greedy(device, kernels):
 @contextlib.contextmanager
 def gpu_kernels(engine: Engine, on: bool):
     """With `on`, every BitLinear runs a discrete GPU's kernels (the fused norm + GEMV for decode and
-    verify rows) on this CPU adapter, which otherwise picks the separate norm dispatch."""
+    verify rows, the split path for verify steps of long drafts, as on a large model) on this CPU
+    adapter, which otherwise picks the separate norm dispatch."""
     ops = [op for layer in engine.model.layer_ops for op in (layer.qkv, layer.wo, layer.gate_up, layer.down)]
-    before = [op.fuse_decode for op in ops]
+    before = [(op.fuse_decode, op.split_pays) for op in ops]
     for op in ops:
-        op.fuse_decode = op.fuse_decode or on
+        op.fuse_decode, op.split_pays = op.fuse_decode or on, op.split_pays or on
     try:
         yield
     finally:
-        for op, fused in zip(ops, before, strict=True):
-            op.fuse_decode = fused
+        for op, (fused, split) in zip(ops, before, strict=True):
+            op.fuse_decode, op.split_pays = fused, split
 
 
 @pytest.mark.parametrize(("batching", "kernels"), [((1, 2), "adapter"), ((3, 2), "adapter"), ((3, 2), "gpu")])

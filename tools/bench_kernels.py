@@ -187,10 +187,6 @@ def bench_verify_steps(args: argparse.Namespace) -> None:
             op.record(rec)
         return rec
 
-    if args.padded:
-        time_padded_steps(args, model, record)
-        engine.close()
-        return
     for path in args.paths.split(","):
         if path not in SMALL_T_PATHS:
             raise SystemExit(f"--paths: unknown small-T path {path!r}; expected some of {', '.join(SMALL_T_PATHS)}")
@@ -198,7 +194,10 @@ def bench_verify_steps(args: argparse.Namespace) -> None:
             for op in (layer.qkv, layer.wo, layer.gate_up, layer.down):
                 op.small_t_path = path
         print(f"\n## small-T path {path!r} (default {SMALL_T_PATH!r})", flush=True)
-        time_verify_steps(args, device, record)
+        if args.padded:
+            time_padded_steps(args, model, record)
+        else:
+            time_verify_steps(args, device, record)
     engine.close()
 
 

@@ -10,9 +10,10 @@ read gate row i and up row N/2 + i, so `pair_rows` only checks that the halves m
 Decode (one token) runs `ternary_gemv.wgsl`: ROWS rows per workgroup, 16-byte weight loads,
 dot4I8Packed, subgroupAdd when present; `NormTernaryLinear` folds the input RMSNorm + quantization
 into it (`ternary_gemv_norm.wgsl`, what the model uses). 2..SMALL_T_MAX rows (speculative verify
-steps) take one of the paths of SMALL_T_PATH (by default the decode kernel with one workgroup row
-per token, so that each row rounds exactly as its decode step; `ternary_gemv_rows.wgsl` holds the
-weights in registers for all rows). Longer prefill runs `ternary_gemm.wgsl`,
+steps) take one of the paths of SMALL_T_PATH (by default the fused kernel with one workgroup row per
+token for up to 3 rows, and past them its norm and quantization alone then the decode GEMV per row:
+either way each row rounds exactly as its decode step; `ternary_gemv_rows.wgsl` holds the weights in
+registers for all rows). Longer prefill runs `ternary_gemm.wgsl`,
 which stages a tile of weight rows (decoded once to signed int8) and token rows in workgroup memory
 and reuses each weight word TT times. Measurements: docs/performance-notes.md.
 """
@@ -277,6 +278,8 @@ class TernaryLinear:
         self._rows: dict[int, tuple[gpu.Pipeline, gpu.BindGroup]] = {}
         self.rows_groups = ceil_div(out_w, rows_gemv_rows // 2 if gated else rows_gemv_rows)
         self._kernels, self._label = kernels, label
+        self._gemv_rows, self._step = gemv_rows, step
+        self._gemv_bounded: tuple[gpu.Pipeline, gpu.BindGroup] | None = None
 
         tile = {**GEMM_TILE, **(gemm_tile or {})}
         rt, tt, kb = tile["TX"] * tile["MR"], tile["TY"] * tile["MT"], tile["KB"]
@@ -321,9 +324,26 @@ class TernaryLinear:
         else:
             recorder.dispatch(self.gemm, self.gemm_bind, self.gemm_groups, ceil_div(n_tokens, self.gemm_token_tile))
 
-    def record_gemv(self, recorder: gpu.Recorder, n_tokens: int) -> None:
-        """The GEMV for each of `n_tokens` rows independently (tests and benchmarks)."""
-        recorder.dispatch(self.gemv, self.gemv_bind, self.gemv_groups, n_tokens)
+    def record_gemv(self, recorder: gpu.Recorder, n_tokens: int, bounded: bool = False) -> None:
+        """The GEMV for each of `n_tokens` rows independently; `bounded`: rows from StepParams.n_tokens
+        on leave at once (a verify step's rows past its draft)."""
+        pipeline, bind = self.gemv_bounded() if bounded else (self.gemv, self.gemv_bind)
+        recorder.dispatch(pipeline, bind, self.gemv_groups, n_tokens)
+
+    def gemv_bounded(self) -> tuple[gpu.Pipeline, gpu.BindGroup]:
+        """The GEMV that reads StepParams.n_tokens (built on first use)."""
+        if self._gemv_bounded is None:
+            constants = self._rows_constants
+            pipeline = self._kernels.pipeline(
+                "ternary_gemv",
+                **{**constants, "ROWS": self._gemv_rows, "defines": constants["defines"] + ("BOUNDED",)},
+                STEP_PARAMS=STEP_PARAMS_WGSL,
+            )
+            bind = self._kernels.device.bind_group(
+                pipeline, [*self._rows_buffers, self._step.buffer], f"{self._label} gemv (bounded)"
+            )
+            self._gemv_bounded = (pipeline, bind)
+        return self._gemv_bounded
 
     def record_rows(self, recorder: gpu.Recorder, n_tokens: int) -> None:
         """`ternary_gemv_rows`: all `n_tokens` rows (1..SMALL_T_MAX) in each workgroup, every weight
@@ -360,17 +380,25 @@ def norm_gemv_verify_rows(n_rows: int, n_cols: int) -> int:
 
 
 # How NormTernaryLinear runs 2..SMALL_T_MAX rows (a speculative verify step) on a GPU; read when an
-# op is built. "split": RMSNormQuant once for the rows, then the decode GEMV per row (two dispatches).
-# "fused": the fused decode kernel with one workgroup row per token (every workgroup normalizes its
-# row again). "rows": RMSNormQuant once, then ternary_gemv_rows (each weight read once for all rows).
-# Whole 2B-4T steps on the H100 at T = 5: split 1.65x a decode step, fused 1.91x, rows 1.96x
-# (docs/performance.md, issue 15); `tools/bench_kernels.py --verify-steps --paths ...` compares them.
-# "fused" is the default although it is the slower one: it is the decode kernel itself, so every
-# verify row's activations are normalized, quantized and scaled exactly as its decode step's (split
-# and rows sum the squares in another order: a last-bit change of the scale that can flip an int8
-# code, and with it a greedy token). Speculative greedy output equals plain decoding only so.
-SMALL_T_PATHS = ("fused", "split", "rows")
-SMALL_T_PATH = "fused"
+# op is built. "fused": the fused decode kernel with one workgroup row per token (every workgroup
+# normalizes its row again). "split": the same kernel's norm and quantization alone, once per row
+# (QUANT_ONLY), then the plain GEMV per row (two dispatches). "auto": fused up to FUSED_MAX_ROWS rows,
+# split past them. "rows": RMSNormQuant once, then ternary_gemv_rows (each weight read once for all
+# rows; benchmarks only: its norm rounds differently from a decode step's). Fused and split compute
+# every row bit for bit as its decode step (split's quantization is the fused kernel's own code, and
+# ternary_gemv.wgsl scales the exact integer sums by the same factors in the same order), which
+# speculative greedy output needs to equal plain decoding. Whole 2B-4T steps on the H200 (x a decode
+# step, T = 2..9 rows; docs/performance.md "Session 17"): fused 1.20 1.40 1.69 2.01 2.22 2.50 2.74 3.03,
+# split 1.33 1.45 1.59 1.75 1.94 2.09 2.24 2.41 (`tools/bench_kernels.py --verify-steps --paths ...`);
+# but the split GEMV's rows past a short draft cost more (many small workgroups): 7 rows of which d + 1
+# live, fused 1.15 + 0.24 d, split 1.52 + 0.11 d decode steps: even at d = 2.8. So "auto" takes split
+# for a matrix of at least SPLIT_MIN_WEIGHTS weights (on a small model the extra dispatch outweighs
+# the GEMV work) when the rows expected live (all rows, or what the caller expects of a verify
+# step's draft) are at least SPLIT_MIN_LIVE_ROWS.
+SMALL_T_PATHS = ("auto", "fused", "split", "rows")
+SMALL_T_PATH = "auto"
+SPLIT_MIN_LIVE_ROWS = 3.8
+SPLIT_MIN_WEIGHTS = 4_000_000
 
 
 def norm_gemv_row_groups(n_rows: int, group_threads: int = 64) -> int:
@@ -395,9 +423,10 @@ class NormTernaryLinear:
     Decode (n_tokens == 1): one dispatch of `ternary_gemv_norm.wgsl`, in which every workgroup
     normalizes and quantizes the input row itself (no rmsnorm_quant dispatch, no x_q round trip).
     2..SMALL_T_MAX rows (a speculative verify step): SMALL_T_PATH, by default this same kernel with
-    one workgroup row per token, bit for bit what each row's decode step computes. The workgroups
-    sharing weight rows run close together, so each weight comes from memory once and the other
-    rows' reads mostly hit L2 (docs/performance.md, issue 15).
+    one workgroup row per token up to FUSED_MAX_ROWS rows, and past them the kernel's norm and
+    quantization once per row (QUANT_ONLY) and the decode GEMV per row: bit for bit what each row's
+    decode step computes either way. The workgroups sharing weight rows run close together, so each
+    weight comes from memory once and the other rows' reads mostly hit L2 (docs/performance.md).
     Longer prefill: `RMSNormQuant` into x_q / x_scale, then the tiled GEMM, as the two ops would.
     Constructor arguments are those of RMSNormQuant and TernaryLinear together; `rows` weight rows
     per row group for one token row and `verify_rows` (default `norm_gemv_verify_rows`) for more,
@@ -487,6 +516,8 @@ class NormTernaryLinear:
         self._fused_buffers = [weights.codes, weights.scales, x]
         self._fused_buffers += ([norm_weight] if norm_weight is not None else []) + [out]
         self.step = step
+        self.linear_x_q, self.linear_x_scale = x_q, x_scale
+        self._quant: tuple[gpu.Pipeline, gpu.BindGroup] | None = None  # the split path's QUANT_ONLY kernel
         self._fused_label, self._kernels, self._outs_per_row = label, kernels, (2 if gated else 1)
         # (rows per group, bounded) -> (pipeline, bind group, workgroups)
         self._fused: dict[tuple[int, bool], tuple[gpu.Pipeline, gpu.BindGroup, int]] = {}
@@ -502,15 +533,25 @@ class NormTernaryLinear:
         if SMALL_T_PATH not in SMALL_T_PATHS:
             raise ValueError(f"SMALL_T_PATH is {SMALL_T_PATH!r}; expected one of {SMALL_T_PATHS}")
         self.small_t_path = SMALL_T_PATH
+        self.split_pays = weights.n_rows * weights.n_cols >= SPLIT_MIN_WEIGHTS
+        if self.fuse_decode and (SMALL_T_PATH == "split" or SMALL_T_PATH == "auto" and self.split_pays):
+            self._split_kernels()  # compiled at load, not at the first verify step
 
-    def record(self, recorder: gpu.Recorder, n_tokens: int, bounded: bool = False) -> None:
+    def record(
+        self, recorder: gpu.Recorder, n_tokens: int, bounded: bool = False, live_rows: float | None = None
+    ) -> None:
         """`bounded`: a one-row step whose StepParams are written on the GPU (a speculative draft-off
         step), which may say 0 rows: the fused kernel then reads n_tokens and leaves at once (more
-        rows always do)."""
+        rows always do). `live_rows`: how many of the rows the caller expects StepParams to keep (a
+        verify step's draft + 1, on average; default all), which picks the "auto" path."""
         small = 1 < n_tokens <= self.small_max and self.fuse_decode
-        if small and self.small_t_path == "rows":
+        path = self.small_t_path
+        if path == "auto":
+            live = n_tokens if live_rows is None else live_rows
+            path = "split" if self.split_pays and live >= SPLIT_MIN_LIVE_ROWS else "fused"
+        if small and path == "rows":
             self.record_rows(recorder, n_tokens)
-        elif small and self.small_t_path == "split":
+        elif small and path == "split":
             self.record_split(recorder, n_tokens)
         elif n_tokens <= self.small_max and self.fuse_decode:
             self.record_fused(recorder, n_tokens, bounded)
@@ -519,10 +560,24 @@ class NormTernaryLinear:
             self.linear.record(recorder, n_tokens)
 
     def record_split(self, recorder: gpu.Recorder, n_tokens: int) -> None:
-        """RMSNormQuant over the rows (StepParams.n_tokens must equal n_tokens), then the plain GEMV
-        per row: the "split" small-T path."""
-        self.norm.record(recorder, n_tokens)
-        self.linear.record_gemv(recorder, n_tokens)
+        """The "split" small-T path: the fused kernel's norm and quantization of each row into
+        x_q / x_scale (QUANT_ONLY), then the plain GEMV per row; rows from StepParams.n_tokens on
+        leave at once in both."""
+        pipeline, bind = self._split_kernels()
+        recorder.dispatch(pipeline, bind, 1, n_tokens)
+        self.linear.record_gemv(recorder, n_tokens, bounded=True)
+
+    def _split_kernels(self) -> tuple[gpu.Pipeline, gpu.BindGroup]:
+        """The split path's QUANT_ONLY kernel, built with its bounded GEMV on first use."""
+        if self._quant is None:
+            constants = dict(self._fused_constants)
+            constants["defines"] += ("QUANT_ONLY", "BOUNDED")
+            pipeline = self._kernels.pipeline("ternary_gemv_norm", ROWS=self.rows, **constants)
+            buffers = [*self._fused_buffers[2:-1], self.linear_x_q, self.linear_x_scale, self.step.buffer]
+            bind = self._kernels.device.bind_group(pipeline, buffers, f"{self._fused_label} norm + quantization")
+            self._quant = (pipeline, bind)
+            self.linear.gemv_bounded()
+        return self._quant
 
     def record_rows(self, recorder: gpu.Recorder, n_tokens: int) -> None:
         """RMSNormQuant over the rows (StepParams.n_tokens must equal n_tokens), then

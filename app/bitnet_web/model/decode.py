@@ -21,6 +21,7 @@ import numpy as np
 from .. import gpu
 from ..kernels.common import StepParams
 from ..kernels.embedding import Argmax
+from ..kernels.linear import SPLIT_MIN_LIVE_ROWS
 from ..kernels.sampling import GPUSampler
 from ..kernels.spec_sampling import SpecSampleAccept
 from ..kernels.speculative import NO_BUDGET, SPECULATE_MAX, STOP_IDS_MAX, GreedyAccept, SpecBuffers, SpecDraft
@@ -83,6 +84,8 @@ class GPUDecodeLoop:
     # Decode steps recorded into one submit, and such submits queued on the GPU at once (see
     # _decode_on_gpu): None takes the device's `decode_batching`; tests and benchmarks set it.
     DECODE_BATCHING: tuple[int, int] | None = None
+    # Verify steps whose draft lengths set the expected live rows of the next submit's steps
+    DRAFT_WINDOW = 8
 
     def decode_batching(self) -> tuple[int, int]:
         """(steps per submit, submits in flight) for the GPU decode loop."""
@@ -283,20 +286,30 @@ class GPUDecodeLoop:
         return self.decode_speculative(first_token, k, limit, op, policy, stop_ids)
 
     def _record_verify_steps(
-        self, k: int, n_steps: int, rows: int, staging: gpu.Buffer, pos_bound: int, accept: Acceptance
+        self,
+        k: int,
+        n_steps: int,
+        rows: int,
+        staging: gpu.Buffer,
+        pos_bound: int,
+        accept: Acceptance,
+        live_rows: float | None = None,
     ) -> gpu.Recorder:
         """`n_steps` steps of `rows` rows each (k + 1: verify steps of drafts of k tokens; 1: draft-off
         steps) in one recorder. Step j drafts on the GPU (which also sets its StepParams), runs its
         rows with every row's logits, accepts, and copies its out slice and draft_len to words
         (k + 3) j.. of `staging`. `pos_bound`: the largest position step 0 can have (each step advances
-        1..rows): attention dispatches enough splits for it."""
+        1..rows): attention dispatches enough splits for it. `live_rows`: the rows a step is expected to
+        keep (draft + 1), which picks the BitLinears' kernels (NormTernaryLinear.record)."""
         ops = self._speculation_ops(k)
         draft = ops.draft if rows > 1 else ops.draft_off
         stride = 4 * (k + 3)
         rec = self.device.begin()
         for j in range(n_steps):
             draft.record(rec)  # also writes the step's StepParams
-            self._record_step(rows, all_logits=True, rec=rec, pos=pos_bound + j * rows, params_on_gpu=True)
+            self._record_step(
+                rows, all_logits=True, rec=rec, pos=pos_bound + j * rows, params_on_gpu=True, live_rows=live_rows
+            )
             accept.record(rec, rows)
             rec.copy(ops.buffers.out, 0, staging, stride * j, 4 * (k + 2))
             rec.copy(ops.buffers.state, 0, staging, stride * j + 4 * (k + 2), 4)
@@ -365,6 +378,11 @@ class GPUDecodeLoop:
         pending = pending_rows = 0  # steps submitted and not read; the most rows they can take
         launched = 0
         last = first_token  # the input of the next step, not in cached_tokens until a step computes it
+        recent_drafts: deque[int] = deque(maxlen=self.DRAFT_WINDOW)  # draft lengths of the last verify steps read
+
+        def expected_live() -> float:
+            """Rows a verify step is expected to keep: 1 + the recent mean draft (1 before any is read)."""
+            return 1.0 + (sum(recent_drafts) / len(recent_drafts) if recent_drafts else 0.0)
 
         def next_submit() -> tuple[int, int]:
             """(steps, rows per step) of the next submit; no steps when none is due now."""
@@ -383,12 +401,12 @@ class GPUDecodeLoop:
         # a recording made for a larger position bound is as exact (attention covers more splits, unused ones exit)
         ahead_rec = RecordedAhead(operator.ge)
 
-        def prepare(n: int, rows: int, bound: int) -> gpu.Recorder:
+        def prepare(n: int, rows: int, bound: int, live: float) -> gpu.Recorder:
             """Record (and encode) n steps of `rows` rows, the first at a position <= bound, without submitting."""
             encode_start = time.perf_counter()
             if self.kv_cache.ensure_capacity(bound + n * rows):
                 ops.buffers.set_kv_capacity(self.kv_cache.capacity)
-            rec = self._record_verify_steps(k, n, rows, ring[launched % len(ring)], bound, accept)
+            rec = self._record_verify_steps(k, n, rows, ring[launched % len(ring)], bound, accept, live)
             rec.finish()
             self.encode_seconds += time.perf_counter() - encode_start
             return rec
@@ -396,7 +414,9 @@ class GPUDecodeLoop:
         def launch(n: int, rows: int) -> None:
             nonlocal pending, pending_rows, launched
             bound = pos + pending_rows
-            rec = ahead_rec.take(bound, (n, rows)) or prepare(n, rows, bound)
+            live = expected_live()  # the recording's kernels depend on it only through the split choice
+            shape = (n, rows, live >= SPLIT_MIN_LIVE_ROWS)
+            rec = ahead_rec.take(bound, shape) or prepare(n, rows, bound, live)
             staging = ring[launched % len(ring)]
             rec.submit()
             self.device.start_read(staging)  # before any later submit (gpu.Device.start_read)
@@ -421,8 +441,8 @@ class GPUDecodeLoop:
                 staging, n, rows = queued.popleft()
                 ahead = next_submit() if queued else (0, 0)
                 if ahead[0] > 0:  # the refilling submit, recorded while the host waits (as in _decode_on_gpu)
-                    bound = pos + pending_rows
-                    ahead_rec.keep(bound, ahead, prepare(*ahead, bound))
+                    bound, live = pos + pending_rows, expected_live()
+                    ahead_rec.keep(bound, (*ahead, live >= SPLIT_MIN_LIVE_ROWS), prepare(*ahead, bound, live))
                 raw = (await self.device.read_staging(staging, 4 * stride * n)).view(np.uint32)
                 for j in range(n):
                     pending -= 1
@@ -440,6 +460,7 @@ class GPUDecodeLoop:
                         budget = 0
                     verified = rows > 1
                     if verified:
+                        recent_drafts.append(draft_len)
                         self.draft_proposed += draft_len
                         self.draft_length_counts[min(draft_len, k)] += 1
                         self.verify_steps += 1

@@ -305,6 +305,7 @@ class BitNetModel(GPUDecodeLoop):
         head: bool = True,
         step_row: int | None = None,
         params_on_gpu: bool = False,
+        live_rows: float | None = None,
     ) -> gpu.Recorder:
         """Record one forward step over `n_tokens` rows at positions pos.. (default: the next ones,
         n_cached; queued decode steps run ahead of the host's bookkeeping); `head=False` leaves out
@@ -315,7 +316,8 @@ class BitNetModel(GPUDecodeLoop):
         `params_on_gpu` the caller has recorded their copy into the uniform and the position is known
         only on the GPU (speculative verify steps: the caller made room in the KV cache); `pos` is then
         an upper bound of it or None (attention dispatches enough splits for any position), and the
-        rows may be fewer than n_tokens, even none (a step past the reply's end leaves at once)."""
+        rows may be fewer than n_tokens, even none (a step past the reply's end leaves at once);
+        `live_rows` is how many the caller expects on average (it picks the BitLinears' small-T path)."""
         if not params_on_gpu:
             pos = self.n_cached if pos is None else pos
             self.kv_cache.ensure_capacity(pos + n_tokens)
@@ -332,12 +334,12 @@ class BitNetModel(GPUDecodeLoop):
         for layer in self.layer_ops:
             # x = x + W_o(sub_norm(attention(rope(W_qkv(norm(x)))))); RoPE and the KV-cache write run
             # inside the attention op (fused into its kernel for a decode step or a verify step's rows)
-            layer.qkv.record(rec, n, bounded)
+            layer.qkv.record(rec, n, bounded, live_rows)
             layer.attention.record(rec, n, pos)
-            layer.wo.record(rec, n, bounded)
+            layer.wo.record(rec, n, bounded, live_rows)
             # x = x + W_down(sub_norm(act(W_gate(norm(x))) * W_up(norm(x))))
-            layer.gate_up.record(rec, n, bounded)
-            layer.down.record(rec, n, bounded)
+            layer.gate_up.record(rec, n, bounded, live_rows)
+            layer.down.record(rec, n, bounded, live_rows)
         # logits = head(output_norm(x)) for the last row, or for every row
         if head:
             self.final_norm.record(rec, n, last_only=not all_logits)
