@@ -26,7 +26,7 @@ from ..kernels.sampling import GPUSampler
 from ..kernels.spec_sampling import SpecSampleAccept
 from ..kernels.speculative import NO_BUDGET, SPECULATE_MAX, STOP_IDS_MAX, GreedyAccept, SpecBuffers, SpecDraft
 from ..text.sampler import SamplerSettings
-from .speculation import NGRAM_MAX, SpeculationPolicy
+from .speculation import NGRAM_MAX, SpeculationPolicy, prompt_lookup_draft
 
 
 class Acceptance(Protocol):
@@ -369,7 +369,8 @@ class GPUDecodeLoop:
         pos = self.n_cached  # the next unread step's position (exact: every step before it is read)
         emitted = 0  # tokens yielded (first_token not counted)
         stops = frozenset(int(t) for t in stop_ids)
-        ops.buffers.start(self.cached_tokens + [first_token], self.kv_cache.capacity, limit, stops)
+        start_history = self.cached_tokens + [first_token]
+        ops.buffers.start(start_history, self.kv_cache.capacity, limit, stops)
         # what the GPU's budget is once every step read so far has folded (0: the reply ended there),
         # tracked exactly: so the host knows which queued steps run and which leave at once
         budget = NO_BUDGET if limit is None else limit
@@ -378,11 +379,12 @@ class GPUDecodeLoop:
         pending = pending_rows = 0  # steps submitted and not read; the most rows they can take
         launched = 0
         last = first_token  # the input of the next step, not in cached_tokens until a step computes it
-        recent_drafts: deque[int] = deque(maxlen=self.DRAFT_WINDOW)  # draft lengths of the last verify steps read
+        # draft lengths of the last verify steps read; first, of the one the first step will draft
+        recent_drafts = deque([len(prompt_lookup_draft(start_history, k))], maxlen=self.DRAFT_WINDOW)
 
         def expected_live() -> float:
-            """Rows a verify step is expected to keep: 1 + the recent mean draft (1 before any is read)."""
-            return 1.0 + (sum(recent_drafts) / len(recent_drafts) if recent_drafts else 0.0)
+            """Rows a verify step is expected to keep: 1 + the recent mean draft."""
+            return 1.0 + sum(recent_drafts) / len(recent_drafts)
 
         def next_submit() -> tuple[int, int]:
             """(steps, rows per step) of the next submit; no steps when none is due now."""
