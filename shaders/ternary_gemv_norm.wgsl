@@ -40,10 +40,6 @@
 // equals its decode step bit for bit. Bindings: 0 x, 1 norm_w (HAS_WEIGHT), then xq_out, xscale_out
 // and params (BOUNDED). Dispatch: (1, n_tokens, 1).
 //
-// PREQUANT: the GEMV alone over rows QUANT_ONLY quantized (the verify steps' "split" path): the same
-// workgroups, weight loads, integer sums and epilogue, with each thread's chunk words read from xq
-// [T, K/16] vec4<u32> (binding 2) and 1/s from xscale [T] f32 (binding 3, where norm_w would be).
-//
 // Per-thread values are unrolled `let`s (//#for, see common.unroll_loops), never loop-indexed arrays.
 // Mapping: accumulators TOTAL = GROUPS * ROWS per workgroup (TOTAL output rows, or TOTAL/2 gate rows
 // and the matching up rows) for token t = workgroup_id.y; group gi owns accumulators gi*ROWS + r.
@@ -88,14 +84,6 @@ const OUT_W: u32 = select(N, HALF, GATED);
 //#else
 @group(0) @binding(0) var<storage, read> weights: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> wscale: array<f32>;
-//#if PREQUANT
-@group(0) @binding(2) var<storage, read> xq: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> xscale: array<f32>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
-//#if BOUNDED
-@group(0) @binding(5) var<uniform> params: StepParams;
-//#endif
-//#else
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 //#if HAS_WEIGHT
 @group(0) @binding(3) var<storage, read> norm_w: array<vec4<f32>>;
@@ -107,7 +95,6 @@ const OUT_W: u32 = select(N, HALF, GATED);
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 //#if BOUNDED
 @group(0) @binding(4) var<uniform> params: StepParams;
-//#endif
 //#endif
 //#endif
 //#endif
@@ -185,22 +172,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         }
     }
 //#endif
-//#if PREQUANT
-    let xb = t * (K / 16u) + (c / 2u) * 8u + c % 2u;  // chunk c's words, as ternary_gemv.wgsl reads them
-    let x0 = xq[xb];
-    let x1 = xq[xb + 2u];
-    let x2 = xq[xb + 4u];
-    let x3 = xq[xb + 6u];
-    let inv_s_row = xscale[t];
-//#if SUBGROUPS
-    if (lid == 0u) {
-        sg_fits_wg = select(0u, 1u, GW % sg_size == 0u);
-    }
-    let sg_fits = workgroupUniformLoad(&sg_fits_wg) == 1u;  // also orders the zeroing before the sums
-//#else
-    workgroupBarrier();
-//#endif
-//#else
 
     // This thread's inputs: runs s = gi * SVEC + q (q < SVEC) of chunk c, at vec4 32b + 8s + 4h + j.
     let at = (c / 2u) * 32u + (c % 2u) * 4u + gi * SVEC * 8u;
@@ -272,10 +243,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
                            pack_i8(h{{q}}_3, k));
 //#endfor
 //#endif
-    let inv_s_row = 1.0 / s;
-//#endif
-//#endif
-//#if !QUANT_ONLY
     let xsum = word_sum(x0) + word_sum(x1) + word_sum(x2) + word_sum(x3);
 
 //#for r in ROWS
@@ -303,7 +270,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#endif
     workgroupBarrier();
     if (stores) {
-        let inv_s = inv_s_row;
+        let inv_s = 1.0 / s;
         let y = scale_y * inv_s * f32(atomicLoad(&acc_wg[lid]));
         var u = 0.0;
         if (GATED) {

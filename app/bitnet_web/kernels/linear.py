@@ -517,7 +517,7 @@ class NormTernaryLinear:
         self._fused_buffers += ([norm_weight] if norm_weight is not None else []) + [out]
         self.step = step
         self.linear_x_q, self.linear_x_scale = x_q, x_scale
-        self._split: tuple | None = None  # the split path's kernels (_split_kernels)
+        self._quant: tuple[gpu.Pipeline, gpu.BindGroup] | None = None  # the split path's QUANT_ONLY kernel
         self._fused_label, self._kernels, self._outs_per_row = label, kernels, (2 if gated else 1)
         # (rows per group, bounded) -> (pipeline, bind group, workgroups)
         self._fused: dict[tuple[int, bool], tuple[gpu.Pipeline, gpu.BindGroup, int]] = {}
@@ -563,33 +563,21 @@ class NormTernaryLinear:
         """The "split" small-T path: the fused kernel's norm and quantization of each row into
         x_q / x_scale (QUANT_ONLY), then the plain GEMV per row; rows from StepParams.n_tokens on
         leave at once in both."""
-        (quant, quant_bind), (gemv, gemv_bind, groups) = self._split_kernels()
-        recorder.dispatch(quant, quant_bind, 1, n_tokens)
-        recorder.dispatch(gemv, gemv_bind, groups, n_tokens)
+        pipeline, bind = self._split_kernels()
+        recorder.dispatch(pipeline, bind, 1, n_tokens)
+        self.linear.record_gemv(recorder, n_tokens, bounded=True)
 
-    def _split_kernels(
-        self,
-    ) -> tuple[tuple[gpu.Pipeline, gpu.BindGroup], tuple[gpu.Pipeline, gpu.BindGroup, int]]:
-        """The split path's kernels, built on first use: QUANT_ONLY (pipeline, bind group) and the
-        PREQUANT GEMV (pipeline, bind group, workgroups per row), the verify rows' tiling."""
-        if self._split is None:
-            device, label = self._kernels.device, self._fused_label
-            quant_constants = dict(self._fused_constants)
-            quant_constants["defines"] += ("QUANT_ONLY", "BOUNDED")
-            quant = self._kernels.pipeline("ternary_gemv_norm", ROWS=self.rows, **quant_constants)
+    def _split_kernels(self) -> tuple[gpu.Pipeline, gpu.BindGroup]:
+        """The split path's QUANT_ONLY kernel, built with its bounded GEMV on first use."""
+        if self._quant is None:
+            constants = dict(self._fused_constants)
+            constants["defines"] += ("QUANT_ONLY", "BOUNDED")
+            pipeline = self._kernels.pipeline("ternary_gemv_norm", ROWS=self.rows, **constants)
             buffers = [*self._fused_buffers[2:-1], self.linear_x_q, self.linear_x_scale, self.step.buffer]
-            quant_bind = device.bind_group(quant, buffers, f"{label} norm + quantization")
-            gemv_constants = dict(self._fused_constants)
-            gemv_constants["defines"] = tuple(
-                d for d in gemv_constants["defines"] if d not in ("NORMALIZE", "HAS_WEIGHT", "SHARED_ROW")
-            ) + ("PREQUANT", "BOUNDED")
-            gemv = self._kernels.pipeline("ternary_gemv_norm", ROWS=self.verify_rows, **gemv_constants)
-            weights, out = self._fused_buffers[0:2], self._fused_buffers[-1]
-            gemv_buffers = [*weights, self.linear_x_q, self.linear_x_scale, out, self.step.buffer]
-            gemv_bind = device.bind_group(gemv, gemv_buffers, f"{label} GEMV of quantized rows")
-            groups = self._fused_kernel(self.verify_rows, bounded=True)[2]
-            self._split = ((quant, quant_bind), (gemv, gemv_bind, groups))
-        return self._split
+            bind = self._kernels.device.bind_group(pipeline, buffers, f"{self._fused_label} norm + quantization")
+            self._quant = (pipeline, bind)
+            self.linear.gemv_bounded()
+        return self._quant
 
     def record_rows(self, recorder: gpu.Recorder, n_tokens: int) -> None:
         """RMSNormQuant over the rows (StepParams.n_tokens must equal n_tokens), then
