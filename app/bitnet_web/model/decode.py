@@ -382,8 +382,15 @@ class GPUDecodeLoop:
         # draft lengths of the last verify steps read; first, of the one the first step will draft
         recent_drafts = deque([len(prompt_lookup_draft(start_history, k))], maxlen=self.DRAFT_WINDOW)
 
-        def expected_live() -> float:
-            """Rows a verify step is expected to keep: 1 + the recent mean draft."""
+        recent_emitted = deque([1 + recent_drafts[0]], maxlen=self.DRAFT_WINDOW)  # tokens of those steps
+
+        def expected_live(n: int) -> float:
+            """Rows each verify step of a submit of `n` launched now is expected to keep: 1 + the recent
+            mean draft; 1 where the submit probably reaches the reply's limit (the split path's steps
+            past the end cost more than the fused one's: its extra dispatches)."""
+            per_step = sum(recent_emitted) / len(recent_emitted)
+            if limit is not None and emitted + (pending + n) * per_step >= limit:
+                return 1.0
             return 1.0 + sum(recent_drafts) / len(recent_drafts)
 
         def next_submit() -> tuple[int, int]:
@@ -416,7 +423,7 @@ class GPUDecodeLoop:
         def launch(n: int, rows: int) -> None:
             nonlocal pending, pending_rows, launched
             bound = pos + pending_rows
-            live = expected_live()  # the recording's kernels depend on it only through the split choice
+            live = expected_live(n)  # the recording's kernels depend on it only through the split choice
             shape = (n, rows, live >= SPLIT_MIN_LIVE_ROWS)
             rec = ahead_rec.take(bound, shape) or prepare(n, rows, bound, live)
             staging = ring[launched % len(ring)]
@@ -443,7 +450,7 @@ class GPUDecodeLoop:
                 staging, n, rows = queued.popleft()
                 ahead = next_submit() if queued else (0, 0)
                 if ahead[0] > 0:  # the refilling submit, recorded while the host waits (as in _decode_on_gpu)
-                    bound, live = pos + pending_rows, expected_live()
+                    bound, live = pos + pending_rows, expected_live(ahead[0])
                     ahead_rec.keep(bound, (*ahead, live >= SPLIT_MIN_LIVE_ROWS), prepare(*ahead, bound, live))
                 raw = (await self.device.read_staging(staging, 4 * stride * n)).view(np.uint32)
                 for j in range(n):
@@ -463,6 +470,7 @@ class GPUDecodeLoop:
                     verified = rows > 1
                     if verified:
                         recent_drafts.append(draft_len)
+                        recent_emitted.append(n_emitted)
                         self.draft_proposed += draft_len
                         self.draft_length_counts[min(draft_len, k)] += 1
                         self.verify_steps += 1
