@@ -10,10 +10,10 @@ read gate row i and up row N/2 + i, so `pair_rows` only checks that the halves m
 Decode (one token) runs `ternary_gemv.wgsl`: ROWS rows per workgroup, 16-byte weight loads,
 dot4I8Packed, subgroupAdd when present; `NormTernaryLinear` folds the input RMSNorm + quantization
 into it (`ternary_gemv_norm.wgsl`, what the model uses). 2..SMALL_T_MAX rows (speculative verify
-steps) take one of the paths of SMALL_T_PATH (by default the fused kernel with one workgroup row per
-token for up to 3 rows, and past them its norm and quantization alone then the decode GEMV per row:
-either way each row rounds exactly as its decode step; `ternary_gemv_rows.wgsl` holds the weights in
-registers for all rows). Longer prefill runs `ternary_gemm.wgsl`,
+steps) take one of the paths of SMALL_T_PATH (the fused kernel with one workgroup row per token, or
+for long drafts on large matrices its norm and quantization alone then the decode GEMV per row: either
+way each row rounds exactly as its decode step; `ternary_gemv_rows.wgsl` holds the weights in registers
+for all rows). Longer prefill runs `ternary_gemm.wgsl`,
 which stages a tile of weight rows (decoded once to signed int8) and token rows in workgroup memory
 and reuses each weight word TT times. Measurements: docs/performance-notes.md.
 """
@@ -382,19 +382,16 @@ def norm_gemv_verify_rows(n_rows: int, n_cols: int) -> int:
 # How NormTernaryLinear runs 2..SMALL_T_MAX rows (a speculative verify step) on a GPU; read when an
 # op is built. "fused": the fused decode kernel with one workgroup row per token (every workgroup
 # normalizes its row again). "split": the same kernel's norm and quantization alone, once per row
-# (QUANT_ONLY), then the plain GEMV per row (two dispatches). "auto": fused up to FUSED_MAX_ROWS rows,
-# split past them. "rows": RMSNormQuant once, then ternary_gemv_rows (each weight read once for all
-# rows; benchmarks only: its norm rounds differently from a decode step's). Fused and split compute
-# every row bit for bit as its decode step (split's quantization is the fused kernel's own code, and
-# ternary_gemv.wgsl scales the exact integer sums by the same factors in the same order), which
-# speculative greedy output needs to equal plain decoding. Whole 2B-4T steps on the H200 (x a decode
-# step, T = 2..9 rows; docs/performance.md "Session 17"): fused 1.20 1.40 1.69 2.01 2.22 2.50 2.74 3.03,
-# split 1.33 1.45 1.59 1.75 1.94 2.09 2.24 2.41 (`tools/bench_kernels.py --verify-steps --paths ...`);
-# but the split GEMV's rows past a short draft cost more (many small workgroups): 7 rows of which d + 1
-# live, fused 1.15 + 0.24 d, split 1.52 + 0.11 d decode steps: even at d = 2.8. So "auto" takes split
-# for a matrix of at least SPLIT_MIN_WEIGHTS weights (on a small model the extra dispatch outweighs
-# the GEMV work) when the rows expected live (all rows, or what the caller expects of a verify
-# step's draft) are at least SPLIT_MIN_LIVE_ROWS.
+# (QUANT_ONLY), then the plain GEMV per row. "rows": RMSNormQuant once, then ternary_gemv_rows (each
+# weight read once for all rows; benchmarks only: its norm rounds differently from a decode step's).
+# Fused and split compute every row bit for bit as its decode step (split's quantization is the fused
+# kernel's own code, and ternary_gemv.wgsl scales the exact integer sums by the same factors in the
+# same order), which speculative greedy output needs to equal plain decoding. Split's rows cost less
+# (no norm per workgroup) but its norm dispatches cost a step ~0.4 ms on 2B-4T whatever the draft, so
+# "auto" takes it only for matrices of at least SPLIT_MIN_WEIGHTS weights (a small model's steps are
+# dispatch-bound) when the rows expected live (all rows of a forward pass; for a verify step, its
+# caller's estimate of draft + 1) are at least SPLIT_MIN_LIVE_ROWS: where the two cost the same on
+# 2B-4T (docs/performance.md "Session 17"; `tools/bench_kernels.py --verify-steps --paths ... [--padded K]`).
 SMALL_T_PATHS = ("auto", "fused", "split", "rows")
 SMALL_T_PATH = "auto"
 SPLIT_MIN_LIVE_ROWS = 3.8
@@ -423,7 +420,7 @@ class NormTernaryLinear:
     Decode (n_tokens == 1): one dispatch of `ternary_gemv_norm.wgsl`, in which every workgroup
     normalizes and quantizes the input row itself (no rmsnorm_quant dispatch, no x_q round trip).
     2..SMALL_T_MAX rows (a speculative verify step): SMALL_T_PATH, by default this same kernel with
-    one workgroup row per token up to FUSED_MAX_ROWS rows, and past them the kernel's norm and
+    one workgroup row per token, or for long drafts on large matrices the kernel's norm and
     quantization once per row (QUANT_ONLY) and the decode GEMV per row: bit for bit what each row's
     decode step computes either way. The workgroups sharing weight rows run close together, so each
     weight comes from memory once and the other rows' reads mostly hit L2 (docs/performance.md).

@@ -84,7 +84,7 @@ class GPUDecodeLoop:
     # Decode steps recorded into one submit, and such submits queued on the GPU at once (see
     # _decode_on_gpu): None takes the device's `decode_batching`; tests and benchmarks set it.
     DECODE_BATCHING: tuple[int, int] | None = None
-    # Verify steps whose draft lengths set the expected live rows of the next submit's steps
+    # Verify steps whose draft lengths give the rows the next submit's steps are expected to keep
     DRAFT_WINDOW = 8
 
     def decode_batching(self) -> tuple[int, int]:
@@ -381,7 +381,6 @@ class GPUDecodeLoop:
         last = first_token  # the input of the next step, not in cached_tokens until a step computes it
         # draft lengths of the last verify steps read; first, of the one the first step will draft
         recent_drafts = deque([len(prompt_lookup_draft(start_history, k))], maxlen=self.DRAFT_WINDOW)
-
         recent_emitted = deque([1 + recent_drafts[0]], maxlen=self.DRAFT_WINDOW)  # tokens of those steps
 
         def expected_live(n: int) -> float:
