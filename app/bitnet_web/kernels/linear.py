@@ -513,7 +513,7 @@ class NormTernaryLinear:
         self._fused_buffers = [weights.codes, weights.scales, x]
         self._fused_buffers += ([norm_weight] if norm_weight is not None else []) + [out]
         self.step = step
-        self.linear_x_q, self.linear_x_scale = x_q, x_scale
+        self._x_q, self._x_scale = x_q, x_scale  # the split path writes them
         self._quant: tuple[gpu.Pipeline, gpu.BindGroup] | None = None  # the split path's QUANT_ONLY kernel
         self._fused_label, self._kernels, self._outs_per_row = label, kernels, (2 if gated else 1)
         # (rows per group, bounded) -> (pipeline, bind group, workgroups)
@@ -570,7 +570,7 @@ class NormTernaryLinear:
             constants = dict(self._fused_constants)
             constants["defines"] += ("QUANT_ONLY", "BOUNDED")
             pipeline = self._kernels.pipeline("ternary_gemv_norm", ROWS=self.rows, **constants)
-            buffers = [*self._fused_buffers[2:-1], self.linear_x_q, self.linear_x_scale, self.step.buffer]
+            buffers = [*self._fused_buffers[2:-1], self._x_q, self._x_scale, self.step.buffer]
             bind = self._kernels.device.bind_group(pipeline, buffers, f"{self._fused_label} norm + quantization")
             self._quant = (pipeline, bind)
             self.linear.gemv_bounded()

@@ -34,6 +34,11 @@ NO_TOKEN = 0xFFFFFFFF  # an unused stop-id slot
 STATE_WORDS = 4 + STOP_IDS_MAX  # SpecBuffers.state, see there
 
 
+def gpu_stop_ids(stop_ids: Sequence[int]) -> frozenset[int]:
+    """The stop ids the GPU checks: the STOP_IDS_MAX smallest (the host checks all of them)."""
+    return frozenset(sorted(int(t) for t in stop_ids)[:STOP_IDS_MAX])
+
+
 class SpecBuffers:
     """The speculative loop's GPU state for drafts of up to `k` tokens.
 
@@ -68,7 +73,7 @@ class SpecBuffers:
         self.device.upload(self.history, 0, np.asarray(history, dtype=np.uint32))
         state = np.full(STATE_WORDS, NO_TOKEN, dtype=np.uint32)
         state[:4] = [0, len(history), kv_capacity, NO_BUDGET if budget is None else min(budget, NO_BUDGET - 1)]
-        stops = sorted(int(t) for t in stop_ids)[:STOP_IDS_MAX]
+        stops = sorted(gpu_stop_ids(stop_ids))
         state[4 : 4 + len(stops)] = stops
         self.device.upload(self.state, 0, state)
         self.device.upload(self.out, 0, np.zeros(self.k + 2, dtype=np.uint32))

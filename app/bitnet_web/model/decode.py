@@ -24,7 +24,14 @@ from ..kernels.embedding import Argmax
 from ..kernels.linear import SPLIT_MIN_LIVE_ROWS
 from ..kernels.sampling import GPUSampler
 from ..kernels.spec_sampling import SpecSampleAccept
-from ..kernels.speculative import NO_BUDGET, SPECULATE_MAX, STOP_IDS_MAX, GreedyAccept, SpecBuffers, SpecDraft
+from ..kernels.speculative import (
+    NO_BUDGET,
+    SPECULATE_MAX,
+    GreedyAccept,
+    SpecBuffers,
+    SpecDraft,
+    gpu_stop_ids,
+)
 from ..text.sampler import SamplerSettings
 from .speculation import NGRAM_MAX, SpeculationPolicy, prompt_lookup_draft
 
@@ -368,13 +375,12 @@ class GPUDecodeLoop:
         context = self.config.context_length
         pos = self.n_cached  # the next unread step's position (exact: every step before it is read)
         emitted = 0  # tokens yielded (first_token not counted)
-        stops = frozenset(int(t) for t in stop_ids)
         start_history = self.cached_tokens + [first_token]
-        ops.buffers.start(start_history, self.kv_cache.capacity, limit, stops)
+        ops.buffers.start(start_history, self.kv_cache.capacity, limit, stop_ids)
         # what the GPU's budget is once every step read so far has folded (0: the reply ended there),
         # tracked exactly: so the host knows which queued steps run and which leave at once
         budget = NO_BUDGET if limit is None else limit
-        gpu_stops = frozenset(sorted(stops)[:STOP_IDS_MAX])
+        gpu_stops = gpu_stop_ids(stop_ids)
         queued: deque[tuple[gpu.Buffer, int, int]] = deque()  # submitted, not read: (staging, steps, rows)
         pending = pending_rows = 0  # steps submitted and not read; the most rows they can take
         launched = 0
