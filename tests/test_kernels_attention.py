@@ -13,8 +13,11 @@ import pytest
 from bitnet_web import gpu  # noqa: E402
 from bitnet_web.kernels import attention as attention_module  # noqa: E402
 from bitnet_web.kernels.attention import (  # noqa: E402
+    DIRECT_MAX_TILES,
     LANES_CPU,
     LANES_GPU,
+    LONG_CONTEXT_ROWS,
+    LONG_SPLITS,
     MAX_SPLITS,
     SUPPORTED_HEAD_DIMS,
     WORKGROUP,
@@ -22,6 +25,7 @@ from bitnet_web.kernels.attention import (  # noqa: E402
     AttentionScratch,
     lane_shape,
     max_query_heads_per_kv,
+    split_count,
     tile_rows,
 )
 from bitnet_web.kernels.common import StepParams  # noqa: E402
@@ -397,6 +401,35 @@ def test_long_context_decode_split(device, kernels, pass_pos, dtype, max_splits)
     got = layer.attend(q, k, v, pos, attention=attention, pass_pos=pass_pos)
     np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
     assert -(-(pos + 1) // tile_rows(128)) > MAX_SPLITS
+
+
+@pytest.mark.parametrize("pass_pos", [True, False])
+def test_long_context_decode_past_the_split_cap(device, kernels, monkeypatch, pass_pos):
+    """Past LONG_CONTEXT_ROWS rows a token's decode takes at most LONG_SPLITS workgroups per KV head
+    (here 2011 rows in 126 tiles: 8 splits of 16 tiles); the kernel, the combine and the host's
+    dispatch agree on it (with `pos` the dispatch covers just the capped splits)."""
+    monkeypatch.setattr(attention_module, "LONG_CONTEXT_ROWS", 1500)
+    monkeypatch.setattr(attention_module, "LONG_SPLITS", 8)
+    pos = 2011
+    rng = np.random.default_rng(2012)
+    layer = long_context_layer(device, kernels, "f16")
+    attention = layer.make_attention(kernels, 1, scratch=AttentionScratch(device, 20, 128, 4096))
+    q, k, v = random_qkv(rng, 1, pos + 1, 20, 5, 128, "f16", k_scale=1.0)
+    for row in (3, 700, 1999):
+        k[row, 1] = as_stored(q[0, 5] * 0.4, "f16")
+    got = layer.attend(q, k, v, pos, attention=attention, pass_pos=pass_pos)
+    np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
+
+
+def test_split_count_caps_long_contexts():
+    """The host's copy of _split_plan.wgsl's rule: one workgroup up to DIRECT_MAX_TILES tiles, then one
+    per tile up to MAX_SPLITS, and up to LONG_SPLITS past LONG_CONTEXT_ROWS rows."""
+    tile = tile_rows(128)
+    direct = DIRECT_MAX_TILES * tile
+    assert split_count(direct, tile, 64) == 1 and split_count(direct + 1, tile, 64) == DIRECT_MAX_TILES + 1
+    assert split_count(LONG_CONTEXT_ROWS, tile, 64) == min(64, -(-LONG_CONTEXT_ROWS // tile))
+    assert split_count(LONG_CONTEXT_ROWS + 1, tile, 64) == LONG_SPLITS
+    assert split_count(4096, tile, 16) == 16  # a smaller scratch caps both
 
 
 @pytest.mark.slow

@@ -31,6 +31,12 @@ from .rope import RopeKV
 WORKGROUP = 256  # invocations of the attention and combine workgroups (the WebGPU default maximum)
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)  # HD / 4 must divide WORKGROUP
 MAX_SPLITS = 64  # most workgroups one KV head's decode is split over (partials merged by the combine)
+# Past LONG_CONTEXT_ROWS cache rows at most LONG_SPLITS: twice the tiles per workgroup and half the
+# partials to merge. Whole 2B-4T steps on the H200 from 3.5k to 4k rows: 3-4% shorter for one row, 5-6%
+# for verify steps of 3 and 7 rows; up to 3,329 rows one row was 4% faster with 64 (docs/performance.md,
+# session 18; `tools/bench_kernels.py --walks lanes,lanes-L64 --contexts 3072,3584,4000`).
+LONG_SPLITS = 32
+LONG_CONTEXT_ROWS = 3456
 # Fused decode up to this many tiles runs in one dispatch, without split + combine: past 128 rows one
 # workgroup per KV head costs more than the combine dispatch (tools/bench_kernels.py --walks).
 DIRECT_MAX_TILES = 8
@@ -46,6 +52,15 @@ USE_LANES = True
 LANES_GPU = 32
 LANES_CPU = 8
 LANE_ROWS = 2
+
+
+def split_count(kv_len: int, tile: int, max_splits: int) -> int:
+    """Workgroups per KV head of a one-token attention that sees kv_len cache rows: shaders/_split_plan.wgsl's
+    rule (1 while the rows fit in DIRECT_MAX_TILES tiles)."""
+    n_tiles = -(-kv_len // tile)
+    if kv_len <= DIRECT_MAX_TILES * tile:
+        return 1
+    return min(n_tiles, min(LONG_SPLITS, max_splits) if kv_len > LONG_CONTEXT_ROWS else max_splits)
 
 
 def tile_rows(head_dim: int) -> int:
@@ -209,6 +224,8 @@ class Attention:
             TILE=self.tile,
             WG=WORKGROUP,
             MAX_SPLITS=scratch.max_splits,
+            LONG_SPLITS=min(LONG_SPLITS, scratch.max_splits),
+            LONG_ROWS=LONG_CONTEXT_ROWS,
             DIRECT_TILES=DIRECT_MAX_TILES,
             SCALE=float(1.0 / math.sqrt(head_dim)) if scale is None else float(scale),
             ROPE_DIM=rope.table.rope_dim if rope is not None else head_dim,
@@ -254,6 +271,8 @@ class Attention:
             TILE=self.tile,
             WG=WORKGROUP,
             MAX_SPLITS=scratch.max_splits,
+            LONG_SPLITS=min(LONG_SPLITS, scratch.max_splits),
+            LONG_ROWS=LONG_CONTEXT_ROWS,
             DIRECT_TILES=DIRECT_MAX_TILES,
         )
         self.combine_group = device.bind_group(
@@ -319,16 +338,20 @@ class Attention:
     def record(self, recorder: gpu.Recorder, n_tokens: int, pos: int | None = None) -> None:
         """Add this layer's attention (and RoPE + KV append when built with `rope`).
 
-        `pos` (tokens already cached) is optional: given, the decode dispatch covers the splits in use
-        rounded up to a power of two (surplus ones exit at once), so the recorded command list, and
-        with it the browser's replayed program, changes at a few sizes only, and a short context takes
-        a single dispatch; without it the dispatch covers scratch.max_splits splits, valid for any position.
+        `pos` (tokens already cached) is optional: given, the decode dispatch covers the splits its rows
+        use (`split_count`) rounded up to a power of two (surplus ones exit at once), so the recorded
+        command list, and with it the browser's replayed program, changes at a few sizes only, and a
+        short context takes a single dispatch; without it the dispatch covers scratch.max_splits splits,
+        valid for any position.
         """
         if not 0 < n_tokens <= self.max_tokens:
             raise ValueError(f"Attention layer {self.layer}: n_tokens {n_tokens} outside 1..{self.max_tokens}")
         max_splits = self.scratch.max_splits
-        tiles = max_splits if pos is None else -(-(pos + n_tokens) // self.tile)
-        splits = min(max_splits, 1 << (tiles - 1).bit_length())  # shaders/_split_plan.wgsl's count, or more
+        if pos is None:
+            splits = max_splits
+        else:
+            used = max(split_count(pos + 1 + i, self.tile, max_splits) for i in range(n_tokens))
+            splits = min(max_splits, 1 << (used - 1).bit_length())
         if self.fused_rope and n_tokens == 1:
             if pos is not None and pos < DIRECT_MAX_TILES * self.tile:
                 recorder.dispatch(self.rope_direct_pipeline, self.rope_direct_group, 1, self.n_kv_heads, 1)
