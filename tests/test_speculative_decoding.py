@@ -360,6 +360,8 @@ def test_steps_queued_past_the_reply_end_do_nothing(engine, end):
             state = read(model.device, buffers.state, 4)  # waits for every queued step
             # the last queued step was empty, so the steps ran out of budget before the queue did
             assert state[3] == 0 and read(model.device, buffers.out, 1) == [0]
+            stats = engine.last_stats
+            assert stats.launched_steps > stats.verify_steps + stats.plain_steps  # steps queued past the end
             folded = state[1]  # the prompt, the first token and the steps' tokens up to the end
             assert len(PROMPT) + 1 + last <= folded <= len(PROMPT) + 1 + last + k  # no step past the end emitted
             assert read(model.device, buffers.history, folded) == (PROMPT + plain)[:folded]
@@ -397,6 +399,7 @@ def test_reading_past_the_gpu_end_of_a_reply_reopens_it(engine, end):
     try:
         assert engine._run(reply()) == plain[:45]
         assert model.idle_steps > 0  # steps past the end were read and skipped
+        assert model.launched_steps >= model.verify_steps + model.plain_steps + model.idle_steps
         cached = model.cached_tokens
         assert cached == (PROMPT + plain)[: len(cached)] and len(cached) >= len(PROMPT) + 43
     finally:

@@ -64,6 +64,7 @@ class GenerationStats:
     draft_accepted: int = 0  # of those, tokens the model agreed with (each saved a forward pass)
     verify_steps: int = 0  # forward passes that verified a draft (each emits 1 + its accepted tokens)
     plain_steps: int = 0  # tokens of plain decode steps in a speculative reply (SpeculationPolicy, context end)
+    launched_steps: int = 0  # steps of a speculative reply submitted to the GPU, used or queued past its end
     # verify steps per draft length 0..speculate (a draft is as long as its match: speculation.draft_length)
     draft_length_counts: list[int] = field(default_factory=list)
 
@@ -526,6 +527,7 @@ class Engine:
                 if stats.speculate:
                     stats.draft_proposed, stats.draft_accepted = model.draft_proposed, model.draft_accepted
                     stats.verify_steps, stats.plain_steps = model.verify_steps, model.plain_steps
+                    stats.launched_steps = model.launched_steps
                     stats.draft_length_counts = list(model.draft_length_counts)
             return
         token = first

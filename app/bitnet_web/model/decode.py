@@ -83,8 +83,8 @@ class GPUDecodeLoop:
     _speculation: dict[int, SpeculationOps] | None = None  # per draft size
     _spec_samplers: dict[int, SpecSampleAccept] | None = None  # sampled acceptance, per draft size
     # of the last speculative decode: drafted tokens, those yielded, verify steps whose output was read,
-    # tokens of draft-off steps, and steps read back that had run past the reply's end
-    draft_proposed = draft_accepted = verify_steps = plain_steps = idle_steps = 0
+    # tokens of draft-off steps, steps read back that had run past the reply's end, and steps submitted
+    draft_proposed = draft_accepted = verify_steps = plain_steps = idle_steps = launched_steps = 0
     draft_length_counts: list[int] = []  # of the last speculative decode: verify steps per draft length 0..k
     encode_seconds = 0.0  # time spent recording decode steps (Python's share of a token)
 
@@ -361,9 +361,10 @@ class GPUDecodeLoop:
         was yielded, and those of them yielded (each step's last token is the model's own choice);
         `verify_steps` those steps (`draft_length_counts[d]`: those with a draft of d tokens),
         `plain_steps` the tokens of draft-off steps, `idle_steps` the steps read back that the GPU ran
-        past the reply's end.
+        past the reply's end, `launched_steps` the steps submitted (read or not).
         """
         self.draft_proposed = self.draft_accepted = self.verify_steps = self.plain_steps = self.idle_steps = 0
+        self.launched_steps = 0
         self.draft_length_counts = [0] * (k + 1)
         ops = self._speculation_ops(k)  # a bad k fails here, before any step
         accept = accept or ops.greedy
@@ -439,6 +440,7 @@ class GPUDecodeLoop:
             pending += n
             pending_rows += n * rows
             launched += 1
+            self.launched_steps += n
 
         try:
             while pos < context:
