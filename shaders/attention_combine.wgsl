@@ -25,8 +25,7 @@ const HD: u32 = ${HD};
 const TILE: u32 = ${TILE};
 const WG: u32 = ${WG};
 const MAX_SPLITS: u32 = ${MAX_SPLITS};
-const LONG_SPLITS: u32 = ${LONG_SPLITS};
-const LONG_ROWS: u32 = ${LONG_ROWS};
+const SPLIT_CAP: u32 = ${SPLIT_CAP};
 const DIRECT_TILES: u32 = ${DIRECT_TILES};
 
 const C4: u32 = HD / 4u;

@@ -16,9 +16,8 @@ from bitnet_web.kernels.attention import (  # noqa: E402
     DIRECT_MAX_TILES,
     LANES_CPU,
     LANES_GPU,
-    LONG_CONTEXT_ROWS,
-    LONG_SPLITS,
     MAX_SPLITS,
+    SPLIT_CAP,
     SUPPORTED_HEAD_DIMS,
     WORKGROUP,
     Attention,
@@ -405,11 +404,10 @@ def test_long_context_decode_split(device, kernels, pass_pos, dtype, max_splits)
 
 @pytest.mark.parametrize("pass_pos", [True, False])
 def test_long_context_decode_past_the_split_cap(device, kernels, monkeypatch, pass_pos):
-    """Past LONG_CONTEXT_ROWS rows a token's decode takes at most LONG_SPLITS workgroups per KV head
-    (here 2011 rows in 126 tiles: 8 splits of 16 tiles); the kernel, the combine and the host's
+    """A token's decode takes at most SPLIT_CAP workgroups per KV head, a cap that need not be a power
+    of two (here 2012 rows in 126 tiles: 6 splits of 21 tiles); the kernel, the combine and the host's
     dispatch agree on it (with `pos` the dispatch covers just the capped splits)."""
-    monkeypatch.setattr(attention_module, "LONG_CONTEXT_ROWS", 1500)
-    monkeypatch.setattr(attention_module, "LONG_SPLITS", 8)
+    monkeypatch.setattr(attention_module, "SPLIT_CAP", 6)
     pos = 2011
     rng = np.random.default_rng(2012)
     layer = long_context_layer(device, kernels, "f16")
@@ -421,15 +419,15 @@ def test_long_context_decode_past_the_split_cap(device, kernels, monkeypatch, pa
     np.testing.assert_allclose(got, ref_attention(q, k, v, pos), atol=2e-5, rtol=1e-4)
 
 
-def test_split_count_caps_long_contexts():
+def test_split_count_follows_the_tiles_up_to_the_cap():
     """The host's copy of _split_plan.wgsl's rule: one workgroup up to DIRECT_MAX_TILES tiles, then one
-    per tile up to MAX_SPLITS, and up to LONG_SPLITS past LONG_CONTEXT_ROWS rows."""
+    per tile up to SPLIT_CAP (and the scratch's partial slots)."""
     tile = tile_rows(128)
     direct = DIRECT_MAX_TILES * tile
     assert split_count(direct, tile, 64) == 1 and split_count(direct + 1, tile, 64) == DIRECT_MAX_TILES + 1
-    assert split_count(LONG_CONTEXT_ROWS, tile, 64) == min(64, -(-LONG_CONTEXT_ROWS // tile))
-    assert split_count(LONG_CONTEXT_ROWS + 1, tile, 64) == LONG_SPLITS
-    assert split_count(4096, tile, 16) == 16  # a smaller scratch caps both
+    assert split_count(SPLIT_CAP * tile, tile, 64) == SPLIT_CAP == split_count(4096, tile, 64)
+    assert split_count((SPLIT_CAP - 1) * tile, tile, 64) == SPLIT_CAP - 1
+    assert split_count(4096, tile, 16) == 16  # a smaller scratch caps it
 
 
 @pytest.mark.slow

@@ -344,9 +344,8 @@ def bench_splits_sweep(args: argparse.Namespace) -> None:
 def bench_walks(args: argparse.Namespace) -> None:
     """Whole synthetic-model steps (T in --ablate-rows) at several cached contexts for each walk of the
     one-token attention workgroups: `tiles` (the tile walk), `lanes` (the lane-group walk, LANE_ROWS
-    rows per group and step) or `lanesR` (R rows a step); options `-dN`, `-mN`, `-lN`, `-LN` and `-rN` set
-    DIRECT_MAX_TILES, MAX_SPLITS, LANES_GPU, LONG_SPLITS and LONG_CONTEXT_ROWS to N (e.g.
-    lanes,lanes2-d16-m32,lanes-L64). The model is
+    rows per group and step) or `lanesR` (R rows a step); options `-dN`, `-mN`, `-cN` and `-lN` set
+    DIRECT_MAX_TILES, MAX_SPLITS, SPLIT_CAP and LANES_GPU to N (e.g. lanes,lanes2-d16-c32). The model is
     loaded once per walk and pass. Wall ms per step, two passes."""
     from bitnet_web.bench import synthetic_model  # noqa: PLC0415
     from bitnet_web.engine import Engine  # noqa: PLC0415
@@ -359,9 +358,8 @@ def bench_walks(args: argparse.Namespace) -> None:
     option_names = {
         "d": "DIRECT_MAX_TILES",
         "m": "MAX_SPLITS",
+        "c": "SPLIT_CAP",
         "l": "LANES_GPU",
-        "L": "LONG_SPLITS",
-        "r": "LONG_CONTEXT_ROWS",
     }
     names = ("USE_LANES", "LANE_ROWS", *option_names.values())
     saved = {name: getattr(attention, name) for name in names}
@@ -370,9 +368,7 @@ def bench_walks(args: argparse.Namespace) -> None:
         for walk in walks:
             name, *options = walk.split("-")
             if name != "tiles" and not name.startswith("lanes") or any(o[:1] not in option_names for o in options):
-                raise SystemExit(
-                    f"--walks: unknown walk {walk!r} (tiles, lanes, lanesR, each with -dN, -mN, -lN, -LN, -rN)"
-                )
+                raise SystemExit(f"--walks: unknown walk {walk!r} (tiles, lanes, lanesR, each with -dN, -mN, -cN, -lN)")
             attention.USE_LANES = name != "tiles"
             attention.LANE_ROWS = int(name[5:]) if name[5:] else saved["LANE_ROWS"]
             for option in options:

@@ -30,13 +30,13 @@ from .rope import RopeKV
 
 WORKGROUP = 256  # invocations of the attention and combine workgroups (the WebGPU default maximum)
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)  # HD / 4 must divide WORKGROUP
-MAX_SPLITS = 64  # most workgroups one KV head's decode is split over (partials merged by the combine)
-# Past LONG_CONTEXT_ROWS cache rows at most LONG_SPLITS: twice the tiles per workgroup and half the
-# partials to merge. Whole 2B-4T steps on the H200 from 3.5k to 4k rows: 3-4% shorter for one row, 5-6%
-# for verify steps of 3 and 7 rows; up to 3,329 rows one row was 4% faster with 64 (docs/performance.md,
-# session 18; `tools/bench_kernels.py --walks lanes,lanes-L64 --contexts 3072,3584,4000`).
-LONG_SPLITS = 32
-LONG_CONTEXT_ROWS = 3456
+MAX_SPLITS = 64  # partial slots per KV head and token (a power of two: the combine's tree)
+# Most workgroups one KV head's decode is split over (partials merged by the combine). With 5 KV heads,
+# 52 splits are 260 workgroups, what the H200's 132 SMs run at once two a SM; 64 made one-row 2B-4T
+# steps 4-5% longer wherever the used splits passed that (2.5k, 3.5k-4k rows). Verify steps of 3 and 7
+# rows were shorter with 32 at 3.5k-4k, but a verify row must split as its decode step does
+# (docs/performance.md, session 18; `tools/bench_kernels.py --walks lanes-c64,lanes-c52,lanes-c32`).
+SPLIT_CAP = 52
 # Fused decode up to this many tiles runs in one dispatch, without split + combine: past 128 rows one
 # workgroup per KV head costs more than the combine dispatch (tools/bench_kernels.py --walks).
 DIRECT_MAX_TILES = 8
@@ -56,11 +56,9 @@ LANE_ROWS = 2
 
 def split_count(kv_len: int, tile: int, max_splits: int) -> int:
     """Workgroups per KV head of a one-token attention that sees kv_len cache rows: shaders/_split_plan.wgsl's
-    rule (1 while the rows fit in DIRECT_MAX_TILES tiles)."""
+    rule (1 while the rows fit in DIRECT_MAX_TILES tiles, then one per tile up to SPLIT_CAP)."""
     n_tiles = -(-kv_len // tile)
-    if kv_len <= DIRECT_MAX_TILES * tile:
-        return 1
-    return min(n_tiles, min(LONG_SPLITS, max_splits) if kv_len > LONG_CONTEXT_ROWS else max_splits)
+    return 1 if kv_len <= DIRECT_MAX_TILES * tile else min(n_tiles, SPLIT_CAP, max_splits)
 
 
 def tile_rows(head_dim: int) -> int:
@@ -224,8 +222,7 @@ class Attention:
             TILE=self.tile,
             WG=WORKGROUP,
             MAX_SPLITS=scratch.max_splits,
-            LONG_SPLITS=min(LONG_SPLITS, scratch.max_splits),
-            LONG_ROWS=LONG_CONTEXT_ROWS,
+            SPLIT_CAP=min(SPLIT_CAP, scratch.max_splits),
             DIRECT_TILES=DIRECT_MAX_TILES,
             SCALE=float(1.0 / math.sqrt(head_dim)) if scale is None else float(scale),
             ROPE_DIM=rope.table.rope_dim if rope is not None else head_dim,
@@ -271,8 +268,7 @@ class Attention:
             TILE=self.tile,
             WG=WORKGROUP,
             MAX_SPLITS=scratch.max_splits,
-            LONG_SPLITS=min(LONG_SPLITS, scratch.max_splits),
-            LONG_ROWS=LONG_CONTEXT_ROWS,
+            SPLIT_CAP=min(SPLIT_CAP, scratch.max_splits),
             DIRECT_TILES=DIRECT_MAX_TILES,
         )
         self.combine_group = device.bind_group(
