@@ -1172,6 +1172,30 @@ def test_norm_linear_split_rows_equal_fused_rows_bit_for_bit(
     assert np.array_equal(results[0], results[1]), np.flatnonzero(results[0] != results[1])[:8]
 
 
+def test_auto_small_t_path_follows_the_backend(device, kernels, monkeypatch):
+    """ "auto" takes the split path (two dispatches: the norm, then the GEMV) once the rows a verify step
+    is expected to keep reach SPLIT_MIN_LIVE_ROWS of the device's backend: from 4 rows natively, from 7
+    in a browser, whose every dispatch costs the page more; below that the fused kernel (one)."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from bitnet_web.kernels import linear as linear_module  # noqa: PLC0415
+
+    monkeypatch.setattr(linear_module, "SPLIT_MIN_WEIGHTS", 0)  # this small matrix splits as 2B-4T's do
+    op, *_ = norm_linear_case(device, kernels, np.random.default_rng(12), [96, 96], 384, 9, "gate_relu2")
+    op.fuse_decode = True  # as on a GPU (lavapipe is a CPU adapter)
+    op.step.write(9, 0, 0)
+    assert op.split_min_live == linear_module.split_min_live_rows(device) == 3.8
+    for backend, split_from in (("wgpu-native", 4), ("browser", 7)):
+        op.split_min_live = linear_module.split_min_live_rows(SimpleNamespace(backend=backend))
+        chosen = []
+        for live in range(1, 10):
+            recorder = device.begin()
+            op.record(recorder, 9, live_rows=live)
+            recorder.submit()
+            chosen.append(recorder.dispatches)
+        assert chosen == [1] * (split_from - 1) + [2] * (10 - split_from), backend
+
+
 def test_row_groups_follow_the_row_length():
     """One thread per 16-byte chunk of a weight row, in whole subgroups of 32: rows of up to 2048
     values (the bundled model's 512 and 1536) take 32 threads in 4 row groups, longer ones (2B-4T's

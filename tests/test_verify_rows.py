@@ -23,7 +23,7 @@ from bitnet_web.kernels import attention as attention_module
 from bitnet_web.kernels import linear as linear_module
 from bitnet_web.kernels.attention import DIRECT_MAX_TILES
 from bitnet_web.kernels.common import SMALL_T_MAX
-from bitnet_web.kernels.linear import SMALL_T_PATHS, SPLIT_MIN_LIVE_ROWS
+from bitnet_web.kernels.linear import SMALL_T_PATHS, split_min_live_rows
 from bitnet_web.model.reference import ReferenceModel
 
 pytestmark = pytest.mark.gpu
@@ -98,7 +98,7 @@ def test_verify_rows_equal_decode_steps_bit_for_bit(tmp_path, monkeypatch, gpu_k
             # step: a verify step takes no more dispatches than the decode step at the same position,
             # but for the split BitLinears' norm dispatches (5 rows take the split path on a GPU)
             fused = model.layer_ops[0].qkv.fuse_decode
-            split = 4 * len(model.layer_ops) if fused and rows >= SPLIT_MIN_LIVE_ROWS else 0
+            split = 4 * len(model.layer_ops) if fused and rows >= split_min_live_rows(engine.device) else 0
             assert model.last_dispatches <= decode_dispatches + split, (model.last_dispatches, decode_dispatches)
             differ = [i for i in range(rows) if not np.array_equal(decoded[i], verified[i])]
             assert not differ, f"after {cached} cached tokens, verify rows {differ} differ from their decode steps"

@@ -390,12 +390,20 @@ def norm_gemv_verify_rows(n_rows: int, n_cols: int) -> int:
 # (no norm per workgroup) but its norm dispatches cost a step ~0.4 ms on 2B-4T whatever the draft, so
 # "auto" takes it only for matrices of at least SPLIT_MIN_WEIGHTS weights (a small model's steps are
 # dispatch-bound) when the rows expected live (all rows of a forward pass; for a verify step, its
-# caller's estimate of draft + 1) are at least SPLIT_MIN_LIVE_ROWS: where the two cost the same on
-# 2B-4T (docs/performance.md "Session 17"; `tools/bench_kernels.py --verify-steps --paths ... [--padded K]`).
+# caller's estimate of draft + 1) are at least SPLIT_MIN_LIVE_ROWS of the device's backend: where the two
+# cost the same on 2B-4T (docs/performance.md "Session 17"; `tools/bench_kernels.py --verify-steps --paths
+# ... [--padded K]`). In Chromium every dispatch costs the page more, so the split path pays from 7 rows
+# there (H200: verify steps of 4 rows 1.74-1.84 decode steps fused against 2.40-2.53 split, of 7 rows
+# 2.76-2.87 against 2.65-2.72; docs/performance.md "Session 18"; the bench page's `smallt=`).
 SMALL_T_PATHS = ("auto", "fused", "split", "rows")
 SMALL_T_PATH = "auto"
-SPLIT_MIN_LIVE_ROWS = 3.8
+SPLIT_MIN_LIVE_ROWS = {"wgpu-native": 3.8, "browser": 6.5}
 SPLIT_MIN_WEIGHTS = 4_000_000
+
+
+def split_min_live_rows(device: gpu.Device) -> float:
+    """The rows a verify step must be expected to keep for "auto" to take the split path on `device`."""
+    return SPLIT_MIN_LIVE_ROWS.get(device.backend, SPLIT_MIN_LIVE_ROWS["wgpu-native"])
 
 
 def norm_gemv_row_groups(n_rows: int, group_threads: int = 64) -> int:
@@ -531,6 +539,7 @@ class NormTernaryLinear:
             raise ValueError(f"SMALL_T_PATH is {SMALL_T_PATH!r}; expected one of {SMALL_T_PATHS}")
         self.small_t_path = SMALL_T_PATH
         self.split_pays = weights.n_rows * weights.n_cols >= SPLIT_MIN_WEIGHTS
+        self.split_min_live = split_min_live_rows(device)
         if self.fuse_decode and (SMALL_T_PATH == "split" or SMALL_T_PATH == "auto" and self.split_pays):
             self._split_kernels()  # compiled at load, not at the first verify step
 
@@ -545,7 +554,7 @@ class NormTernaryLinear:
         path = self.small_t_path
         if path == "auto":
             live = n_tokens if live_rows is None else live_rows
-            path = "split" if self.split_pays and live >= SPLIT_MIN_LIVE_ROWS else "fused"
+            path = "split" if self.split_pays and live >= self.split_min_live else "fused"
         if small and path == "rows":
             self.record_rows(recorder, n_tokens)
         elif small and path == "split":

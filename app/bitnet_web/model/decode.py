@@ -21,7 +21,7 @@ import numpy as np
 from .. import gpu
 from ..kernels.common import StepParams
 from ..kernels.embedding import Argmax
-from ..kernels.linear import SPLIT_MIN_LIVE_ROWS
+from ..kernels.linear import split_min_live_rows
 from ..kernels.sampling import GPUSampler
 from ..kernels.spec_sampling import SpecSampleAccept
 from ..kernels.speculative import (
@@ -371,6 +371,7 @@ class GPUDecodeLoop:
         if policy is not None:
             policy.start(self.cached_tokens + [first_token])
         steps, in_flight = self.decode_batching()
+        split_min = split_min_live_rows(self.device)  # the rows that make a recording take the split path
         stride = k + 3
         ring = self._staging_ring(in_flight + 1, 4 * stride * steps)
         context = self.config.context_length
@@ -430,7 +431,7 @@ class GPUDecodeLoop:
             nonlocal pending, pending_rows, launched
             bound = pos + pending_rows
             live = expected_live(n)  # the recording's kernels depend on it only through the split choice
-            shape = (n, rows, live >= SPLIT_MIN_LIVE_ROWS)
+            shape = (n, rows, live >= split_min)
             rec = ahead_rec.take(bound, shape) or prepare(n, rows, bound, live)
             staging = ring[launched % len(ring)]
             rec.submit()
@@ -458,7 +459,7 @@ class GPUDecodeLoop:
                 ahead = next_submit() if queued else (0, 0)
                 if ahead[0] > 0:  # the refilling submit, recorded while the host waits (as in _decode_on_gpu)
                     bound, live = pos + pending_rows, expected_live(ahead[0])
-                    ahead_rec.keep(bound, (*ahead, live >= SPLIT_MIN_LIVE_ROWS), prepare(*ahead, bound, live))
+                    ahead_rec.keep(bound, (*ahead, live >= split_min), prepare(*ahead, bound, live))
                 raw = (await self.device.read_staging(staging, 4 * stride * n)).view(np.uint32)
                 for j in range(n):
                     pending -= 1
