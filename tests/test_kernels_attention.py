@@ -428,6 +428,8 @@ def test_split_count_follows_the_tiles_up_to_the_cap():
     assert split_count(SPLIT_CAP * tile, tile, 64) == SPLIT_CAP == split_count(4096, tile, 64)
     assert split_count((SPLIT_CAP - 1) * tile, tile, 64) == SPLIT_CAP - 1
     assert split_count(4096, tile, 16) == 16  # a smaller scratch caps it
+    counts = [split_count(kv_len, tile, 64) for kv_len in range(1, 4097)]
+    assert counts == sorted(counts)  # never falls as rows grow: a step's last row needs the most splits
 
 
 @pytest.mark.slow

@@ -346,7 +346,7 @@ class Attention:
         if pos is None:
             splits = max_splits
         else:
-            used = max(split_count(pos + 1 + i, self.tile, max_splits) for i in range(n_tokens))
+            used = split_count(pos + n_tokens, self.tile, max_splits)  # the last row's: the count only grows
             splits = min(max_splits, 1 << (used - 1).bit_length())
         if self.fused_rope and n_tokens == 1:
             if pos is not None and pos < DIRECT_MAX_TILES * self.tile:
