@@ -219,10 +219,10 @@ async def speculation_workloads(engine, ks: tuple[int, ...], n_tokens: int, runs
                 if k == SPECULATE_DEFAULT:
                     row.update(speculate=stats.speculate, plain_steps=stats.plain_steps)
                 if k:
-                    row.update(verify_steps=stats.verify_steps, launched_steps=stats.launched_steps)
-                if k:
                     steps = max(stats.verify_steps, 1)
                     row.update(
+                        verify_steps=stats.verify_steps,
+                        launched_steps=stats.launched_steps,
                         draft_proposed=stats.draft_proposed,
                         draft_accepted=stats.draft_accepted,
                         acceptance=stats.draft_accepted / max(stats.draft_proposed, 1),
