@@ -25,7 +25,8 @@
 //   state            [0] draft_len  [1] L (the history's length after the fold)
 //                    [2] kv_capacity (written by the host)  [3] the budget left
 //   step             StepParams (n_tokens = draft_len + 1, pos = L - 1, kv_capacity): the model's uniform, written
-//                    here as storage for the step's later dispatches
+//                    here as storage for the step's later dispatches; its slot is the step's index in
+//                    the submit, which step_advance.wgsl (VERIFY) advances
 //   out[0] = 0       the fold consumed the previous step's tokens
 //
 // Bindings: 0 history [HISTORY] u32, 1 state [4 + STOPS] u32, 2 out [OUT_K + 2] u32 (n_emitted, tokens...),
@@ -133,7 +134,6 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         step[0] = select(0u, draft_len + 1u, live);  // the step's dispatches cover K + 1 rows; those past this exit
         step[1] = length - 1u;
         step[2] = state[2];
-        step[3] = 0u;
         out[0] = 0u;
     }
 }

@@ -148,6 +148,10 @@ class NativeDevice(Device):
         info = adapter.info
         self.adapter_name = f"{info.get('device', '?')} ({info.get('backend_type', '?')})"
         self.is_cpu = info.get("adapter_type") == "CPU"
+        # Decode steps chain on the GPU within a submit (no copies between them), so 4 a submit beat one
+        # (H200: Engine.generate 786-795 tok/s against 690-784; docs/performance.md "Session 19"). A CPU
+        # adapter takes seconds per step: steps queued past a stop would cost that much each.
+        self.decode_batching = (1, 2) if self.is_cpu else (4, 2)
         features = [f for f in _WANTED_FEATURES if f in adapter.features]
         self.profiling = profile and {"timestamp-query", "timestamp-query-inside-passes"} <= set(adapter.features)
         if self.profiling:

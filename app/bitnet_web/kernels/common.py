@@ -285,30 +285,36 @@ struct StepParams {
     n_tokens: u32,     // rows in this step (1 for decode)
     pos: u32,          // tokens already in the KV cache = absolute position of row 0
     kv_capacity: u32,  // rows allocated in each KV cache buffer
-    _pad: u32,
+    slot: u32,         // index of a decode step in its submit (step_advance.wgsl advances it)
 };
 """
 
 
 class StepParams:
-    """The per-step scalars, one 16-byte uniform buffer written once per step (or, for steps recorded
-    several to a submit, copied in by each step from a row the host packed with `pack`)."""
+    """The per-step scalars, one 16-byte uniform buffer written by the host before a step, or on the
+    GPU: by the previous decode step of the same submit (step_advance.wgsl), or by a speculative
+    step's draft kernel (speculative.py)."""
 
     NBYTES = 16
 
     def __init__(self, device: gpu.Device):
         self.device = device
-        # STORAGE too: a speculative verify step's draft kernel writes it (kernels/speculative.py)
-        self.buffer = device.buffer(self.NBYTES, gpu.UNIFORM_USAGE | gpu.STORAGE, "step params")
+        # STORAGE too: kernels write it (step_advance.wgsl, a verify step's draft kernel); COPY_SRC: read back
+        self.buffer = device.buffer(self.NBYTES, gpu.UNIFORM_USAGE | gpu.STORAGE | gpu.COPY_SRC, "step params")
         self._host = np.zeros(4, dtype=np.uint32)
 
     @staticmethod
-    def pack(row: np.ndarray, n_tokens: int, pos: int, kv_capacity: int) -> None:
+    def pack(row: np.ndarray, n_tokens: int, pos: int, kv_capacity: int, slot: int = 0) -> None:
         """Fill `row` (NBYTES // 4 uint32) with a step's fields in STEP_PARAMS_WGSL's layout."""
         row[0] = n_tokens
         row[1] = pos
         row[2] = kv_capacity
+        row[3] = slot
 
-    def write(self, n_tokens: int, pos: int, kv_capacity: int) -> None:
-        self.pack(self._host, n_tokens, pos, kv_capacity)
+    def write(self, n_tokens: int, pos: int, kv_capacity: int, slot: int = 0) -> None:
+        self.pack(self._host, n_tokens, pos, kv_capacity, slot)
         self.device.upload(self.buffer, 0, self._host)
+
+    def reset_slot(self) -> None:
+        """slot = 0, the other fields as the GPU left them (speculative steps set them on the GPU)."""
+        self.device.upload(self.buffer, 12, np.zeros(1, dtype=np.uint32))

@@ -3,8 +3,8 @@ several to a submit; and its speculative form, where each step verifies a prompt
 
 Apart from the math (forward.py), as gpt-fast keeps generate.py apart from model.py. `GPUDecodeLoop`
 is a base class of `BitNetModel`; it uses the model's `_record_step`, `token_ids`, `argmax`,
-`gpu_sampler`, `cached_tokens`, `device`, `kv_cache`, `layer_ops`, `step_rows` and `_buffers`, and owns the
-staging ring it reads token ids from.
+`gpu_sampler`, `step`, `step_advance`, `cached_tokens`, `device`, `kv_cache`, `layer_ops` and `_buffers`, and
+owns the staging ring it reads token ids from.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Protocol
 import numpy as np
 
 from .. import gpu
-from ..kernels.common import StepParams
 from ..kernels.embedding import Argmax
 from ..kernels.linear import split_min_live_rows
 from ..kernels.sampling import GPUSampler
@@ -32,6 +31,7 @@ from ..kernels.speculative import (
     SpecDraft,
     gpu_stop_ids,
 )
+from ..kernels.step_advance import VerifyStepLog
 from ..text.sampler import SamplerSettings
 from .speculation import NGRAM_MAX, SpeculationPolicy, prompt_lookup_draft
 
@@ -45,15 +45,17 @@ class Acceptance(Protocol):
 @dataclass
 class SpeculationOps:
     """The GPU state and ops of speculative steps with drafts of up to `buffers.k` tokens: the draft
-    kernels of verify steps and of draft-off steps (both on `buffers`), and greedy acceptance."""
+    kernels of verify steps and of draft-off steps (both on `buffers`), greedy acceptance, and the
+    log each step of a submit leaves its output in."""
 
     buffers: SpecBuffers
     draft: SpecDraft
     draft_off: SpecDraft
     greedy: GreedyAccept
+    log: VerifyStepLog
 
 
-MAX_STEPS_PER_SUBMIT = 16  # decode steps one submit may hold (rows of the model's step_rows)
+MAX_STEPS_PER_SUBMIT = 16  # decode steps one submit may hold (slots of the model's StepAdvance log)
 
 
 class RecordedAhead:
@@ -111,20 +113,19 @@ class GPUDecodeLoop:
         return ring
 
     def _record_gpu_steps(self, chooser: Argmax | GPUSampler, pos: int, k: int, staging: gpu.Buffer) -> gpu.Recorder:
-        """`k` decode steps at positions pos.. in one recorder. Step j copies its StepParams from row j
-        of step_rows (uploaded here, before the submit: queue order keeps earlier submits' rows), reads
-        its input id from token_ids[0], writes the id chosen on the GPU back there (step j+1's input)
-        and copies it to bytes 4j.. of `staging` for the host."""
+        """`k` decode steps at positions pos.. in one recorder, chained on the GPU: the host writes step
+        0's StepParams (queue order: after the submits before this one); step j reads its input id from
+        token_ids[0], writes the id chosen on the GPU back there (step j+1's input), logs it at slot j
+        and advances StepParams to step j+1 (StepAdvance); one copy after the last step hands the k ids
+        to `staging`."""
         self.kv_cache.ensure_capacity(pos + k)  # before recording: growing submits a copy of its own
-        rows = self._step_rows_host[:k]
-        for j in range(k):
-            StepParams.pack(rows[j], 1, pos + j, self.kv_cache.capacity)
-        self.device.upload(self.step_rows, 0, rows)
+        self.step.write(1, pos, self.kv_cache.capacity, slot=0)
         rec = self.device.begin()
         for j in range(k):
-            self._record_step(1, all_logits=False, rec=rec, pos=pos + j, step_row=j)
+            self._record_step(1, all_logits=False, rec=rec, pos=pos + j, params_ready=True)
             chooser.record(rec)
-            rec.copy(self.token_ids, 0, staging, 4 * j, 4)
+            self.step_advance.record(rec)
+        self.step_advance.copy_log(rec, staging, k)
         return rec
 
     def decode_greedy(self, first_token: int, limit: int | None = None) -> AsyncIterator[int]:
@@ -195,7 +196,7 @@ class GPUDecodeLoop:
             staging = ring[launched % len(ring)]
             rec.submit()
             self.device.start_read(staging)  # before any later submit (gpu.Device.start_read)
-            self.last_dispatches, self.last_passes = rec.dispatches // k, rec.passes // k
+            self.last_dispatches, self.last_passes = rec.dispatches // k, rec.passes / k
             queued.append((staging, k))
             submitted += k
             launched += 1
@@ -259,8 +260,9 @@ class GPUDecodeLoop:
             greedy = GreedyAccept(
                 self.kernels, self.logits, buffers.draft, buffers.state, buffers.out, self.config.vocab_size, k + 1
             )
-            self._buffers.extend(buffers.buffers + greedy.buffers)
-            ops = self._speculation[k] = SpeculationOps(buffers, draft, draft_off, greedy)
+            log = VerifyStepLog(self.kernels, buffers.out, buffers.state, self.step, k, MAX_STEPS_PER_SUBMIT)
+            self._buffers.extend(buffers.buffers + greedy.buffers + [log.log])
+            ops = self._speculation[k] = SpeculationOps(buffers, draft, draft_off, greedy, log)
         return ops
 
     def decode_speculative_sampled(
@@ -304,13 +306,14 @@ class GPUDecodeLoop:
     ) -> gpu.Recorder:
         """`n_steps` steps of `rows` rows each (k + 1: verify steps of drafts of k tokens; 1: draft-off
         steps) in one recorder. Step j drafts on the GPU (which also sets its StepParams), runs its
-        rows with every row's logits, accepts, and copies its out slice and draft_len to words
-        (k + 3) j.. of `staging`. `pos_bound`: the largest position step 0 can have (each step advances
-        1..rows): attention dispatches enough splits for it. `live_rows`: the rows a step is expected to
-        keep (draft + 1), which picks the BitLinears' kernels (NormTernaryLinear.record)."""
+        rows with every row's logits, accepts, and logs its out slice and draft_len at slot j
+        (VerifyStepLog); one copy after the last step hands words (k + 3) j.. to `staging`.
+        `pos_bound`: the largest position step 0 can have (each step advances 1..rows): attention
+        dispatches enough splits for it. `live_rows`: the rows a step is expected to keep (draft + 1),
+        which picks the BitLinears' kernels (NormTernaryLinear.record)."""
         ops = self._speculation_ops(k)
         draft = ops.draft if rows > 1 else ops.draft_off
-        stride = 4 * (k + 3)
+        self.step.reset_slot()  # queue order: after the submits before this one
         rec = self.device.begin()
         for j in range(n_steps):
             draft.record(rec)  # also writes the step's StepParams
@@ -318,8 +321,8 @@ class GPUDecodeLoop:
                 rows, all_logits=True, rec=rec, pos=pos_bound + j * rows, params_on_gpu=True, live_rows=live_rows
             )
             accept.record(rec, rows)
-            rec.copy(ops.buffers.out, 0, staging, stride * j, 4 * (k + 2))
-            rec.copy(ops.buffers.state, 0, staging, stride * j + 4 * (k + 2), 4)
+            ops.log.record(rec)
+        ops.log.copy_log(rec, staging, n_steps)
         return rec
 
     async def decode_speculative(
@@ -436,7 +439,7 @@ class GPUDecodeLoop:
             staging = ring[launched % len(ring)]
             rec.submit()
             self.device.start_read(staging)  # before any later submit (gpu.Device.start_read)
-            self.last_dispatches, self.last_passes = rec.dispatches // n, rec.passes // n
+            self.last_dispatches, self.last_passes = rec.dispatches // n, rec.passes / n
             queued.append((staging, n, rows))
             pending += n
             pending_rows += n * rows

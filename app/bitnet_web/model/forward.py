@@ -41,6 +41,7 @@ from ..kernels.norm import RMSNorm
 from ..kernels.rope import RopeKV, RopeTable
 from ..kernels.sampling import GPUSampler
 from ..kernels.speculative import SPECULATE_MAX
+from ..kernels.step_advance import StepAdvance
 from .config import ModelConfig
 from .decode import MAX_STEPS_PER_SUBMIT, GPUDecodeLoop
 from .layout import GPULayout, gpu_layout
@@ -167,9 +168,6 @@ class BitNetModel(GPUDecodeLoop):
         widest = max(cfg.dim, cfg.q_dim, cfg.ffn_dim)
         self.step = StepParams(device)
         self._buffers.append(self.step.buffer)
-        # StepParams of the decode steps recorded into one submit, one row each (decode.py)
-        self.step_rows = buf(StepParams.NBYTES * MAX_STEPS_PER_SUBMIT, "step params rows", gpu.COPY_SRC | gpu.COPY_DST)
-        self._step_rows_host = np.zeros((MAX_STEPS_PER_SUBMIT, StepParams.NBYTES // 4), dtype=np.uint32)
         self.token_ids = buf(4 * rows, "token ids")  # (rows,) u32
         self.x = buf(4 * rows * cfg.dim, "residual x")  # (rows, dim) f32
         self.x_q = buf(rows * widest, "int8 activations")  # (rows, widest/4) u32: 4 int8 per word
@@ -231,6 +229,9 @@ class BitNetModel(GPUDecodeLoop):
         # Sampled decoding on the GPU likewise (top-k <= GPU_TOP_K_MAX), seeded from the host once.
         self.gpu_sampler = GPUSampler(k, self.logits, self.token_ids, self.config.vocab_size)
         self._buffers += self.gpu_sampler.buffers
+        # Decode steps queued in one submit chain on the GPU: each logs its token, advances StepParams
+        self.step_advance = StepAdvance(k, self.token_ids, self.step, MAX_STEPS_PER_SUBMIT)
+        self._buffers.append(self.step_advance.log)
 
     def _layer_ops(self, i: int, w: LayerWeights) -> LayerOps:
         cfg, k, step, rows = self.config, self.kernels, self.step, self.max_tokens
@@ -303,7 +304,7 @@ class BitNetModel(GPUDecodeLoop):
         rec: gpu.Recorder | None = None,
         pos: int | None = None,
         head: bool = True,
-        step_row: int | None = None,
+        params_ready: bool = False,
         params_on_gpu: bool = False,
         live_rows: float | None = None,
     ) -> gpu.Recorder:
@@ -311,8 +312,9 @@ class BitNetModel(GPUDecodeLoop):
         n_cached; queued decode steps run ahead of the host's bookkeeping); `head=False` leaves out
         the final norm and LM head (a prefill chunk whose logits nobody reads). Allocates nothing.
 
-        The step's StepParams are written before the submit, or, with `step_row`, copied by the step
-        itself from that row of `step_rows` (the caller packed it): several steps in one submit. With
+        The step's StepParams are written here (before the submit), or, with `params_ready`, they are in
+        the uniform already when the step runs (the caller wrote them before the submit, or the previous
+        decode step of the submit advanced them: StepAdvance): several steps in one submit. With
         `params_on_gpu` the caller has recorded their copy into the uniform and the position is known
         only on the GPU (speculative verify steps: the caller made room in the KV cache); `pos` is then
         an upper bound of it or None (attention dispatches enough splits for any position), and the
@@ -322,12 +324,8 @@ class BitNetModel(GPUDecodeLoop):
             pos = self.n_cached if pos is None else pos
             self.kv_cache.ensure_capacity(pos + n_tokens)
         rec = rec or self.device.begin()
-        if params_on_gpu:
-            pass
-        elif step_row is None:
+        if not (params_on_gpu or params_ready):
             self.step.write(n_tokens, pos, self.kv_cache.capacity)
-        else:
-            rec.copy(self.step_rows, StepParams.NBYTES * step_row, self.step.buffer, 0, StepParams.NBYTES)
         n = n_tokens
         bounded = params_on_gpu  # StepParams may say fewer rows, even none: the kernels read them
         self.embed.record(rec, n)  # x = token_embd[token_ids]
