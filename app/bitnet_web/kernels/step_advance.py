@@ -14,25 +14,23 @@ class StepAdvance:
     The host writes a submit's first StepParams with `StepParams.write(..., slot=0)`, records this
     after each step's token choice, and `copy_log` after the last step."""
 
-    WORDS = 1  # log words per step
-
     def __init__(self, kernels: KernelCache, ids: gpu.Buffer, step: StepParams, slots: int, label: str = "step"):
-        self._make(kernels, [ids], step, slots, (), {}, label)
+        self._build(kernels, [ids], step, slots, 1, (), {}, label)
 
-    def _make(
+    def _build(
         self,
         kernels: KernelCache,
         inputs: list[gpu.Buffer],
         step: StepParams,
         slots: int,
+        words: int,
         defines: tuple[str, ...],
         constants: dict[str, int],
         label: str,
     ) -> None:
         device = kernels.device
-        self.slots = slots
-        # (slots, WORDS) u32
-        self.log = device.buffer(4 * slots * self.WORDS, gpu.STORAGE | gpu.COPY_SRC, f"{label} log")
+        self.slots, self.words = slots, words  # words logged per step
+        self.log = device.buffer(4 * slots * words, gpu.STORAGE | gpu.COPY_SRC, f"{label} log")  # (slots, words) u32
         self.pipeline = kernels.pipeline("step_advance", defines=defines, SLOTS=slots, **constants)
         self.bind = device.bind_group(self.pipeline, [*inputs, step.buffer, self.log], f"{label} advance")
 
@@ -41,7 +39,7 @@ class StepAdvance:
 
     def copy_log(self, recorder: gpu.Recorder, staging: gpu.Buffer, steps: int) -> None:
         """The words of steps 0 .. steps-1 to the start of `staging`."""
-        recorder.copy(self.log, 0, staging, 0, 4 * self.WORDS * steps)
+        recorder.copy(self.log, 0, staging, 0, 4 * self.words * steps)
 
     def release(self, device: gpu.Device) -> None:
         device.release(self.log)
@@ -63,5 +61,4 @@ class VerifyStepLog(StepAdvance):
         slots: int,
         label: str = "verify step",
     ):
-        self.WORDS = k + 3
-        self._make(kernels, [out, state], step, slots, ("VERIFY",), {"K": k}, label)
+        self._build(kernels, [out, state], step, slots, k + 3, ("VERIFY",), {"K": k}, label)
