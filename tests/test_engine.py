@@ -269,6 +269,49 @@ def test_the_next_submit_is_recorded_while_the_host_waits_for_a_readback(loaded,
         loaded.reset()
 
 
+def test_a_reply_starts_with_a_short_submit(loaded, monkeypatch):
+    """The GPU waits for a reply's first submit to be recorded: it holds at most FIRST_SUBMIT_STEPS
+    steps, the later ones the batching's full count, for decode and for verify steps alike."""
+    from bitnet_web.model.decode import FIRST_SUBMIT_STEPS
+
+    sizes: list[tuple[str, int]] = []
+    record, verify_record = BitNetModel._record_gpu_steps, BitNetModel._record_verify_steps
+
+    def recording(self, chooser, pos, k, staging):
+        sizes.append(("decode", k))
+        return record(self, chooser, pos, k, staging)
+
+    def recording_verify(self, k, n_steps, *args, **kwargs):
+        sizes.append(("verify", n_steps))
+        return verify_record(self, k, n_steps, *args, **kwargs)
+
+    monkeypatch.setattr(BitNetModel, "_record_gpu_steps", recording)
+    monkeypatch.setattr(BitNetModel, "_record_verify_steps", recording_verify)
+    model = loaded.model
+    model.DECODE_BATCHING = (2 * FIRST_SUBMIT_STEPS, 2)
+
+    async def reply(speculate: int) -> None:
+        model.truncate(0)
+        await model.prefill(PROMPT[:-1])
+        steps = model.decode_speculative(PROMPT[-1], speculate) if speculate else model.decode_greedy(PROMPT[-1])
+        n = 0
+        async for _ in steps:
+            n += 1
+            if n == 6 * FIRST_SUBMIT_STEPS:
+                break
+        await steps.aclose()
+
+    try:
+        for kind, speculate in (("decode", 0), ("verify", 2)):
+            sizes.clear()
+            loaded._run(reply(speculate))
+            assert sizes[0] == (kind, FIRST_SUBMIT_STEPS), sizes
+            assert sizes[1] == (kind, 2 * FIRST_SUBMIT_STEPS), sizes
+    finally:
+        model.__dict__.pop("DECODE_BATCHING", None)
+        loaded.reset()
+
+
 @pytest.mark.parametrize("batching", [(1, 1), (1, 3), (4, 2), (5, 3)])
 @pytest.mark.slow
 def test_decode_batching_does_not_change_tokens_or_bookkeeping(loaded, batching):

@@ -56,6 +56,10 @@ class SpeculationOps:
 
 
 MAX_STEPS_PER_SUBMIT = 16  # decode steps one submit may hold (slots of the model's StepAdvance log)
+# Steps of a reply's first submit, at most: the GPU waits for that submit's recording (in a browser
+# ~0.4 ms a 2B-4T step), so a short one starts it sooner and brings the first tokens out early, while
+# the host records the full-sized submits behind it.
+FIRST_SUBMIT_STEPS = 4
 
 
 class RecordedAhead:
@@ -202,7 +206,7 @@ class GPUDecodeLoop:
             launched += 1
 
         try:
-            launch(max(1, room()))
+            launch(max(1, min(room(), FIRST_SUBMIT_STEPS)))
             self.cached_tokens.append(first_token)
             while len(queued) < in_flight and room() > 0:
                 launch(room())  # their inputs are earlier steps' outputs, still on the GPU
@@ -453,7 +457,7 @@ class GPUDecodeLoop:
                         ops.buffers.reopen()
                         budget, gpu_stops = NO_BUDGET, frozenset()
                     n, rows = next_submit()
-                    launch(max(1, n), rows)
+                    launch(max(1, n if launched else min(n, FIRST_SUBMIT_STEPS)), rows)
                     if len(self.cached_tokens) == pos:
                         self.cached_tokens.append(last)  # the step computes its row
                 while len(queued) < in_flight and (ahead := next_submit())[0] > 0:
