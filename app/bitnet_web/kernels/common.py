@@ -302,19 +302,13 @@ class StepParams:
         # STORAGE too: kernels write it (step_advance.wgsl, a verify step's draft kernel); COPY_SRC: read back
         self.buffer = device.buffer(self.NBYTES, gpu.UNIFORM_USAGE | gpu.STORAGE | gpu.COPY_SRC, "step params")
         self._host = np.zeros(4, dtype=np.uint32)
-
-    @staticmethod
-    def pack(row: np.ndarray, n_tokens: int, pos: int, kv_capacity: int, slot: int = 0) -> None:
-        """Fill `row` (NBYTES // 4 uint32) with a step's fields in STEP_PARAMS_WGSL's layout."""
-        row[0] = n_tokens
-        row[1] = pos
-        row[2] = kv_capacity
-        row[3] = slot
+        self._zero = np.zeros(1, dtype=np.uint32)  # reset_slot's word, made once (it runs every submit)
 
     def write(self, n_tokens: int, pos: int, kv_capacity: int, slot: int = 0) -> None:
-        self.pack(self._host, n_tokens, pos, kv_capacity, slot)
+        """The fields in STEP_PARAMS_WGSL's order, written before the next submit (queue order)."""
+        self._host[:] = (n_tokens, pos, kv_capacity, slot)
         self.device.upload(self.buffer, 0, self._host)
 
     def reset_slot(self) -> None:
         """slot = 0, the other fields as the GPU left them (speculative steps set them on the GPU)."""
-        self.device.upload(self.buffer, 12, np.zeros(1, dtype=np.uint32))
+        self.device.upload(self.buffer, 12, self._zero)

@@ -29,7 +29,7 @@ class StepAdvance:
         label: str,
     ) -> None:
         device = kernels.device
-        self.slots, self.words = slots, words  # words logged per step
+        self.words = words  # logged per step
         self.log = device.buffer(4 * slots * words, gpu.STORAGE | gpu.COPY_SRC, f"{label} log")  # (slots, words) u32
         self.pipeline = kernels.pipeline("step_advance", defines=defines, SLOTS=slots, **constants)
         self.bind = device.bind_group(self.pipeline, [*inputs, step.buffer, self.log], f"{label} advance")
