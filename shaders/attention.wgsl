@@ -38,7 +38,11 @@
 //   (acc, m, l) for attention_combine.wgsl. BQ must be 1. A token's partials depend on its own
 //   position only, never on how many tokens the step holds, so a speculative verify row rounds
 //   exactly as the decode step of that token would (greedy output identical to plain decoding).
-//   Dispatch (>= n_splits, HKV, T); workgroups without tiles exit at once.
+//   Dispatch (>= n_splits, HKV, T); workgroups without tiles exit at once. A token whose rows fit in
+//   DIRECT_TILES tiles has one split: its workgroup writes acc / l to direct_out itself, as SPLIT = false
+//   would, and the combine leaves that token at once. (A queued verify step knows only an upper bound
+//   of its position, so it takes the split kernels even where its rows fit: the combine's work and its
+//   partials' round trip cost 8-10% of a 2B-4T verify step at short context.)
 //
 // Variants (one entry point, `main`; defines pick its prologue):
 //   plain      queries from `q` (RoPE already applied, K/V rows already appended by rope.wgsl).
@@ -65,6 +69,8 @@
 //   4 out      SPLIT: partial acc [MAX_TOKENS_SPLIT, HQ, MAX_SPLITS, HD] f32; else [T, HQ * HD] f32
 //   5 stats    SPLIT: partial (m, l) [MAX_TOKENS_SPLIT, HQ, MAX_SPLITS] vec2<f32>; else not written
 //   6 table    ROPE, DRAFT_ROWS: [n_positions, ROPE_DIM / 2] (cos, sin) pairs, read as vec4 (two pairs)
+//   DIRECT_OUT_BINDING (6 plain, 7 with ROPE or DRAFT_ROWS) direct_out  SPLIT: [T, HQ * HD] f32 (vec4), the
+//              attention output of a token whose rows fit one split (see SPLIT above)
 
 ${STEP_PARAMS}
 //#include _kv
@@ -100,6 +106,9 @@ const NEG: f32 = -3.0e38;           // "minus infinity" that stays finite throug
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> stats: array<vec2<f32>>;
 @group(0) @binding(6) var<storage, read> table: array<vec4<f32>>;
+//#if DIRECT_OUT
+@group(0) @binding(${DIRECT_OUT_BINDING}) var<storage, read_write> direct_out: array<vec4<f32>>;
+//#endif
 
 var<workgroup> ks: array<vec4<f32>, TILE * KS_ROW>;  // K tile [TILE, C4 (+1 pad)]
 var<workgroup> vs: array<vec4<f32>, TILE * C4>;      // V tile [TILE, C4]
@@ -165,6 +174,7 @@ struct Work {
     kv_len: u32,      // rows visible to its last token
     tile_begin: u32,
     tile_end: u32,
+    whole: bool,      // SPLIT: the token's rows fit one split, whose workgroup writes the output itself
 };
 
 fn plan(wid: vec3<u32>) -> Work {
@@ -175,8 +185,10 @@ fn plan(wid: vec3<u32>) -> Work {
     let n_tiles = (w.kv_len + TILE - 1u) / TILE;
     w.tile_begin = 0u;
     w.tile_end = n_tiles;
+    w.whole = false;
     if (SPLIT) {
         let n_splits = split_count(w.kv_len, n_tiles);
+        w.whole = n_splits == 1u;
         let per_split = (n_tiles + n_splits - 1u) / n_splits;
         w.tile_begin = wid.x * per_split;
         w.tile_end = min(n_tiles, w.tile_begin + per_split);
@@ -499,12 +511,16 @@ fn attend(tid: u32, wid: vec3<u32>, w: Work, first: FirstLoads, has_new: bool, n
     let t = t0 + vq / G;
     if (vq < NQ && t < n_tokens) {
         let qh = kvh * G + vq % G;
-        if (SPLIT) {
+        if (SPLIT && !w.whole) {
             let slot = (t * HQ + qh) * MAX_SPLITS + wid.x;
             out[slot * C4 + lc] = acc;
             if (lc == 0u) {
                 stats[slot] = vec2<f32>(m_run[vq], l_run[vq]);
             }
+        } else if (SPLIT) {
+//#if DIRECT_OUT
+            direct_out[t * Q_ROW4 + qh * C4 + lc] = acc / l_run[vq];
+//#endif
         } else {
             out[t * Q_ROW4 + qh * C4 + lc] = acc / l_run[vq];
         }
@@ -689,7 +705,7 @@ fn attend_lanes(tid: u32, wid: vec3<u32>, w: Work, first: LaneLoads) {
 //#for g in GQ
         {
             let qh = kvh * G + {{g}}u;
-            if (SPLIT) {
+            if (SPLIT && !w.whole) {
                 let slot = (t * HQ + qh) * MAX_SPLITS + wid.x;
 //#for j in LANE_VECS
                 out[slot * C4 + c0 + {{j}}u] = acc{{g}}_{{j}};
@@ -697,6 +713,12 @@ fn attend_lanes(tid: u32, wid: vec3<u32>, w: Work, first: LaneLoads) {
                 if (lane == 0u) {
                     stats[slot] = vec2<f32>(m{{g}}, l{{g}});
                 }
+            } else if (SPLIT) {
+//#if DIRECT_OUT
+//#for j in LANE_VECS
+                direct_out[t * Q_ROW4 + qh * C4 + c0 + {{j}}u] = acc{{g}}_{{j}} / l{{g}};
+//#endfor
+//#endif
             } else {
 //#for j in LANE_VECS
                 out[t * Q_ROW4 + qh * C4 + c0 + {{j}}u] = acc{{g}}_{{j}} / l{{g}};

@@ -15,7 +15,8 @@
 // partials s = i / C4 + k * SLICES (k < 8; the latency overlaps what follows); invocation s < n
 // loads partial s's (m, l); M by a tree over MAX_SPLITS entries; invocation s stores w_s; each
 // invocation weighs its partials, and the SLICES sums of each column are added in workgroup memory.
-// Needs MAX_SPLITS <= WG.
+// Needs MAX_SPLITS <= WG. A token with one split has nothing to merge: its attention workgroup wrote
+// the output, and this workgroup leaves at once.
 // Dispatch: (HQ, n_tokens, 1).
 
 ${STEP_PARAMS}
@@ -91,6 +92,9 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     }
     let n_tiles = (params.pos + t + TILE) / TILE;
     let n_splits = split_count(params.pos + t + 1u, n_tiles);
+    if (n_splits == 1u) {
+        return;  // one split: attention.wgsl wrote this token's output itself (direct_out)
+    }
     let per_split = (n_tiles + n_splits - 1u) / n_splits;
     let n_parts = (n_tiles + per_split - 1u) / per_split;
     let first = (t * HQ + qh) * MAX_SPLITS;

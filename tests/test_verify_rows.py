@@ -52,6 +52,18 @@ def test_verify_rows_match_reference(tmp_path, path):
         engine.close()
 
 
+def _small_engine(tmp_path, seed: int) -> Engine:
+    """The SMALL model (512-token context) loaded, its verify-row kernels built as the first speculative
+    reply builds them (at load on a GPU)."""
+    path = tmp_path / "small.gguf"
+    write_random_bitnet(str(path), vocab_size=VOCAB, context_length=512, seed=seed, **SMALL)
+    engine = Engine(prefill_chunk=64)
+    engine.load(str(path))
+    for layer in engine.model.layer_ops:
+        layer.attention.prepare_draft_rows()
+    return engine
+
+
 @pytest.mark.parametrize(
     "gpu_kernels, lanes",
     [(False, True), (True, True), (False, False)],
@@ -69,15 +81,10 @@ def test_verify_rows_equal_decode_steps_bit_for_bit(tmp_path, monkeypatch, gpu_k
     monkeypatch.setattr(linear_module, "SPLIT_MIN_WEIGHTS", 0)  # this small model's BitLinears split as 2B-4T's
     # a split cap that binds past the direct attention (~10 tiles), not a power of two
     monkeypatch.setattr(attention_module, "SPLIT_CAP", 3)
-    path = tmp_path / "small.gguf"
-    write_random_bitnet(str(path), vocab_size=VOCAB, context_length=512, seed=16, **SMALL)
-    engine = Engine(prefill_chunk=64)
+    engine = _small_engine(tmp_path, seed=16)
     try:
-        engine.load(str(path))
         model = engine.model
         tile = model.layer_ops[0].attention.tile
-        for layer in model.layer_ops:  # as the first speculative reply does (built at load on a GPU)
-            layer.attention.prepare_draft_rows()
         assert model.layer_ops[0].attention.draft_rows >= 5, "verify rows must take the fused RoPE kernel"
         assert model.layer_ops[0].attention.lanes == (lanes and "subgroups" in engine.device.features)
         if gpu_kernels:
@@ -102,5 +109,45 @@ def test_verify_rows_equal_decode_steps_bit_for_bit(tmp_path, monkeypatch, gpu_k
             assert model.last_dispatches <= decode_dispatches + split, (model.last_dispatches, decode_dispatches)
             differ = [i for i in range(rows) if not np.array_equal(decoded[i], verified[i])]
             assert not differ, f"after {cached} cached tokens, verify rows {differ} differ from their decode steps"
+    finally:
+        engine.close()
+
+
+def _forward_on_a_bound(model, token_ids: list[int], bound: int) -> np.ndarray:
+    """forward(token_ids, all_logits=True) as a queued speculative step records it: the position known only
+    on the GPU (StepParams written apart), the attention dispatched for the upper bound `bound`."""
+    n, pos = len(token_ids), model.n_cached
+    model.kv_cache.ensure_capacity(bound + n)
+    model.device.upload(model.token_ids, 0, np.asarray(token_ids, dtype=np.uint32))
+    model.step.write(n, pos, model.kv_cache.capacity)
+    model._record_step(n, all_logits=True, pos=bound, params_on_gpu=True).submit()
+    model.cached_tokens.extend(token_ids)
+    raw = asyncio.run(model.device.read(model.logits, 0, 4 * n * model.config.vocab_size))
+    return raw.view(np.float32).reshape(n, model.config.vocab_size)
+
+
+@pytest.mark.parametrize("lanes", [True, False], ids=["lane-walk", "tile-walk"])
+def test_steps_on_a_loose_position_bound_equal_exact_ones(tmp_path, monkeypatch, lanes):
+    """A queued verify or draft-off step knows only an upper bound of its position, so its attention takes
+    the split kernels even where its rows fit the one-dispatch attention. There a split kernel writes the
+    output itself and the combine leaves at once (attention.wgsl DIRECT_OUT): one-row and verify-row steps
+    recorded on a bound past the direct limit give the logits of the exact recording bit for bit, at
+    contexts within the direct limit, and past it (where the combine merges partials)."""
+    monkeypatch.setattr(attention_module, "USE_LANES", lanes)
+    engine = _small_engine(tmp_path, seed=17)
+    try:
+        model = engine.model
+        tile = model.layer_ops[0].attention.tile
+        direct = DIRECT_MAX_TILES * tile
+        rng = np.random.default_rng(17)
+        for cached in (3, direct - 6, direct + 20):
+            for rows in (1, 5):
+                ids = rng.integers(0, VOCAB, cached + rows).tolist()
+                model.truncate(0)
+                asyncio.run(model.prefill(ids[:cached]))
+                exact = asyncio.run(model.forward(ids[cached:], all_logits=True))
+                model.truncate(cached)
+                bounded = _forward_on_a_bound(model, ids[cached:], direct + 3 * tile)
+                assert np.array_equal(exact, bounded), f"{rows} rows after {cached} cached tokens"
     finally:
         engine.close()

@@ -244,10 +244,15 @@ class Attention:
             self.tiled = _tiled_prefill_pipeline(
                 kernels, shape, kv, group, prefill_query_rows, prefill_rows_per_thread or PREFILL_ROWS_PER_THREAD
             )
-        self.split_pipeline = kernels.pipeline("attention", defines=lanes_kv, SPLIT=True, **one)
+        # Split kernels write the output of a token whose rows fit one split themselves (DIRECT_OUT):
+        # a queued verify step records them on an upper bound of its position (attention.wgsl)
+        split_kv = (*lanes_kv, "DIRECT_OUT")
+        self.split_pipeline = kernels.pipeline("attention", defines=split_kv, SPLIT=True, DIRECT_OUT_BINDING=6, **one)
         if self.fused_rope:
             rope_kv = (*lanes_kv, "ROPE")
-            self.rope_split_pipeline = kernels.pipeline("attention", defines=rope_kv, SPLIT=True, **one)
+            self.rope_split_pipeline = kernels.pipeline(
+                "attention", defines=(*split_kv, "ROPE"), SPLIT=True, DIRECT_OUT_BINDING=7, **one
+            )
             self.rope_direct_pipeline = kernels.pipeline("attention", defines=rope_kv, SPLIT=False, **one)
         # Verify rows (2..max_tokens_split tokens) with RoPE and the KV append fused in, where the
         # draft's rows fit in workgroup memory beside the tiles: one dispatch fewer per layer. Built
@@ -291,13 +296,13 @@ class Attention:
                 self.tiled[0], [params, self.q, k, v, self.out], f"tiled attention prefill {label}"
             )
         self.split_group = self.device.bind_group(
-            self.split_pipeline, [params, self.q, k, v, self.scratch.acc, stats], f"attention split {label}"
+            self.split_pipeline, [params, self.q, k, v, self.scratch.acc, stats, self.out], f"attention split {label}"
         )
         if self.fused_rope:
             qkv, table = self.rope.qkv, self.rope.table.buffer
             self.rope_split_group = self.device.bind_group(
                 self.rope_split_pipeline,
-                [params, qkv, k, v, self.scratch.acc, stats, table],
+                [params, qkv, k, v, self.scratch.acc, stats, table, self.out],
                 f"rope+attention split {label}",
             )
             self.rope_direct_group = self.device.bind_group(
@@ -309,9 +314,11 @@ class Attention:
         """Build the verify-rows kernels (DRAFT_ROWS) if this device can run them and they are not yet."""
         if self.draft_rows or not self.draft_rows_max:
             return
-        self.rope_rows_split_pipeline, self.rope_rows_direct_pipeline = (
-            self._kernels.pipeline("attention", SPLIT=split, **self._rows_pipeline_args) for split in (True, False)
+        args = self._rows_pipeline_args
+        self.rope_rows_split_pipeline = self._kernels.pipeline(
+            "attention", SPLIT=True, **dict(args, defines=(*args["defines"], "DIRECT_OUT"), DIRECT_OUT_BINDING=7)
         )
+        self.rope_rows_direct_pipeline = self._kernels.pipeline("attention", SPLIT=False, **args)
         self.draft_rows = self.draft_rows_max
         self._bind_draft_rows()
 
@@ -322,7 +329,7 @@ class Attention:
             qkv, table = self.rope.qkv, self.rope.table.buffer
             self.rope_rows_split_group = self.device.bind_group(
                 self.rope_rows_split_pipeline,
-                [params, qkv, k, v, self.scratch.acc, stats, table],
+                [params, qkv, k, v, self.scratch.acc, stats, table, self.out],
                 f"rope+attention rows split {label}",
             )
             self.rope_rows_direct_group = self.device.bind_group(
