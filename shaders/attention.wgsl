@@ -41,8 +41,8 @@
 //   Dispatch (>= n_splits, HKV, T); workgroups without tiles exit at once. A token whose rows fit in
 //   DIRECT_TILES tiles has one split: its workgroup writes acc / l to direct_out itself, as SPLIT = false
 //   would, and the combine leaves that token at once. (A queued verify step knows only an upper bound
-//   of its position, so it takes the split kernels even where its rows fit: the combine's work and its
-//   partials' round trip cost 8-10% of a 2B-4T verify step at short context.)
+//   of its position, so it takes the split kernels even where its rows fit; docs/performance.md,
+//   session 20.) Every SPLIT kernel is built with DIRECT_OUT.
 //
 // Variants (one entry point, `main`; defines pick its prologue):
 //   plain      queries from `q` (RoPE already applied, K/V rows already appended by rope.wgsl).
@@ -108,6 +108,8 @@ const NEG: f32 = -3.0e38;           // "minus infinity" that stays finite throug
 @group(0) @binding(6) var<storage, read> table: array<vec4<f32>>;
 //#if DIRECT_OUT
 @group(0) @binding(${DIRECT_OUT_BINDING}) var<storage, read_write> direct_out: array<vec4<f32>>;
+//#else
+const_assert !SPLIT;  // the combine skips one-split tokens: a split kernel must write their output
 //#endif
 
 var<workgroup> ks: array<vec4<f32>, TILE * KS_ROW>;  // K tile [TILE, C4 (+1 pad)]
