@@ -269,6 +269,67 @@ def test_the_next_submit_is_recorded_while_the_host_waits_for_a_readback(loaded,
         loaded.reset()
 
 
+def test_the_queue_is_refilled_before_the_tokens_read_are_yielded(loaded, monkeypatch):
+    """In a browser a submit's readback arrives about when the next submit is done, so the GPU would wait
+    for whatever the caller does with the tokens: each read refills the queue before its first token is
+    yielded (decode and verify steps), except where a token read is in stop_ids (the caller probably
+    stops there: nothing more is queued for it). The tokens are plain decoding's either way."""
+    submits = [0]
+    submit = type(loaded.device.begin()).submit
+
+    def counting(self):
+        submits[0] += 1
+        return submit(self)
+
+    monkeypatch.setattr(type(loaded.device.begin()), "submit", counting)
+    model = loaded.model
+    model.DECODE_BATCHING = (2, 2)
+
+    async def reply(speculate: int, stop_ids=()) -> tuple[list[int], list[int]]:
+        model.truncate(0)
+        await model.prefill(PROMPT[:-1])
+        if speculate:
+            steps = model.decode_speculative(PROMPT[-1], speculate, stop_ids=stop_ids)
+        else:
+            steps = model.decode_greedy(PROMPT[-1], stop_ids=stop_ids)
+        submits[0] = 0
+        tokens, seen = [], []
+        async for token in steps:
+            tokens.append(token)
+            seen.append(submits[0])
+            if len(tokens) == 12:
+                break
+        await steps.aclose()
+        return tokens, seen
+
+    try:
+        plain, seen = loaded._run(reply(0))
+        # two submits of 2 steps queued before the first read; its tokens come with a third one queued
+        assert seen[:2] == [3, 3] and seen[2:4] == [4, 4], seen
+        stopped, seen = loaded._run(reply(0, stop_ids=[plain[1]]))
+        assert stopped == plain and seen[:2] == [2, 2], seen  # a stop id read: refilled after the yields
+        drafted, seen = loaded._run(reply(2))
+        assert drafted[: len(plain)] == plain
+        assert seen[0] == 3, seen  # verify steps likewise
+    finally:
+        model.__dict__.pop("DECODE_BATCHING", None)
+        loaded.reset()
+
+
+def test_read_ends_reply():
+    from bitnet_web.kernels.speculative import NO_BUDGET
+    from bitnet_web.model.decode import read_ends_reply
+
+    # steps of stride 4: n_emitted, up to 2 tokens, the draft length
+    words = np.array([2, 10, 11, 1, 1, 12, 0, 0], dtype=np.uint32)
+    assert not read_ends_reply(words, 2, 4, NO_BUDGET, frozenset({99}))
+    assert read_ends_reply(words, 2, 4, NO_BUDGET, frozenset({12}))  # a stop token emitted
+    assert not read_ends_reply(words, 2, 4, NO_BUDGET, frozenset({0}))  # a word past n_emitted is no token
+    assert read_ends_reply(words, 2, 4, 3, frozenset())  # the budget's last tokens
+    assert not read_ends_reply(words, 2, 4, 4, frozenset())
+    assert read_ends_reply(np.array([2, 10, 11, 1, 0, 0, 0, 0], dtype=np.uint32), 2, 4, NO_BUDGET, frozenset())
+
+
 def test_a_reply_starts_with_a_short_submit(loaded, monkeypatch):
     """The GPU waits for a reply's first submit to be recorded: it holds at most FIRST_SUBMIT_STEPS
     steps, the later ones the batching's full count, for decode and for verify steps alike."""

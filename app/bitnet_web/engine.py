@@ -503,7 +503,7 @@ class Engine:
                 )
                 stats.speculate = speculate
             else:
-                on_gpu = model.decode_greedy(first, max_tokens - 1)
+                on_gpu = model.decode_greedy(first, max_tokens - 1, self.tokenizer.stop_ids)
             stats.token_choice = "gpu_argmax"
         elif self.gpu_sampling and sampler.gpu_supported():
             seed, draws = sampler.seed, sampler.draws
@@ -514,7 +514,9 @@ class Engine:
                 )
                 stats.speculate = speculate
             else:
-                on_gpu = model.decode_sampled(first, settings, seed, draws, history, max_tokens - 1)
+                on_gpu = model.decode_sampled(
+                    first, settings, seed, draws, history, max_tokens - 1, self.tokenizer.stop_ids
+                )
             stats.token_choice = "gpu_sample"
         else:
             self.last_stats.token_choice = "cpu_sample"

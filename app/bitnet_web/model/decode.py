@@ -82,6 +82,18 @@ class RecordedAhead:
         return None
 
 
+def read_ends_reply(words: np.ndarray, n: int, stride: int, budget: int, stops: frozenset[int]) -> bool:
+    """Whether the `n` speculative steps read back (`stride` words each: n_emitted, the tokens, ...) end
+    the reply: a step past its end, a stop token, or the budget's last tokens."""
+    emitted = 0
+    for j in range(n):
+        count = int(words[stride * j])
+        if count == 0 or not stops.isdisjoint(words[stride * j + 1 : stride * j + 1 + count].tolist()):
+            return True
+        emitted += count
+    return budget != NO_BUDGET and emitted >= budget
+
+
 class GPUDecodeLoop:
     """Decoding with the next token id kept on the GPU: only 4 bytes per token come back."""
 
@@ -132,11 +144,14 @@ class GPUDecodeLoop:
         self.step_advance.copy_log(rec, staging, k)
         return rec
 
-    def decode_greedy(self, first_token: int, limit: int | None = None) -> AsyncIterator[int]:
+    def decode_greedy(
+        self, first_token: int, limit: int | None = None, stop_ids: Sequence[int] = ()
+    ) -> AsyncIterator[int]:
         """Feed `first_token`, then yield greedy (argmax) tokens one by one until the context is full
         (the caller stops earlier). `limit`: how many tokens the caller will take at most, so no step
-        is queued past it (more are still produced, one submit at a time, if asked for)."""
-        return self._decode_on_gpu(first_token, self.argmax, limit)
+        is queued past it (more are still produced, one submit at a time, if asked for). `stop_ids`:
+        tokens after which the caller probably stops (no submit is queued ahead of yielding them)."""
+        return self._decode_on_gpu(first_token, self.argmax, limit, stop_ids)
 
     def decode_sampled(
         self,
@@ -146,26 +161,30 @@ class GPUDecodeLoop:
         first_draw: int,
         history: list[int] = (),
         limit: int | None = None,
+        stop_ids: Sequence[int] = (),
     ) -> AsyncIterator[int]:
         """Like decode_greedy, but each token is drawn on the GPU under `settings` (top_k at most
         GPU_TOP_K_MAX, repetition penalty over the tail of `history`, the tokens so far including
         `first_token`) with draws first_draw, first_draw + 1, ... of the stream `seed`
         (sampler.uniform): the same tokens the CPU Sampler would draw from the same logits."""
         self.gpu_sampler.configure(settings, seed, first_draw, history)
-        return self._decode_on_gpu(first_token, self.gpu_sampler, limit)
+        return self._decode_on_gpu(first_token, self.gpu_sampler, limit, stop_ids)
 
     async def _decode_on_gpu(
         self,
         first_token: int,
         chooser: Argmax | GPUSampler,
         limit: int | None = None,
+        stop_ids: Sequence[int] = (),
     ) -> AsyncIterator[int]:
         """The next token id never leaves the GPU: each step's choice is the next step's input. Steps
         go to the GPU `steps` to a submit, `in_flight` submits queued at once (decode_batching), and
         the host reads each submit's ids with one readback: in a browser every await of a readback
         costs far more than a step's GPU work (docs/performance.md), so the host must not wait once
-        per token. The ids are yielded one by one and the queue is refilled after a submit's ids are
-        all yielded, so a stop wastes at most the steps already queued.
+        per token. The queue is refilled as soon as a submit's ids are read, before they are yielded
+        (in a browser a readback arrives about when the next submit is done, so the GPU waits for
+        whatever the caller does with the ids), unless one of them is in `stop_ids`: then after they
+        are all yielded, so an end of text wastes at most the steps already queued.
 
         Invariant: `cached_tokens` holds the inputs of the submitted steps that the host knows (step
         0's is `first_token`, step j's is step j-1's output once read); so stopping at any yield
@@ -175,6 +194,7 @@ class GPUDecodeLoop:
         steps, in_flight = self.decode_batching()
         ring = self._staging_ring(in_flight + 1, 4 * steps)
         context = self.config.context_length
+        stops = frozenset(int(t) for t in stop_ids)
         start = self.n_cached  # step j runs at position start + j
         self.device.upload(self.token_ids, 0, np.asarray([first_token], dtype=np.uint32))
         queued: deque[tuple[gpu.Buffer, int]] = deque()  # submitted, not read: (staging, steps)
@@ -219,8 +239,11 @@ class GPUDecodeLoop:
                     # while the host waits for them: then only its submit stands between the readback
                     # and the GPU's next work. Used only if it is still the submit wanted then.
                     ahead_rec.keep(start + submitted, ahead, prepare(ahead))
-                raw = await self.device.read_staging(staging, 4 * k)
-                for token in raw.view(np.uint32)[:k].tolist():
+                tokens = (await self.device.read_staging(staging, 4 * k)).view(np.uint32)[:k].tolist()
+                if queued and stops.isdisjoint(tokens):
+                    while len(queued) < in_flight and room() > 0:
+                        launch(room())  # inputs on the GPU: the queued submit's last output
+                for token in tokens:
                     read += 1
                     if read < submitted:
                         self.cached_tokens.append(token)  # it is already the input of a submitted step
@@ -390,6 +413,7 @@ class GPUDecodeLoop:
         # tracked exactly: so the host knows which queued steps run and which leave at once
         budget = NO_BUDGET if limit is None else limit
         gpu_stops = gpu_stop_ids(stop_ids)
+        stops = frozenset(int(t) for t in stop_ids)  # where the caller probably stops (it checks them all)
         queued: deque[tuple[gpu.Buffer, int, int]] = deque()  # submitted, not read: (staging, steps, rows)
         pending = pending_rows = 0  # steps submitted and not read; the most rows they can take
         launched = 0
@@ -455,7 +479,7 @@ class GPUDecodeLoop:
                 if not queued:
                     if budget == 0:  # the caller reads past the reply's end: the GPU's steps go on
                         ops.buffers.reopen()
-                        budget, gpu_stops = NO_BUDGET, frozenset()
+                        budget, gpu_stops, stops = NO_BUDGET, frozenset(), frozenset()
                     n, rows = next_submit()
                     launch(max(1, n if launched else min(n, FIRST_SUBMIT_STEPS)), rows)
                     if len(self.cached_tokens) == pos:
@@ -468,6 +492,11 @@ class GPUDecodeLoop:
                     bound, live = pos + pending_rows, expected_live(ahead[0])
                     ahead_rec.keep(bound, (*ahead, live >= split_min), prepare(*ahead, bound, live))
                 raw = (await self.device.read_staging(staging, 4 * stride * n)).view(np.uint32)
+                if ahead[0] > 0 and not read_ends_reply(raw, n, stride, budget, stops):
+                    # the refill before the host's work on these steps (as in _decode_on_gpu); decided on the
+                    # state before them, as recorded, which only overestimates the position
+                    while len(queued) < in_flight and (more := next_submit())[0] > 0:
+                        launch(*more)
                 for j in range(n):
                     pending -= 1
                     pending_rows -= rows
