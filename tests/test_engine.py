@@ -316,6 +316,88 @@ def test_the_queue_is_refilled_before_the_tokens_read_are_yielded(loaded, monkey
         loaded.reset()
 
 
+async def consume(agen) -> None:
+    async for _ in agen:
+        pass
+
+
+def test_the_first_token_is_chosen_on_the_gpu_and_the_reply_queues_behind_the_prompt(loaded, monkeypatch):
+    """Where the GPU chooses the tokens, it chooses the first one too, in the prompt's last submit, and
+    the decode steps are submitted before the host learns it (no round trip between the prompt and
+    the reply; no logits read back). The tokens are those of the host-chosen first token: greedy,
+    and seeded sampling (its draw stream and repetition penalty continue across the first token),
+    with and without drafts."""
+    from bitnet_web.text.sampler import Sampler
+
+    device, model = loaded.device, loaded.model
+    events: list[str] = []
+    recorder_type = type(device.begin())
+    submit, read_staging, read = recorder_type.submit, type(device).read_staging, type(device).read
+
+    def logged_submit(self):
+        events.append("submit")
+        return submit(self)
+
+    async def logged_read_staging(self, staging, nbytes):
+        events.append(f"read {staging.label}")
+        return await read_staging(self, staging, nbytes)
+
+    async def logged_read(self, *args, **kwargs):
+        events.append("read logits")
+        return await read(self, *args, **kwargs)
+
+    monkeypatch.setattr(recorder_type, "submit", logged_submit)
+    monkeypatch.setattr(type(device), "read_staging", logged_read_staging)
+    monkeypatch.setattr(type(device), "read", logged_read)
+    sampled = SamplerSettings(temperature=0.9, top_k=20, repetition_penalty=1.3, repeat_last_n=64, seed=7)
+    n = 12
+
+    async def host_first(settings: SamplerSettings, k: int) -> list[int]:
+        """The reply with the first token chosen on the host from read-back logits (the route before)."""
+        model.truncate(0)
+        sampler = Sampler(settings)
+        first = sampler.sample(await model.prefill(PROMPT), PROMPT)
+        history, limit = [*PROMPT, first], n - 1
+        policy = loaded._speculation_policy(k) if k else None
+        if settings.temperature == 0:
+            steps = model.decode_speculative(first, k, limit, policy=policy) if k else model.decode_greedy(first, limit)
+        elif k:
+            args = (settings, sampler.seed, sampler.draws, history, limit, policy)
+            steps = model.decode_speculative_sampled(first, k, *args)
+        else:
+            steps = model.decode_sampled(first, settings, sampler.seed, sampler.draws, history, limit)
+        tokens = [first]
+        async for token in steps:
+            tokens.append(token)
+            if len(tokens) == n:
+                break
+        await steps.aclose()
+        return tokens
+
+    try:
+        for settings in (GREEDY, sampled):
+            for k in (0, 3):
+                model.truncate(0)
+                events.clear()
+                loaded._run(consume(loaded.generate_tokens_async(PROMPT, settings, max_tokens=n, speculate=k)))
+                ids, eos = list(loaded.generated_tokens), loaded.last_stats.stop_reason == "eos"
+                assert "read logits" not in events, events
+                first_read = events.index("read first token")
+                assert events[:first_read].count("submit") >= 2, events  # the prompt's and the reply's
+                if settings is sampled and k:  # the penalty window, as this reply left it
+                    op = model._spec_samplers[k]
+                    state = device.read_sync(op.state, 0, 4 * (op.RING_AT + 64)).view(np.uint32)
+                    length, head = int(state[2]), int(state[3])
+                    ring = [int(state[op.RING_AT + (head + 64 - length + e) % 64]) for e in range(length)]
+                expected = loaded._run(host_first(settings, k))
+                assert ids == expected[: len(ids)] and len(ids) + eos >= 1, (settings, k, ids, expected)
+                if settings is sampled and k:  # it holds the first token, copied in on the GPU
+                    reply = expected[: len(ids) + eos]  # the GPU emits a stop token too
+                    assert ring == [*PROMPT, *reply][-length:] and length == min(64, len(PROMPT) + len(reply))
+    finally:
+        loaded.reset()
+
+
 def test_read_ends_reply():
     from bitnet_web.kernels.speculative import NO_BUDGET
     from bitnet_web.model.decode import read_ends_reply

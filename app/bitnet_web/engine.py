@@ -482,61 +482,61 @@ class Engine:
         max_tokens: int,
         speculate: int = 0,
     ) -> AsyncIterator[int]:
-        """Tokens of the reply, one per step. After the prompt's logits (read back anyway), the GPU
-        chooses each token (argmax, or a seeded draw: sampler.Sampler.gpu_supported) so only 4 bytes
-        come back per token; other settings read logits back and sample on the CPU. `history` (the
-        caller appends each yielded token) is what the repetition penalty looks at; the caller takes
-        at most `max_tokens`, so the GPU loop queues no step past them. `speculate` > 0: steps decoded on
-        the GPU verify prompt-lookup drafts of up to that many tokens (model/decode.py)."""
-        logits = await model.prefill(new_ids, progress=self.on_prefill, stop=lambda: self._abort)
-        if logits is None:  # abort() while the prompt was read: no token
-            return
-        first = sampler.sample(logits, history)
-        yield first
-        on_gpu = None
+        """Tokens of the reply, one per step. Where the GPU chooses each token (argmax, or a seeded
+        draw: sampler.Sampler.gpu_supported) it chooses the first one too, in the prompt's last submit,
+        and the decode steps queue behind it with no host round trip; only 4 bytes come back per token.
+        Other settings read logits back and sample on the CPU. `history` (the caller appends each
+        yielded token) is what the repetition penalty looks at; the caller takes at most
+        `max_tokens`, so the GPU loop queues no step past them. `speculate` > 0: steps decoded on the
+        GPU verify prompt-lookup drafts of up to that many tokens (model/decode.py)."""
         stats = self.last_stats
-        if settings.temperature == 0 and settings.repetition_penalty == 1.0:
-            if speculate > 0:
-                policy = self._speculation_policy(speculate)
-                on_gpu = model.decode_speculative(
-                    first, speculate, max_tokens - 1, policy=policy, stop_ids=self.tokenizer.stop_ids
-                )
-                stats.speculate = speculate
-            else:
-                on_gpu = model.decode_greedy(first, max_tokens - 1, self.tokenizer.stop_ids)
-            stats.token_choice = "gpu_argmax"
-        elif self.gpu_sampling and sampler.gpu_supported():
-            seed, draws = sampler.seed, sampler.draws
-            if speculate > 0:
-                limit, policy = max_tokens - 1, self._speculation_policy(speculate)
-                on_gpu = model.decode_speculative_sampled(
-                    first, speculate, settings, seed, draws, history, limit, policy, self.tokenizer.stop_ids
-                )
-                stats.speculate = speculate
-            else:
-                on_gpu = model.decode_sampled(
-                    first, settings, seed, draws, history, max_tokens - 1, self.tokenizer.stop_ids
-                )
-            stats.token_choice = "gpu_sample"
-        else:
-            self.last_stats.token_choice = "cpu_sample"
-        if on_gpu is not None:
-            try:
-                async for token in on_gpu:
-                    yield token
-            finally:
-                await on_gpu.aclose()
-                if stats.speculate:
-                    stats.draft_proposed, stats.draft_accepted = model.draft_proposed, model.draft_accepted
-                    stats.verify_steps, stats.plain_steps = model.verify_steps, model.plain_steps
-                    stats.launched_steps = model.launched_steps
-                    stats.draft_length_counts = list(model.draft_length_counts)
-            return
-        token = first
-        while model.n_cached < model.config.context_length:  # else this token cannot be fed back
-            logits = await model.decode(token)
+        greedy = settings.temperature == 0 and settings.repetition_penalty == 1.0
+        gpu_sampled = not greedy and self.gpu_sampling and sampler.gpu_supported()
+        if not (greedy or gpu_sampled):
+            stats.token_choice = "cpu_sample"
+            logits = await model.prefill(new_ids, progress=self.on_prefill, stop=lambda: self._abort)
+            if logits is None:  # abort() while the prompt was read: no token
+                return
             token = sampler.sample(logits, history)
             yield token
+            while model.n_cached < model.config.context_length:  # else this token cannot be fed back
+                logits = await model.decode(token)
+                token = sampler.sample(logits, history)
+                yield token
+            return
+        stops, limit = self.tokenizer.stop_ids, max_tokens - 1
+        if greedy:
+            chooser, stats.token_choice = model.argmax, "gpu_argmax"
+        else:  # the first token takes the CPU sampler's next draw (draw 0 of its seed's stream)
+            chooser, stats.token_choice = model.gpu_sampler, "gpu_sample"
+            model.gpu_sampler.configure(settings, sampler.seed, sampler.draws, history)
+        first = await model.prefill(new_ids, progress=self.on_prefill, stop=lambda: self._abort, choose=chooser)
+        if first is None:  # abort() while the prompt was read: no token
+            return
+        on_gpu = None
+        try:
+            policy = self._speculation_policy(speculate) if speculate > 0 else None
+            if greedy and speculate > 0:
+                on_gpu = model.decode_speculative(first, speculate, limit, policy=policy, stop_ids=stops)
+            elif greedy:
+                on_gpu = model.decode_greedy(first, limit, stops)
+            elif speculate > 0:  # the draws after the first token's
+                args = (settings, sampler.seed, sampler.draws + 1, history, limit, policy, stops)
+                on_gpu = model.decode_speculative_sampled(first, speculate, *args)
+            else:
+                on_gpu = model.decode_sampled(first, settings, sampler.seed, sampler.draws + 1, history, limit, stops)
+            stats.speculate = speculate
+            async for token in on_gpu:  # the first token first
+                yield token
+        finally:
+            if on_gpu is not None:
+                await on_gpu.aclose()
+            first.discard(model.device)  # a loop that never read it
+            if stats.speculate:
+                stats.draft_proposed, stats.draft_accepted = model.draft_proposed, model.draft_accepted
+                stats.verify_steps, stats.plain_steps = model.verify_steps, model.plain_steps
+                stats.launched_steps = model.launched_steps
+                stats.draft_length_counts = list(model.draft_length_counts)
 
     async def complete_async(
         self,

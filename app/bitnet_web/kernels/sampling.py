@@ -30,7 +30,8 @@ class GPUSampler:
     """out_ids[slot] = a token drawn from logits[row] under `settings` (set with `configure`)."""
 
     PARAMS_NBYTES = 32
-    STATE_NBYTES = 4 * (4 + GPU_PENALTY_WINDOW_MAX)  # counter, status, ring length, ring head, ring
+    RING_AT = 4  # state words before the ring: counter, status, ring length, ring head
+    STATE_NBYTES = 4 * (RING_AT + GPU_PENALTY_WINDOW_MAX)
 
     def __init__(
         self,
@@ -75,10 +76,11 @@ class GPUSampler:
         bind = device.bind_group(final, [current, self.params, self.state, out_ids], f"{label} draw")
         self.dispatches.append((final, bind, 1))
 
-    def configure(self, settings: SamplerSettings, seed: int, first_draw: int, history: list[int] = ()) -> None:
+    def configure(self, settings: SamplerSettings, seed: int, first_draw: int, history: list[int] = ()) -> int:
         """Settings for the next steps, and the stream position: the next step uses draw `first_draw`
         of stream `seed` (sampler.uniform), then the count goes up by one per step on the GPU.
-        `history`: the tokens so far (the repetition penalty's window starts with its tail).
+        `history`: the tokens so far (the repetition penalty's window starts with its tail: its
+        last w tokens are state words RING_AT .. RING_AT + w - 1; returns w, 0 without a penalty).
         Temperature 0 (greedy with a penalty) is drawn as top-k 1."""
         greedy = settings.temperature == 0
         window = settings.repeat_last_n if settings.repetition_penalty != 1.0 else 0
@@ -96,12 +98,13 @@ class GPUSampler:
         params[6] = np.array([settings.repetition_penalty], dtype=np.float32).view(np.uint32)[0]
         params[7] = window
         recent = list(history)[-window:] if window else []
-        state = np.zeros(4 + GPU_PENALTY_WINDOW_MAX, dtype=np.uint32)
+        state = np.zeros(self.RING_AT + GPU_PENALTY_WINDOW_MAX, dtype=np.uint32)
         state[0], state[2], state[3] = first_draw, len(recent), len(recent) % window if window else 0
-        state[4 : 4 + len(recent)] = recent
+        state[self.RING_AT : self.RING_AT + len(recent)] = recent
         self.device.upload(self.params, 0, params)
         self.device.upload(self.state, 0, state)
         self.penalty_active = window > 0
+        return len(recent)
 
     def record(self, recorder: gpu.Recorder, n_tokens: int = 1) -> None:
         if self.penalty_active:

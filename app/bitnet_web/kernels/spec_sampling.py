@@ -97,11 +97,12 @@ class SpecSampleAccept(GPUSampler):
         accept = kernels.pipeline("spec_sample", defines=("ACCEPT",), RING_MAX=GPU_PENALTY_WINDOW_MAX, **shape)
         self.accept = (accept, device.bind_group(accept, [decisions, self.params, self.state, out], f"{label} accept"))
 
-    def configure(self, settings: SamplerSettings, seed: int, first_draw: int, history: list[int] = ()) -> None:
+    def configure(self, settings: SamplerSettings, seed: int, first_draw: int, history: list[int] = ()) -> int:
         """As GPUSampler.configure; the next verify step's row r uses draws first_draw + 2r and + 2r + 1.
         Also zeroes the proposed / accepted totals."""
-        super().configure(settings, seed, first_draw, history)
+        window = super().configure(settings, seed, first_draw, history)
         self.device.upload(self.state, self.TOTALS_AT, np.zeros(2, dtype=np.uint32))
+        return window
 
     def record(self, recorder: gpu.Recorder, n_rows: int = 1) -> None:
         """One verify step's decision over `n_rows` = k + 1 rows of logits (draft_len <= k)."""

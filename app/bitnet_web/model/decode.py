@@ -13,7 +13,7 @@ import operator
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -53,6 +53,31 @@ class SpeculationOps:
     draft_off: SpecDraft
     greedy: GreedyAccept
     log: VerifyStepLog
+
+
+@dataclass
+class FirstToken:
+    """A reply's first token, chosen on the GPU by the prompt's last submit (BitNetModel.prefill with
+    `choose`): it is already the next step's input in token_ids[0], and its value reaches the host
+    through `staging` (a read started with that submit). A decode loop given one queues its steps
+    behind the prompt at once, with no host round trip between them, and yields the token first.
+    `copies`: (buffer, byte offset) where the loop's first submit copies the token before its steps
+    (a speculative reply's history and penalty window, uploaded with a placeholder in its place)."""
+
+    staging: gpu.Buffer
+    copies: list[tuple[gpu.Buffer, int]] = field(default_factory=list)
+    taken: bool = False  # its read was taken (awaited or cancelled)
+
+    async def read(self, device: gpu.Device) -> int:
+        self.taken = True
+        return int((await device.read_staging(self.staging, 4)).view(np.uint32)[0])
+
+    def discard(self, device: gpu.Device) -> None:
+        """Cancel the read if no decode loop took it (one that failed first, or never ran), so the
+        staging buffer is free for the next prompt."""
+        if not self.taken:
+            self.taken = True
+            device.cancel_read(self.staging)
 
 
 MAX_STEPS_PER_SUBMIT = 16  # decode steps one submit may hold (slots of the model's StepAdvance log)
@@ -145,17 +170,18 @@ class GPUDecodeLoop:
         return rec
 
     def decode_greedy(
-        self, first_token: int, limit: int | None = None, stop_ids: Sequence[int] = ()
+        self, first_token: int | FirstToken, limit: int | None = None, stop_ids: Sequence[int] = ()
     ) -> AsyncIterator[int]:
         """Feed `first_token`, then yield greedy (argmax) tokens one by one until the context is full
-        (the caller stops earlier). `limit`: how many tokens the caller will take at most, so no step
+        (the caller stops earlier); a FirstToken (chosen on the GPU by the prompt's last submit, by
+        `self.argmax`) is yielded first. `limit`: how many tokens the caller will take at most, so no step
         is queued past it (more are still produced, one submit at a time, if asked for). `stop_ids`:
         tokens after which the caller probably stops (no submit is queued ahead of yielding them)."""
         return self._decode_on_gpu(first_token, self.argmax, limit, stop_ids)
 
     def decode_sampled(
         self,
-        first_token: int,
+        first_token: int | FirstToken,
         settings: SamplerSettings,
         seed: int,
         first_draw: int,
@@ -166,13 +192,17 @@ class GPUDecodeLoop:
         """Like decode_greedy, but each token is drawn on the GPU under `settings` (top_k at most
         GPU_TOP_K_MAX, repetition penalty over the tail of `history`, the tokens so far including
         `first_token`) with draws first_draw, first_draw + 1, ... of the stream `seed`
-        (sampler.uniform): the same tokens the CPU Sampler would draw from the same logits."""
-        self.gpu_sampler.configure(settings, seed, first_draw, history)
+        (sampler.uniform): the same tokens the CPU Sampler would draw from the same logits.
+        A FirstToken was drawn by `self.gpu_sampler`, configured before the prompt's last submit, whose
+        state (the draw count, the penalty's window) goes on on the GPU: `settings`, `seed`,
+        `first_draw` and `history` are then that configuration's and are not uploaded again."""
+        if not isinstance(first_token, FirstToken):
+            self.gpu_sampler.configure(settings, seed, first_draw, history)
         return self._decode_on_gpu(first_token, self.gpu_sampler, limit, stop_ids)
 
     async def _decode_on_gpu(
         self,
-        first_token: int,
+        first_token: int | FirstToken,
         chooser: Argmax | GPUSampler,
         limit: int | None = None,
         stop_ids: Sequence[int] = (),
@@ -187,16 +217,18 @@ class GPUDecodeLoop:
         are all yielded, so an end of text wastes at most the steps already queued.
 
         Invariant: `cached_tokens` holds the inputs of the submitted steps that the host knows (step
-        0's is `first_token`, step j's is step j-1's output once read); so stopping at any yield
-        leaves the cache consistent (steps already queued past a stop token just compute KV rows
-        past `n_cached`, which later steps overwrite).
+        0's is `first_token`, once read if it is a FirstToken; step j's is step j-1's output once
+        read); so stopping at any yield leaves the cache consistent (steps already queued past a stop
+        token just compute KV rows past `n_cached`, which later steps overwrite).
         """
         steps, in_flight = self.decode_batching()
         ring = self._staging_ring(in_flight + 1, 4 * steps)
         context = self.config.context_length
         stops = frozenset(int(t) for t in stop_ids)
         start = self.n_cached  # step j runs at position start + j
-        self.device.upload(self.token_ids, 0, np.asarray([first_token], dtype=np.uint32))
+        pending = first_token if isinstance(first_token, FirstToken) else None
+        if pending is None:
+            self.device.upload(self.token_ids, 0, np.asarray([first_token], dtype=np.uint32))
         queued: deque[tuple[gpu.Buffer, int]] = deque()  # submitted, not read: (staging, steps)
         submitted = launched = 0
 
@@ -227,9 +259,14 @@ class GPUDecodeLoop:
 
         try:
             launch(max(1, min(room(), FIRST_SUBMIT_STEPS)))
-            self.cached_tokens.append(first_token)
+            if pending is None:
+                self.cached_tokens.append(first_token)
             while len(queued) < in_flight and room() > 0:
                 launch(room())  # their inputs are earlier steps' outputs, still on the GPU
+            if pending is not None:
+                first = await pending.read(self.device)
+                self.cached_tokens.append(first)
+                yield first
             read = 0
             while True:
                 staging, k = queued.popleft()
@@ -294,7 +331,7 @@ class GPUDecodeLoop:
 
     def decode_speculative_sampled(
         self,
-        first_token: int,
+        first_token: int | FirstToken,
         k: int,
         settings: SamplerSettings,
         seed: int,
@@ -308,7 +345,9 @@ class GPUDecodeLoop:
         token is kept with probability p(x), else one is drawn from p without it), so the tokens are
         distributed as decode_sampled's under `settings`; seeded runs repeat. Draws first_draw.. of
         stream `seed`, two per token (a different sequence from decode_sampled's). `history`: the
-        tokens so far including `first_token` (the repetition penalty's window)."""
+        tokens so far including `first_token` (the repetition penalty's window); without it if that is
+        a FirstToken (drawn by `self.gpu_sampler` at the draw before first_draw), which the first
+        submit copies into the window on the GPU."""
         if self._spec_samplers is None:
             self._spec_samplers = {}
         op = self._spec_samplers.get(k)
@@ -318,7 +357,12 @@ class GPUDecodeLoop:
             op = SpecSampleAccept(self.kernels, self.logits, buffers.draft, buffers.state, buffers.out, vocab, k + 1)
             self._buffers.extend(op.buffers)
             self._spec_samplers[k] = op
-        op.configure(settings, seed, first_draw, history)
+        if isinstance(first_token, FirstToken):
+            window = op.configure(settings, seed, first_draw, [*history, 0])  # 0: the token, copied on the GPU
+            if window:
+                first_token.copies.append((op.state, 4 * (op.RING_AT + window - 1)))
+        else:
+            op.configure(settings, seed, first_draw, history)
         return self.decode_speculative(first_token, k, limit, op, policy, stop_ids)
 
     def _record_verify_steps(
@@ -330,6 +374,7 @@ class GPUDecodeLoop:
         pos_bound: int,
         accept: Acceptance,
         live_rows: float | None = None,
+        first_copies: Sequence[tuple[gpu.Buffer, int]] = (),
     ) -> gpu.Recorder:
         """`n_steps` steps of `rows` rows each (k + 1: verify steps of drafts of k tokens; 1: draft-off
         steps) in one recorder. Step j drafts on the GPU (which also sets its StepParams), runs its
@@ -337,11 +382,14 @@ class GPUDecodeLoop:
         (VerifyStepLog); one copy after the last step hands words (k + 3) j.. to `staging`.
         `pos_bound`: the largest position step 0 can have (each step advances 1..rows): attention
         dispatches enough splits for it. `live_rows`: the rows a step is expected to keep (draft + 1),
-        which picks the BitLinears' kernels (NormTernaryLinear.record)."""
+        which picks the BitLinears' kernels (NormTernaryLinear.record). `first_copies`: where token_ids[0]
+        (a FirstToken) is copied before the first step (FirstToken.copies)."""
         ops = self._speculation_ops(k)
         draft = ops.draft if rows > 1 else ops.draft_off
         self.step.reset_slot()  # queue order: after the submits before this one
         rec = self.device.begin()
+        for buffer, offset in first_copies:
+            rec.copy(self.token_ids, 0, buffer, offset, 4)
         for j in range(n_steps):
             draft.record(rec)  # also writes the step's StepParams
             self._record_step(
@@ -354,7 +402,7 @@ class GPUDecodeLoop:
 
     async def decode_speculative(
         self,
-        first_token: int,
+        first_token: int | FirstToken,
         k: int,
         limit: int | None = None,
         accept: Acceptance | None = None,
@@ -364,7 +412,9 @@ class GPUDecodeLoop:
         """Greedy decoding, `first_token` first fed, with steps that verify a prompt-lookup draft of up
         to `k` tokens (model/speculation.py's rules, run on the GPU): the same tokens as decode_greedy,
         1..k+1 of them per forward pass. `limit` as in decode_greedy. `accept`: the acceptance op in
-        place of greedy acceptance (decode_speculative_sampled: the speculative sampling rule).
+        place of greedy acceptance (decode_speculative_sampled: the speculative sampling rule). A
+        FirstToken (chosen on the GPU by the prompt's last submit) is yielded first; the first submit
+        copies it into the draft history (and `first_token.copies`) before its steps.
 
         Every step's input and position are known on the GPU only (each step folds the tokens the
         previous one emitted), so steps queue without readbacks, `steps` to a submit and `in_flight`
@@ -398,8 +448,10 @@ class GPUDecodeLoop:
         self.draft_length_counts = [0] * (k + 1)
         ops = self._speculation_ops(k)  # a bad k fails here, before any step
         accept = accept or ops.greedy
-        if policy is not None:
-            policy.start(self.cached_tokens + [first_token])
+        first_pending = first_token if isinstance(first_token, FirstToken) else None
+        known = [] if first_pending else [first_token]  # the first token, once the host knows it
+        if policy is not None and known:
+            policy.start(self.cached_tokens + known)
         steps, in_flight = self.decode_batching()
         split_min = split_min_live_rows(self.device)  # the rows that make a recording take the split path
         stride = k + 3
@@ -407,8 +459,11 @@ class GPUDecodeLoop:
         context = self.config.context_length
         pos = self.n_cached  # the next unread step's position (exact: every step before it is read)
         emitted = 0  # tokens yielded (first_token not counted)
-        start_history = self.cached_tokens + [first_token]
+        start_history = self.cached_tokens + (known or [0])  # 0: a FirstToken, copied in on the GPU
         ops.buffers.start(start_history, self.kv_cache.capacity, limit, stop_ids)
+        first_copies = []
+        if first_pending is not None:
+            first_copies = [(ops.buffers.history, 4 * (len(start_history) - 1)), *first_pending.copies]
         # what the GPU's budget is once every step read so far has folded (0: the reply ended there),
         # tracked exactly: so the host knows which queued steps run and which leave at once
         budget = NO_BUDGET if limit is None else limit
@@ -417,9 +472,10 @@ class GPUDecodeLoop:
         queued: deque[tuple[gpu.Buffer, int, int]] = deque()  # submitted, not read: (staging, steps, rows)
         pending = pending_rows = 0  # steps submitted and not read; the most rows they can take
         launched = 0
-        last = first_token  # the input of the next step, not in cached_tokens until a step computes it
+        last = known[0] if known else 0  # the next step's input, not in cached_tokens until a step computes it
         # draft lengths of the last verify steps read; first, of the one the first step will draft
-        recent_drafts = deque([len(prompt_lookup_draft(start_history, k))], maxlen=self.DRAFT_WINDOW)
+        # (guessed from the text before a FirstToken: it only picks the first submits' kernels)
+        recent_drafts = deque([len(prompt_lookup_draft(self.cached_tokens + known, k))], maxlen=self.DRAFT_WINDOW)
         recent_emitted = deque([1 + recent_drafts[0]], maxlen=self.DRAFT_WINDOW)  # tokens of those steps
 
         def expected_live(n: int) -> float:
@@ -453,7 +509,8 @@ class GPUDecodeLoop:
             encode_start = time.perf_counter()
             if self.kv_cache.ensure_capacity(bound + n * rows):
                 ops.buffers.set_kv_capacity(self.kv_cache.capacity)
-            rec = self._record_verify_steps(k, n, rows, ring[launched % len(ring)], bound, accept, live)
+            copies = first_copies if launched == 0 else ()
+            rec = self._record_verify_steps(k, n, rows, ring[launched % len(ring)], bound, accept, live, copies)
             rec.finish()
             self.encode_seconds += time.perf_counter() - encode_start
             return rec
@@ -482,10 +539,17 @@ class GPUDecodeLoop:
                         budget, gpu_stops, stops = NO_BUDGET, frozenset(), frozenset()
                     n, rows = next_submit()
                     launch(max(1, n if launched else min(n, FIRST_SUBMIT_STEPS)), rows)
-                    if len(self.cached_tokens) == pos:
+                    if len(self.cached_tokens) == pos and known:
                         self.cached_tokens.append(last)  # the step computes its row
                 while len(queued) < in_flight and (ahead := next_submit())[0] > 0:
                     launch(*ahead)
+                if not known:  # a FirstToken: its steps are queued, now the host learns it
+                    last = await first_pending.read(self.device)
+                    known.append(last)
+                    self.cached_tokens.append(last)  # the first step computes its row
+                    if policy is not None:
+                        policy.start(list(self.cached_tokens))
+                    yield last
                 staging, n, rows = queued.popleft()
                 ahead = next_submit() if queued else (0, 0)
                 if ahead[0] > 0:  # the refilling submit, recorded while the host waits (as in _decode_on_gpu)

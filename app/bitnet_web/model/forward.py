@@ -43,7 +43,7 @@ from ..kernels.sampling import GPUSampler
 from ..kernels.speculative import SPECULATE_MAX
 from ..kernels.step_advance import StepAdvance
 from .config import ModelConfig
-from .decode import MAX_STEPS_PER_SUBMIT, GPUDecodeLoop
+from .decode import MAX_STEPS_PER_SUBMIT, FirstToken, GPUDecodeLoop
 from .layout import GPULayout, gpu_layout
 from .weights import (
     LOGITS_ROWS,
@@ -92,6 +92,7 @@ class BitNetModel(GPUDecodeLoop):
         self.layers: list[LayerWeights] = []
         self._buffers: list[gpu.Buffer] = []
         self._marks: list[gpu.Buffer] | None = None  # see _prefill_marks
+        self._first_staging: gpu.Buffer | None = None  # see _choose_first
         self.n_params = sum(info.n_elements for info in gguf.tensors.values())
         self.last_dispatches = self.last_passes = 0
 
@@ -369,9 +370,13 @@ class BitNetModel(GPUDecodeLoop):
         all_logits: bool = False,
         progress: Callable[[int, int], None] | None = None,
         stop: Callable[[], bool] | None = None,
-    ) -> np.ndarray | None:
+        choose: Argmax | GPUSampler | None = None,
+    ) -> np.ndarray | FirstToken | None:
         """Run a prompt in chunks of at most `chunk` (default: max_tokens) rows; return the logits of
-        its last token (vocab,), or of every token (n, vocab) with `all_logits`.
+        its last token (vocab,), or of every token (n, vocab) with `all_logits`; or, with `choose`
+        (self.argmax, or self.gpu_sampler configured for the draw), no logits: the last submit also
+        chooses the next token on the GPU, as a decode step does, into token_ids[0], and the returned
+        FirstToken's read is started (a decode loop given it queues its steps behind this submit).
 
         Without `all_logits` only the last chunk's logits are read back: every earlier chunk is
         submitted without waiting for it (queue order runs the chunks in sequence, and each chunk's
@@ -424,7 +429,24 @@ class BitNetModel(GPUDecodeLoop):
         finally:
             for mark, _ in queued:  # a failure part way: marks never read are free again
                 self.device.cancel_read(mark)
+        if choose is not None:
+            return self._choose_first(token_ids[last:], choose)
         return await self.forward(token_ids[last:])
+
+    def _choose_first(self, token_ids: list[int], choose: Argmax | GPUSampler) -> FirstToken:
+        """Submit the prompt's last chunk with its last row's logits and `choose` (see prefill)."""
+        if self._first_staging is None:
+            self._first_staging = self.device.staging(16, "first token")
+            self._buffers.append(self._first_staging)
+        self.device.upload(self.token_ids, 0, np.asarray(token_ids, dtype=np.uint32))
+        rec = self._record_step(len(token_ids), all_logits=False)
+        choose.record(rec)  # logits row 0 -> token_ids[0]
+        rec.copy(self.token_ids, 0, self._first_staging, 0, 4)
+        rec.submit()
+        self.device.start_read(self._first_staging)  # before any later submit (gpu.Device.start_read)
+        self.last_dispatches, self.last_passes = rec.dispatches, rec.passes
+        self.cached_tokens.extend(token_ids)
+        return FirstToken(self._first_staging)
 
     def _prefill_marks(self) -> list[gpu.Buffer]:
         """Two small host-readable buffers a prefill chunk marks as finished (see prefill)."""
