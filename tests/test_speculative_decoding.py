@@ -563,3 +563,37 @@ def test_engine_policy_prices_verify_steps_at_the_cached_context(engine, tiny_pa
         costs.append(engine._backend_policy(2).verify_cost)
     assert costs[0] < costs[1]
     model.truncate(0)
+
+
+def test_a_profiled_verify_step_times_each_dispatch_of_the_recorded_step(tiny_path):
+    """bench.profile_verify_step (the bench page's kernel profiles) times every dispatch of a verify step
+    as the decode loop records it, its draft kernel first, and leaves the cache and the next reply as
+    they were."""
+    from bitnet_web import gpu
+    from bitnet_web.bench import profile_decode_step, profile_verify_step
+
+    engine = Engine(prefill_chunk=PREFILL_CHUNK)
+    engine.device = gpu.open_device(profile=True)
+    try:
+        assert engine.device.profiling, "lavapipe offers timestamps inside passes"
+        engine.load(tiny_path)
+        plain = generate(engine, PROMPT, 0, max_tokens=20)
+        model = engine.model
+        model.truncate(0)
+        asyncio.run(model.prefill(PROMPT[:-1]))
+        cached = list(model.cached_tokens)
+        staging = model.device.staging(64, "log")
+        for k in (1, 4):
+            profile = asyncio.run(profile_verify_step(model, k, PROMPT[-1]))
+            ops = model._speculation_ops(k)
+            recorded = model._record_verify_steps(k, 1, k + 1, staging, model.n_cached, ops.greedy)
+            assert len(profile) == recorded.dispatches and profile[0][0].startswith("spec_draft"), profile[:3]
+            assert all(us >= 0 for _, us in profile)
+        decode = asyncio.run(profile_decode_step(model))
+        step = model._record_step(1, all_logits=False)
+        model.argmax.record(step)
+        assert len(decode) == step.dispatches and decode[-1][0].startswith("argmax"), decode[-3:]
+        assert model.cached_tokens == cached
+        assert generate(engine, PROMPT, 0, max_tokens=20) == plain
+    finally:
+        engine.close()

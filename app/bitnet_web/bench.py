@@ -350,14 +350,34 @@ def speculation_summary(costs: dict, workloads: dict) -> dict:
     return out
 
 
-def profile_decode_step(model, sampled: bool = False) -> list[tuple[str, float]]:
+async def profile_decode_step(model, sampled: bool = False) -> list[tuple[str, float]]:
     """GPU microseconds per dispatch of one decode step, greedy or (after decode_sampled set the
-    sampler up) sampled (NativeDevice(profile=True) only). The step is not kept: the cache is
-    left as it was."""
+    sampler up) sampled, on a device with `profiling` (NativeDevice(profile=True): timestamps between
+    the dispatches of one pass; the browser's: each dispatch's own time). The step is not kept: the
+    cache is left as it was."""
     rec = model._record_step(1, all_logits=False, rec=model.device.begin_profiled())
     (model.gpu_sampler if sampled else model.argmax).record(rec)
     rec.submit()
-    return model.device.read_profile(rec)
+    return await model.device.read_profile_async(rec)
+
+
+async def profile_verify_step(model, k: int, last_token: int) -> list[tuple[str, float]]:
+    """GPU microseconds per dispatch of one speculative verify step with drafts of up to `k` tokens, as
+    the decode loop records it (draft, k + 1 rows, greedy acceptance, log), after the cached text with
+    `last_token` as its input: its draft is what prompt lookup finds there (full after a text that
+    repeats itself). Its rows lie past `n_cached`: the cache is left as it was."""
+    ops = model._speculation_ops(k)
+    model.kv_cache.ensure_capacity(model.n_cached + k + 1)  # start() below hands its capacity to the GPU
+    ops.buffers.start(model.cached_tokens + [last_token], model.kv_cache.capacity)
+    staging = model.device.staging(16 * (k + 3), "profiled verify step log")
+    try:
+        rec = model._record_verify_steps(
+            k, 1, k + 1, staging, model.n_cached, ops.greedy, rec=model.device.begin_profiled()
+        )
+        rec.submit()
+        return await model.device.read_profile_async(rec)
+    finally:
+        model.device.release(staging)
 
 
 class _Progress:
@@ -476,7 +496,7 @@ async def measure_async(
         report["dispatches_per_token"] = all_stats[-1]["dispatches_per_token"]
         report["passes_per_token"] = all_stats[-1]["passes_per_token"]
         if getattr(device, "profiling", False):
-            report[f"gpu_profile_{label}"] = profile_summary(profile_decode_step(model))
+            report[f"gpu_profile_{label}"] = profile_summary(await profile_decode_step(model))
 
     # End to end through Engine.generate: tokenizer streaming, stop checks and sampling included.
     ids = prompt(16)
@@ -508,7 +528,7 @@ async def measure_async(
         report[f"engine_{label}_tokens"] = stats.n_generated
         report[f"engine_{label}_token_choice"] = stats.token_choice
     if getattr(device, "profiling", False):
-        report["gpu_profile_sampler"] = profile_summary(profile_decode_step(model, sampled=True))
+        report["gpu_profile_sampler"] = profile_summary(await profile_decode_step(model, sampled=True))
     report["bytes_read_per_token"] = model.weight_bytes_per_token
     progress.step("verify steps")
     ks = (1, 4) if quick else SPECULATE_KS

@@ -93,7 +93,7 @@ snapshots = []
 for step in STEPS:
     if any(c[1] == "A2" for c in step):
         groups["A2"] = device.bind_group(pipeline, [buffers["A"]])
-    rec = device.begin()
+    rec = device.begin_profiled() if PROFILED else device.begin()
     for command in step:
         if command[0] == "d":
             rec.dispatch(pipeline, groups[command[1]], *command[2:])
@@ -102,10 +102,11 @@ for step in STEPS:
     rec.submit()
     built, reused = programs.built, programs.reused
     programs.enabled = False  # the reads' own copy steps stay out of the program cache
+    profile = await device.read_profile_async(rec) if PROFILED else []
     contents = {n: (await device.read(b)).view(np.uint32).tolist() for n, b in buffers.items()}
     programs.enabled = REPLAY
     snapshots.append({"buffers": contents, "built": built, "reused": reused,
-                      "passes": rec.passes, "dispatches": rec.dispatches})
+                      "passes": rec.passes, "dispatches": rec.dispatches, "profile": profile})
 await device.checkpoint("replay test")
 device.destroy()
 json.dumps({"helper": programs.helper is not None, "snapshots": snapshots})
@@ -136,9 +137,10 @@ def expected_snapshots(steps) -> list[dict]:
     return out
 
 
-def run_steps(worker, steps, replay: bool, capacity: int = 8) -> dict:
+def run_steps(worker, steps, replay: bool, capacity: int = 8, profiled: bool = False) -> dict:
     code = (
         _STEP_RUNNER.replace("STEPS_JSON", repr(json.dumps(steps)))
+        .replace("PROFILED", str(profiled))
         .replace("REPLAY", str(replay))
         .replace("CAPACITY", str(capacity))
         .replace("WORDS", str(WORDS))
@@ -165,6 +167,19 @@ def test_changed_commands_never_replay_a_stale_program(worker, replay):
         assert result["snapshots"][-1]["reused"] == 2  # steps 1 and 9
     else:
         assert result["snapshots"][-1]["built"] == 0 and result["snapshots"][-1]["reused"] == 0
+
+
+def test_a_profiled_recording_does_the_same_work_and_times_each_dispatch(worker):
+    """The bench page's kernel profiles (BrowserDevice.begin_profiled: one timestamped pass per
+    dispatch, encoded directly): every step leaves what the plain encoding leaves, and
+    read_profile_async gives one (kernel label, microseconds >= 0) per dispatch."""
+    result = run_steps(worker, STEPS, replay=True, profiled=True)
+    expected = expected_snapshots(STEPS)
+    for i, (got, want) in enumerate(zip(result["snapshots"], expected, strict=True)):
+        assert got["buffers"] == want["buffers"], f"step {i} {STEPS[i]}: buffers differ"
+        assert got["dispatches"] == want["dispatches"] == len(got["profile"]), f"step {i}"
+        assert all(label == "add one" and us >= 0 for label, us in got["profile"]), got["profile"]
+        assert got["built"] == 0  # never a replayed program
 
 
 def test_evicted_programs_are_rebuilt_correctly(worker):

@@ -246,6 +246,57 @@ class BrowserRecorder(Recorder):
             self._device._queue.submit(js.Array.of(self._command_buffer))
 
 
+class BrowserProfilingRecorder(BrowserRecorder):
+    """Each dispatch in a compute pass of its own whose beginning and end write timestamps (core
+    'timestamp-query': no timestamps inside passes needed), so a step's GPU time splits by kernel;
+    encoded directly, never replayed. Read with `BrowserDevice.read_profile_async`. The passes separate
+    the dispatches as a step never does, so the sum is each kernel's own time, not the step's."""
+
+    __slots__ = ("labels",)
+
+    def __init__(self, device: BrowserDevice):
+        super().__init__(device)
+        self.labels: list[str] = []
+
+    def dispatch(self, pipeline: Pipeline, bind_group: BindGroup, x: int, y: int = 1, z: int = 1) -> None:
+        if len(self.labels) >= self._device.MAX_PROFILED_DISPATCHES:
+            raise GPUError(f"a profiled recording holds at most {self._device.MAX_PROFILED_DISPATCHES} dispatches")
+        super().dispatch(pipeline, bind_group, x, y, z)
+        self.labels.append(pipeline.label)
+
+    def finish(self) -> None:
+        if self._command_buffer is not None:
+            return
+        _, obj = _js()
+        commands = self._commands
+        _require_handles(commands)
+        encoder = self._device._device.createCommandEncoder()
+        query_set, index = self._device._profile_queries(), 0
+        for command in commands:
+            if command[0] == _DISPATCH:
+                writes = obj(querySet=query_set, beginningOfPassWriteIndex=index, endOfPassWriteIndex=index + 1)
+                compute_pass = encoder.beginComputePass(obj(timestampWrites=writes))
+                _, pipeline, bind_group, x, y, z = command
+                compute_pass.setPipeline(pipeline)
+                compute_pass.setBindGroup(0, bind_group)
+                compute_pass.dispatchWorkgroups(x, y, z)
+                compute_pass.end()
+                index += 2
+            else:
+                _, src, src_offset, dst, dst_offset, nbytes = command
+                encoder.copyBufferToBuffer(src, src_offset, dst, dst_offset, nbytes)
+        self.passes = self.dispatches
+        self._command_buffer = encoder.finish()
+        self._commands = _FINISHED
+
+    def submit(self) -> None:
+        if self._device.lost_reason is not None:
+            raise GPUDeviceLostError(f"GPU device lost: {self._device.lost_reason}")
+        self.finish()
+        js, _ = _js()
+        self._device._queue.submit(js.Array.of(self._command_buffer))
+
+
 class BrowserDevice(Device):
     backend = "browser"
 
@@ -448,6 +499,40 @@ class BrowserDevice(Device):
         for i, b in enumerate(buffers):
             entries.push(obj(binding=i, resource=obj(buffer=b.handle, offset=0, size=b.nbytes)))
         return self._device.createBindGroup(obj(layout=pipeline.bind_group_layout, entries=entries, label=label))
+
+    MAX_PROFILED_DISPATCHES = 2048
+
+    @property
+    def profiling(self) -> bool:
+        """Whether `begin_profiled` works here (the device has 'timestamp-query')."""
+        return "timestamp-query" in self.features
+
+    def begin_profiled(self) -> BrowserProfilingRecorder:
+        """A recorder that times every dispatch on the GPU; read the result with `read_profile_async`."""
+        if not self.profiling:
+            raise GPUUnavailableError("profiling needs the 'timestamp-query' feature, which this adapter lacks")
+        return BrowserProfilingRecorder(self)
+
+    def _profile_queries(self):
+        """The timestamp query set of profiled recordings (two per dispatch), made on first use."""
+        if getattr(self, "_query_set", None) is None:
+            _, obj = _js()
+            n = 2 * self.MAX_PROFILED_DISPATCHES
+            self._query_set = self._device.createQuerySet(obj(type="timestamp", count=n))
+            self._query_resolve = self.buffer(8 * n, 0x0200 | 0x0004, "timestamps")  # QUERY_RESOLVE | COPY_SRC
+        return self._query_set
+
+    async def read_profile_async(self, recorder: BrowserProfilingRecorder) -> list[tuple[str, float]]:
+        """(label, GPU microseconds) per dispatch of a submitted profiled recorder: each kernel's own time."""
+        n = 2 * len(recorder.labels)
+        if n == 0:
+            return []
+        encoder = self._device.createCommandEncoder()
+        encoder.resolveQuerySet(self._query_set, 0, n, self._query_resolve.handle, 0)
+        js, _ = _js()
+        self._queue.submit(js.Array.of(encoder.finish()))
+        ns = (await self.read(self._query_resolve, 0, 8 * n)).view(np.uint64).astype(np.float64)
+        return [(label, (ns[2 * i + 1] - ns[2 * i]) / 1e3) for i, label in enumerate(recorder.labels)]
 
     def begin(self) -> BrowserRecorder:
         if self.lost_reason is not None:

@@ -275,6 +275,10 @@ class NativeDevice(Device):
         ticks = self.read_sync(self._query_buffer, 0, 8 * n).view(np.uint64).astype(np.float64)
         return [(label, (ticks[i] - ticks[i - 1]) / 1e3) for i, label in enumerate(recorder.labels) if i > 0]
 
+    async def read_profile_async(self, recorder: ProfilingRecorder) -> list[tuple[str, float]]:
+        """`read_profile`, as the browser device offers it."""
+        return self.read_profile(recorder)
+
     async def read(self, buffer: Buffer, offset: int = 0, nbytes: int | None = None) -> np.ndarray:
         return self.read_sync(buffer, offset, nbytes)
 

@@ -375,6 +375,7 @@ class GPUDecodeLoop:
         accept: Acceptance,
         live_rows: float | None = None,
         first_copies: Sequence[tuple[gpu.Buffer, int]] = (),
+        rec: gpu.Recorder | None = None,
     ) -> gpu.Recorder:
         """`n_steps` steps of `rows` rows each (k + 1: verify steps of drafts of k tokens; 1: draft-off
         steps) in one recorder. Step j drafts on the GPU (which also sets its StepParams), runs its
@@ -383,11 +384,12 @@ class GPUDecodeLoop:
         `pos_bound`: the largest position step 0 can have (each step advances 1..rows): attention
         dispatches enough splits for it. `live_rows`: the rows a step is expected to keep (draft + 1),
         which picks the BitLinears' kernels (NormTernaryLinear.record). `first_copies`: where token_ids[0]
-        (a FirstToken) is copied before the first step (FirstToken.copies)."""
+        (a FirstToken) is copied before the first step (FirstToken.copies). `rec`: record into this one
+        (a profiled recorder) instead of a new one."""
         ops = self._speculation_ops(k)
         draft = ops.draft if rows > 1 else ops.draft_off
         self.step.reset_slot()  # queue order: after the submits before this one
-        rec = self.device.begin()
+        rec = rec or self.device.begin()
         for buffer, offset in first_copies:
             rec.copy(self.token_ids, 0, buffer, offset, 4)
         for j in range(n_steps):
