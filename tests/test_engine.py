@@ -321,6 +321,16 @@ async def consume(agen) -> None:
         pass
 
 
+async def zip_range(agen, n: int):
+    """The first `n` items of `agen`, each with its index."""
+    i = 0
+    async for item in agen:
+        yield item, i
+        i += 1
+        if i == n:
+            return
+
+
 def test_the_first_token_is_chosen_on_the_gpu_and_the_reply_queues_behind_the_prompt(loaded, monkeypatch):
     """Where the GPU chooses the tokens, it chooses the first one too, in the prompt's last submit, and
     the decode steps are submitted before the host learns it (no round trip between the prompt and
@@ -375,6 +385,20 @@ def test_the_first_token_is_chosen_on_the_gpu_and_the_reply_queues_behind_the_pr
         return tokens
 
     try:
+        # a reply of one token queues no decode step; a loop read past its limit still goes on exactly
+        model.truncate(0)
+        events.clear()
+        loaded._run(consume(loaded.generate_tokens_async(PROMPT, GREEDY, max_tokens=1)))
+        assert events.count("submit") == 1 and loaded.generated_tokens == loaded._run(host_first(GREEDY, 0))[:1]
+
+        async def past_limit() -> list[int]:
+            model.truncate(0)
+            steps = model.decode_greedy(await model.prefill(PROMPT, choose=model.argmax), limit=0)
+            tokens = [token async for token, _ in zip_range(steps, 5)]
+            await steps.aclose()
+            return tokens
+
+        assert loaded._run(past_limit()) == loaded._run(host_first(GREEDY, 0))[:5]
         for settings in (GREEDY, sampled):
             for k in (0, 3):
                 model.truncate(0)

@@ -258,7 +258,8 @@ class GPUDecodeLoop:
             launched += 1
 
         try:
-            launch(max(1, min(room(), FIRST_SUBMIT_STEPS)))
+            if pending is None or room() > 0:  # (a FirstToken alone may be all the caller takes)
+                launch(max(1, min(room(), FIRST_SUBMIT_STEPS)))
             if pending is None:
                 self.cached_tokens.append(first_token)
             while len(queued) < in_flight and room() > 0:
@@ -269,6 +270,8 @@ class GPUDecodeLoop:
                 yield first
             read = 0
             while True:
+                if not queued:  # the caller takes more than `limit`: the first token's step, now
+                    launch(max(1, room()))
                 staging, k = queued.popleft()
                 ahead = room() if queued else 0
                 if ahead > 0:
