@@ -58,7 +58,7 @@ class GenerationStats:
     context_used: int = 0
     stop_reason: str = ""  # 'eos', 'stop_string', 'max_tokens', 'context_full', 'aborted'
     n_dropped_messages: int = 0  # chat: oldest messages left out to fit the context (fit_chat_to_context)
-    token_choice: str = ""  # after the first token: 'gpu_argmax', 'gpu_sample' or 'cpu_sample' (logits read back)
+    token_choice: str = ""  # 'gpu_argmax', 'gpu_sample' (every token chosen on the GPU) or 'cpu_sample'
     speculate: int = 0  # largest draft of the verify steps (0: no speculative decoding in this reply)
     draft_proposed: int = 0  # tokens drafted by prompt lookup in the verify steps whose output was used
     draft_accepted: int = 0  # of those, tokens the model agreed with (each saved a forward pass)
