@@ -597,3 +597,31 @@ def test_a_profiled_verify_step_times_each_dispatch_of_the_recorded_step(tiny_pa
         assert generate(engine, PROMPT, 0, max_tokens=20) == plain
     finally:
         engine.close()
+
+
+def test_the_default_draft_size_is_built_at_load(tiny_path, monkeypatch):
+    """The engine's default draft size gets its verify steps' ops at load (in the upload's pipeline
+    batch: in a browser they compile while the file uploads), so the first speculative reply, greedy or
+    sampled, builds no kernel; another draft size still builds its own on first use."""
+    monkeypatch.setattr(Engine, "speculate_for", lambda self, speculate=-1: 3 if speculate == -1 else speculate)
+    engine = Engine(prefill_chunk=PREFILL_CHUNK)
+    engine.load(tiny_path)
+    try:
+        built: list[str] = []
+        make = engine.device.pipeline
+
+        def counted(wgsl, label, entry_point="main"):
+            built.append(label)
+            return make(wgsl, label, entry_point)
+
+        engine.device.pipeline = counted
+        sampled = SamplerSettings(temperature=0.8, top_k=20, repetition_penalty=1.2, seed=2)
+        for settings in (GREEDY, sampled):
+            engine.reset()
+            list(engine.generate(tokens=PROMPT, settings=settings, speculate=3, max_tokens=12))
+            assert engine.last_stats.speculate == 3 and built == [], built
+        engine.reset()
+        list(engine.generate(tokens=PROMPT, settings=GREEDY, speculate=2, max_tokens=12))
+        assert any(label.startswith("spec_draft") for label in built), built
+    finally:
+        engine.close()

@@ -248,7 +248,14 @@ class Engine:
     async def _upload(
         self, gguf: GGUFFile, config: ModelConfig, progress: ProgressCallback | None, ready: ReadyCallback | None
     ) -> BitNetModel:
-        model = BitNetModel(self.device, gguf, config, max_tokens=self.prefill_chunk, int8_head=self.int8_head)
+        model = BitNetModel(
+            self.device,
+            gguf,
+            config,
+            max_tokens=self.prefill_chunk,
+            int8_head=self.int8_head,
+            speculate=self.speculate_for(),  # the default replies' draft size: its ops are built at load
+        )
         try:
             await model.upload(progress, ready)
             if ready is not None:  # the checks of the whole file, now that all of it is in

@@ -319,6 +319,8 @@ class GPUDecodeLoop:
             for layer in self.layer_ops:  # verify rows with RoPE fused in (built at load on a GPU)
                 layer.attention.prepare_draft_rows()
             self.lm_head.single_bounded()  # draft-off steps' head, not compiled mid-reply
+            if k + 1 <= self.lm_head.small_max:
+                self.lm_head.small_t(k + 1)  # verify steps' head (LMHead.record's choice for k + 1 rows)
             # history: the context, plus the tokens a last verify step emits past it
             buffers = SpecBuffers(self.device, k, self.config.context_length + k + 2)
             draft, draft_off = (
@@ -331,6 +333,19 @@ class GPUDecodeLoop:
             self._buffers.extend(buffers.buffers + greedy.buffers + [log.log])
             ops = self._speculation[k] = SpeculationOps(buffers, draft, draft_off, greedy, log)
         return ops
+
+    def _spec_sampler(self, k: int) -> SpecSampleAccept:
+        """The speculative sampling rule's acceptance for drafts of `k` tokens (built on first use)."""
+        if self._spec_samplers is None:
+            self._spec_samplers = {}
+        op = self._spec_samplers.get(k)
+        if op is None:
+            buffers = self.speculation_buffers(k)
+            vocab = self.config.vocab_size
+            op = SpecSampleAccept(self.kernels, self.logits, buffers.draft, buffers.state, buffers.out, vocab, k + 1)
+            self._buffers.extend(op.buffers)
+            self._spec_samplers[k] = op
+        return op
 
     def decode_speculative_sampled(
         self,
@@ -351,15 +366,7 @@ class GPUDecodeLoop:
         tokens so far including `first_token` (the repetition penalty's window); without it if that is
         a FirstToken (drawn by `self.gpu_sampler` at the draw before first_draw), which the first
         submit copies into the window on the GPU."""
-        if self._spec_samplers is None:
-            self._spec_samplers = {}
-        op = self._spec_samplers.get(k)
-        if op is None:
-            buffers = self.speculation_buffers(k)
-            vocab = self.config.vocab_size
-            op = SpecSampleAccept(self.kernels, self.logits, buffers.draft, buffers.state, buffers.out, vocab, k + 1)
-            self._buffers.extend(op.buffers)
-            self._spec_samplers[k] = op
+        op = self._spec_sampler(k)
         if isinstance(first_token, FirstToken):
             window = op.configure(settings, seed, first_draw, [*history, 0])  # 0: the token, copied on the GPU
             if window:

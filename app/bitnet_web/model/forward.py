@@ -79,8 +79,13 @@ class BitNetModel(GPUDecodeLoop):
         max_tokens: int = 64,
         int8_head: bool = False,
         kv_dtype: str = "f16",
+        speculate: int = 0,
     ):
         self.device = device
+        # drafts of this many tokens get their verify steps' ops (draft, greedy and sampled acceptance,
+        # log) at load, in the upload's pipeline batch: a first speculative reply then compiles nothing
+        # (0: built on first use)
+        self.speculate = speculate
         self.kv_dtype = kv_dtype  # KV cache elements: "f16" (half the memory and reads) or "f32" (reference)
         self.int8_head = int8_head  # the head reads an int8 per-row-scaled copy (approximate, faster)
         self.gguf = gguf
@@ -143,6 +148,9 @@ class BitNetModel(GPUDecodeLoop):
                 uploaded=self,  # each part's ops are built as it arrives (layer_uploaded, ...)
             )
             self.layers = weights.layers
+            k = min(self.speculate, SPECULATE_MAX, self.logits_rows - 1)
+            if k > 0:
+                self._spec_sampler(k)  # and _speculation_ops(k)
         except BaseException:
             with contextlib.suppress(Exception):
                 await device.end_pipeline_batch()  # nothing left compiling behind a failed load
