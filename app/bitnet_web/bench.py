@@ -191,6 +191,18 @@ async def verify_step_costs(model, ks: tuple[int, ...], n_steps: int, prompt: li
     }
 
 
+async def repeating_context(engine, n_reply: int = 64) -> list[int]:
+    """The code workload's prompt and its greedy reply of `n_reply` tokens: a text that repeats itself,
+    so verify steps after it draft in full (the bench page's verify costs and kernel profiles)."""
+    from .text.sampler import SamplerSettings
+
+    code, greedy = engine.encode_prompt(SPECULATION_WORKLOADS["code"]), SamplerSettings(temperature=0.0)
+    engine.model.truncate(0)
+    async for _ in engine.generate_tokens_async(code, greedy, max_tokens=n_reply, speculate=0):
+        pass
+    return code + list(engine.generated_tokens)
+
+
 async def speculation_workloads(engine, ks: tuple[int, ...], n_tokens: int, runs: int) -> dict:
     """Acceptance and end-to-end greedy tokens/s with and without drafts on SPECULATION_WORKLOADS: each
     k with a draft verified at every step (no SpeculationPolicy), and "default", the engine's default

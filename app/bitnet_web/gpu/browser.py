@@ -171,21 +171,33 @@ def _require_handles(commands: list[tuple]) -> None:
             raise GPUError("a dispatch of a pipeline still compiling was recorded (before end_pipeline_batch)")
 
 
-def _encode_directly(gpu_device, commands: list[tuple]):
-    """Encode `commands` with one FFI call per WebGPU call (no JS helper, or replay disabled)."""
+def _encode_directly(gpu_device, commands: list[tuple], query_set=None):
+    """Encode `commands` with one FFI call per WebGPU call (no JS helper, or replay disabled). With a
+    timestamp `query_set`: dispatch i in a compute pass of its own that writes timestamps 2i and 2i + 1
+    at its start and end (BrowserProfilingRecorder)."""
     _require_handles(commands)
     encoder = gpu_device.createCommandEncoder()
     compute_pass = None
+    timed = 0
     for command in commands:
         if command[0] == _DISPATCH:
             if compute_pass is None:
-                compute_pass = encoder.beginComputePass()
+                if query_set is None:
+                    compute_pass = encoder.beginComputePass()
+                else:
+                    _, obj = _js()
+                    writes = obj(querySet=query_set, beginningOfPassWriteIndex=timed, endOfPassWriteIndex=timed + 1)
+                    compute_pass = encoder.beginComputePass(obj(timestampWrites=writes))
+                    timed += 2
                 set_pipeline, set_bind_group = compute_pass.setPipeline, compute_pass.setBindGroup
                 dispatch = compute_pass.dispatchWorkgroups
             _, pipeline, bind_group, x, y, z = command
             set_pipeline(pipeline)
             set_bind_group(0, bind_group)
             dispatch(x, y, z)
+            if query_set is not None:
+                compute_pass.end()
+                compute_pass = None
         else:
             if compute_pass is not None:
                 compute_pass.end()
@@ -267,34 +279,9 @@ class BrowserProfilingRecorder(BrowserRecorder):
     def finish(self) -> None:
         if self._command_buffer is not None:
             return
-        _, obj = _js()
-        commands = self._commands
-        _require_handles(commands)
-        encoder = self._device._device.createCommandEncoder()
-        query_set, index = self._device._profile_queries(), 0
-        for command in commands:
-            if command[0] == _DISPATCH:
-                writes = obj(querySet=query_set, beginningOfPassWriteIndex=index, endOfPassWriteIndex=index + 1)
-                compute_pass = encoder.beginComputePass(obj(timestampWrites=writes))
-                _, pipeline, bind_group, x, y, z = command
-                compute_pass.setPipeline(pipeline)
-                compute_pass.setBindGroup(0, bind_group)
-                compute_pass.dispatchWorkgroups(x, y, z)
-                compute_pass.end()
-                index += 2
-            else:
-                _, src, src_offset, dst, dst_offset, nbytes = command
-                encoder.copyBufferToBuffer(src, src_offset, dst, dst_offset, nbytes)
         self.passes = self.dispatches
-        self._command_buffer = encoder.finish()
+        self._command_buffer = _encode_directly(self._device._device, self._commands, self._device._profile_queries())
         self._commands = _FINISHED
-
-    def submit(self) -> None:
-        if self._device.lost_reason is not None:
-            raise GPUDeviceLostError(f"GPU device lost: {self._device.lost_reason}")
-        self.finish()
-        js, _ = _js()
-        self._device._queue.submit(js.Array.of(self._command_buffer))
 
 
 class BrowserDevice(Device):

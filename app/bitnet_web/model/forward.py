@@ -353,9 +353,11 @@ class BitNetModel(GPUDecodeLoop):
             self.lm_head.record(rec, n if all_logits else 1, bounded)
         return rec
 
-    async def forward(self, token_ids: list[int], all_logits: bool = False) -> np.ndarray:
-        """Run `token_ids` (at most max_tokens) at the next positions; return logits of the last
-        token (vocab,) or of every token (n, vocab)."""
+    def _submit_rows(
+        self, token_ids: list[int], all_logits: bool, then: Callable[[gpu.Recorder], None] | None = None
+    ) -> None:
+        """Submit one step over `token_ids` (at most max_tokens) at the next positions, with what
+        `then` records after it, and count them as cached."""
         n = len(token_ids)
         if not 0 < n <= (self.logits_rows if all_logits else self.max_tokens):
             raise ValueError(f"forward takes 1..{self.max_tokens} tokens ({self.logits_rows} with all_logits), got {n}")
@@ -363,9 +365,17 @@ class BitNetModel(GPUDecodeLoop):
             raise ValueError(f"context full: {self.n_cached} + {n} tokens > {self.config.context_length}")
         self.device.upload(self.token_ids, 0, np.asarray(token_ids, dtype=np.uint32))
         recorder = self._record_step(n, all_logits)
+        if then is not None:
+            then(recorder)
         recorder.submit()
         self.last_dispatches, self.last_passes = recorder.dispatches, recorder.passes
         self.cached_tokens.extend(token_ids)
+
+    async def forward(self, token_ids: list[int], all_logits: bool = False) -> np.ndarray:
+        """Run `token_ids` (at most max_tokens) at the next positions; return logits of the last
+        token (vocab,) or of every token (n, vocab)."""
+        self._submit_rows(token_ids, all_logits)
+        n = len(token_ids)
         rows = n if all_logits else 1
         raw = await self.device.read(self.logits, 0, 4 * rows * self.config.vocab_size)
         logits = raw.view(np.float32).reshape(rows, self.config.vocab_size)
@@ -443,18 +453,18 @@ class BitNetModel(GPUDecodeLoop):
 
     def _choose_first(self, token_ids: list[int], choose: Argmax | GPUSampler) -> FirstToken:
         """Submit the prompt's last chunk with its last row's logits and `choose` (see prefill)."""
-        if self._first_staging is None:
-            self._first_staging = self.device.staging(16, "first token")
-            self._buffers.append(self._first_staging)
-        self.device.upload(self.token_ids, 0, np.asarray(token_ids, dtype=np.uint32))
-        rec = self._record_step(len(token_ids), all_logits=False)
-        choose.record(rec)  # logits row 0 -> token_ids[0]
-        rec.copy(self.token_ids, 0, self._first_staging, 0, 4)
-        rec.submit()
-        self.device.start_read(self._first_staging)  # before any later submit (gpu.Device.start_read)
-        self.last_dispatches, self.last_passes = rec.dispatches, rec.passes
-        self.cached_tokens.extend(token_ids)
-        return FirstToken(self._first_staging)
+        staging = self._first_staging
+        if staging is None:
+            staging = self._first_staging = self.device.staging(16, "first token")
+            self._buffers.append(staging)
+
+        def choose_and_copy(rec: gpu.Recorder) -> None:
+            choose.record(rec)  # logits row 0 -> token_ids[0]
+            rec.copy(self.token_ids, 0, staging, 0, 4)
+
+        self._submit_rows(token_ids, all_logits=False, then=choose_and_copy)
+        self.device.start_read(staging)  # before any later submit (gpu.Device.start_read)
+        return FirstToken(staging)
 
     def _prefill_marks(self) -> list[gpu.Buffer]:
         """Two small host-readable buffers a prefill chunk marks as finished (see prefill)."""
