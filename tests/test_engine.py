@@ -629,6 +629,34 @@ def test_reset_forgets_the_cached_context(loaded):
     assert first == again == after_reset
 
 
+def test_a_warm_up_keeps_the_gpu_busy_and_leaves_every_reply_unchanged(loaded):
+    """Engine.warm_up (the chat page raises the GPU's clocks with it while the person types) runs LM-head
+    passes for about the time asked, changes nothing a reply reads (the model's logits, the cached
+    context, the reply and its reuse of the cache), and ends at once when a reply starts."""
+    first = generate(loaded, tokens=PROMPT, max_tokens=6)
+    model = loaded.model
+    logits_before = loaded._run(loaded.device.read(model.logits))
+    cached_before = list(model.cached_tokens)
+    stats = loaded.warm_up(0.05)
+    assert stats["seconds"] >= 0.05 and not stats["stopped"]
+    assert 1 <= stats["submits"] <= stats["heads"]
+    np.testing.assert_array_equal(loaded._run(loaded.device.read(model.logits)), logits_before)
+    assert model.cached_tokens == cached_before
+    assert generate(loaded, tokens=PROMPT, max_tokens=6) == first
+    assert loaded.last_stats.n_reused_tokens == len(PROMPT) - 1
+
+    async def reply_during_a_warm_up() -> tuple[dict, list[int]]:
+        warm = asyncio.ensure_future(loaded.warm_up_async(60.0))
+        await asyncio.sleep(0.02)  # its first submits are queued
+        async for _ in loaded.generate_tokens_async(PROMPT, GREEDY, 6):
+            pass
+        return await warm, list(loaded.generated_tokens)
+
+    stats, tokens = loaded._run(reply_during_a_warm_up())
+    assert stats["stopped"] and stats["seconds"] < 60 and stats["submits"] >= 1
+    assert tokens == first[1]
+
+
 def test_stop_string_ends_the_reply_before_it(loaded):
     full_text, tokens = generate(loaded, tokens=PROMPT, max_tokens=16)
     stop = loaded.tokenizer.decode(tokens[6:8])  # text that first shows up mid-reply

@@ -36,6 +36,8 @@ from .text.tokenizer import StreamDecoder, Tokenizer
 ProgressCallback = Callable[[str, int, int], None]
 
 SPECULATE_DEFAULT = -1  # `speculate` left to the engine: Engine.speculate_for
+# How long a warm-up keeps the GPU busy: ~300 ms bring an idle H200 back to full clocks (model/warm_up.py)
+WARM_UP_S = 0.3
 
 
 class EngineError(RuntimeError):
@@ -162,6 +164,7 @@ class Engine:
         # prefill chunk before the last (the browser shows it); abort() then ends the prefill there.
         self.on_prefill: Callable[[int, int], None] | None = None
         self._abort = False
+        self._requests = 0  # replies and forward passes started: a warm-up stops when it changes
         self._device_was_lost = False  # set when a GPU call reported the device gone (for the message)
         self._loop: asyncio.AbstractEventLoop | None = None  # runs the sync wrappers (generate, load, logits)
         self._runner: concurrent.futures.ThreadPoolExecutor | None = None  # see _run
@@ -424,6 +427,7 @@ class Engine:
                 "shorten it or start a new chat"
             )
         self._abort = False
+        self._requests += 1
         stats = GenerationStats(n_prompt_tokens=len(prompt_ids))
         self.last_stats = stats
         self.generated_tokens = []
@@ -596,12 +600,35 @@ class Engine:
             raise EngineError(f"{len(ids)} tokens exceed the context length {self.config.context_length}")
         if not ids:
             raise EngineError("no token ids given")
+        self._requests += 1
         model.truncate(0)
         try:
             return await model.prefill(ids, chunk=self.prefill_chunk, all_logits=True)
         except gpu.GPUDeviceLostError:
             self._forget_lost_device()
             raise
+
+    def stop_warm_up(self) -> None:
+        """End a running warm-up after its current submit (before a load replaces the model)."""
+        self._requests += 1
+
+    async def warm_up_async(self, seconds: float = WARM_UP_S) -> dict:
+        """Keep the GPU busy for about `seconds`, so that its clocks are up when the next reply starts
+        (the chat page calls it while the person types; model/warm_up.py says why). Ends early when a
+        reply or a forward pass starts; touches nothing they read. Returns the loop's figures:
+        {"seconds", "submits", "heads", "stopped"}."""
+        model = self._require_model()
+        started = self._requests
+
+        def reply_started() -> bool:
+            return self._requests != started or self.model is not model
+
+        try:
+            stats = await model.warm_up().run_async(seconds, reply_started)
+        except gpu.GPUDeviceLostError:
+            self._forget_lost_device()
+            raise
+        return stats.as_dict()
 
     # Synchronous wrappers (CPython) ----------------------------------------------------------------
 
@@ -668,6 +695,9 @@ class Engine:
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         return self._run(self.logits_async(token_ids))
+
+    def warm_up(self, seconds: float = WARM_UP_S) -> dict:
+        return self._run(self.warm_up_async(seconds))
 
     def close(self) -> None:
         self.unload()

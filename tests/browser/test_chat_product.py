@@ -128,6 +128,41 @@ def test_completion_keeps_the_recent_text_and_notes_cuts(bundled):
     screenshot(page, "chat-completion-trimmed")
 
 
+def test_typing_warms_the_gpu_up_and_the_reply_is_unchanged(bundled):
+    """While the person types, the page asks the worker to raise the GPU's clocks (model/warm_up.py):
+    on this CPU adapter the worker declines and says why; with ?warmup=1 it runs them (a burst of typing
+    asks once), and a reply sent while one runs is the same reply."""
+    page = bundled
+    set_settings(page, {**GREEDY_FORM, "max_tokens": "6"})
+    prompt = "def main():\n"
+    reference = send_and_wait(page, prompt)
+    assert page.get_attribute("#app", "data-warm-up") == "a CPU adapter has no clocks to raise"
+    page.click("#new-chat")
+    page.evaluate("() => history.replaceState(null, '', '?autoload=0&warmup=1')")
+    try:
+        page.type("#prompt", "def ma")  # six input events well within a second: one warm-up
+        page.wait_for_function("() => document.getElementById('app').dataset.warmUps === '1'")
+        assert page.get_attribute("#app", "data-warm-up") == "ran"
+        page.wait_for_timeout(1100)
+        page.type("#prompt", "in")  # a second later: another one, and Enter while it runs
+        page.fill("#prompt", prompt)
+        page.press("#prompt", "Enter")
+        page.wait_for_function(
+            "() => { const r = document.querySelectorAll('.msg.assistant .text');"
+            " return r.length && r[r.length - 1].dataset.state === 'done'; }",
+            timeout=120_000,
+        )
+        assert last_reply(page)["text"] == reference["text"]
+        page.wait_for_function("() => document.getElementById('app').dataset.warmUps === '2'")
+        page.type("#prompt", "xy")  # after the reply: one more, and one only
+        page.wait_for_function("() => document.getElementById('app').dataset.warmUps === '3'")
+        page.wait_for_timeout(1200)
+        assert page.get_attribute("#app", "data-warm-ups") == "3"
+    finally:
+        page.evaluate("() => history.replaceState(null, '', '?autoload=0')")
+        page.fill("#prompt", "")
+
+
 def test_too_long_message_stays_in_the_box(bundled):
     page = bundled
     set_settings(page, {**GREEDY_FORM, "max_tokens": "4"})

@@ -45,6 +45,7 @@ from ..kernels.step_advance import StepAdvance
 from .config import ModelConfig
 from .decode import MAX_STEPS_PER_SUBMIT, FirstToken, GPUDecodeLoop
 from .layout import GPULayout, gpu_layout
+from .warm_up import GPUWarmUp
 from .weights import (
     LOGITS_ROWS,
     LayerWeights,
@@ -98,6 +99,7 @@ class BitNetModel(GPUDecodeLoop):
         self._buffers: list[gpu.Buffer] = []
         self._marks: list[gpu.Buffer] | None = None  # see _prefill_marks
         self._first_staging: gpu.Buffer | None = None  # see _choose_first
+        self._warm_up: GPUWarmUp | None = None  # see warm_up
         self.n_params = sum(info.n_elements for info in gguf.tensors.values())
         self.last_dispatches = self.last_passes = 0
 
@@ -482,6 +484,13 @@ class BitNetModel(GPUDecodeLoop):
     async def decode(self, token: int) -> np.ndarray:
         return await self.forward([token])
 
+    def warm_up(self) -> GPUWarmUp:
+        """What raises the GPU's clocks before a reply (model/warm_up.py), built on first use."""
+        if self._warm_up is None:
+            self._warm_up = GPUWarmUp(self.kernels, self.output, self.step)
+            self._buffers += self._warm_up.buffers
+        return self._warm_up
+
     def release(self) -> None:
         """Free every GPU buffer of this model: weights, run state and the KV cache (whose buffers
         change as it grows, so they are released through it)."""
@@ -491,3 +500,4 @@ class BitNetModel(GPUDecodeLoop):
         for buffer in self._buffers:
             self.device.release(buffer)
         self._buffers.clear()
+        self._warm_up = None

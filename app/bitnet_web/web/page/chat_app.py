@@ -10,14 +10,16 @@ The parts, each in its own module, dependencies one way (none imports chat_app):
 
 The page never holds model bytes; nothing from a model or a file is interpreted as HTML.
 
-URL parameters: `?autoload=0` skips loading the last used (or default) model at start.
+URL parameters: `?autoload=0` skips loading the last used (or default) model at start; `?warmup=0`
+sends no GPU warm-up while the person types, `?warmup=1` sends them on a CPU adapter too (tests).
 
 Test hooks: `#app` carries data-engine ("starting" | "ready" | "missing" | "failed"), data-model
 ("none" | "loading" | "loaded" | "header" | "error" | "lost": the GPU device was lost), data-source
 ("network" | "cache" | "" for the last load), data-key (the usable model's URL), data-loads (loads
 started so far), data-load (the last load's outcome: "running" | "ok" | its error kind; a failed load
 leaves data-model "loaded" when the model loaded before it stays usable), data-busy ("1" while
-generating) and data-phase (the reply's phase, a key of chat_shell.REPLY_STATUS, "" when none);
+generating), data-phase (the reply's phase, a key of chat_shell.REPLY_STATUS, "" when none),
+data-warm-ups (GPU warm-ups run while typing) and data-warm-up ("ran", or why the last one did not);
 each reply bubble carries data-pieces (streamed pieces received), data-state ("streaming" | "done" |
 "aborted" | "error") and data-cut ("max_tokens" | "context_full": a visible note says the reply was
 cut). In completion mode a prompt and its reply share one code block, as
@@ -122,6 +124,8 @@ class ChatApp:
         elif msg["event"] == "fatal":
             self.shell.state(engine="failed")
             self.shell.show_error({**msg, "kind": msg.get("kind", "worker_start")})
+        elif msg["event"] == "warmed":
+            self.conversation.warmed(msg)
         elif msg["event"] == "error" and msg.get("kind") == "device_lost":
             self.models.device_lost(msg)  # the GPU went away while no request was running
 

@@ -165,6 +165,10 @@ class EngineClient:
     def reset(self) -> None:
         self.send("reset")
 
+    def warm_up(self, force: bool = False) -> None:
+        """Raise the GPU's clocks before a reply (the worker answers with a `warmed` event)."""
+        self.send("warm_up", force=force)
+
 
 def _events(
     on_piece: Callable[[str], None], on_progress: Callable[[dict[str, Any]], None] | None

@@ -7,6 +7,7 @@ nodes; nothing from a model is interpreted as HTML."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import js
@@ -19,6 +20,10 @@ from .dom import Listeners, append_text, clear, el, set_text
 from .model_panel import ModelPanel
 from .settings_panel import SettingsPanel
 
+# While the person types, at most one warm-up request a second: each keeps the GPU busy ~0.3 s
+# (engine.WARM_UP_S), and its clocks stay up for over a second after it (model/warm_up.py).
+WARM_UP_EVERY_S = 1.0
+
 
 class Conversation:
     def __init__(self, shell: Shell, models: ModelPanel, settings: SettingsPanel) -> None:
@@ -29,11 +34,14 @@ class Conversation:
         self.messages: list[dict[str, str]] = []
         self.chat_id = 0  # New chat increments it: a reply that ends later belongs to a discarded chat
         self.pieces: list[str] = []  # of the reply streaming now (none yet: the prompt is being read)
+        self.last_warm_up = float("-inf")
+        self.warm_ups = 0  # warm-ups the worker ran (test hook data-warm-ups)
 
     def bind(self) -> None:
         n, on = self.shell.n, self.listeners.on
         on(n["composer"], "submit", self._on_submit)
         on(n["prompt"], "keydown", self._on_keydown)
+        on(n["prompt"], "input", self._on_typing)
         on(n["stop"], "click", lambda e: self.stop())
         on(n["new-chat"], "click", lambda e: self.new_chat())
 
@@ -51,6 +59,33 @@ class Conversation:
         if event.key == "Enter" and not event.shiftKey and not event.isComposing:
             event.preventDefault()
             asyncio.ensure_future(self.send())
+
+    def _on_typing(self, event: Any) -> None:
+        """Typing announces a reply: the GPU's clocks are raised meanwhile, so the reply starts at full
+        speed rather than at an idle GPU's (model/warm_up.py)."""
+        shell = self.shell
+        if shell.generating or shell.loading or shell.client is None:
+            return
+        if shell.n["app"].getAttribute("data-model") != "loaded":
+            return
+        now = time.monotonic()
+        if now - self.last_warm_up < WARM_UP_EVERY_S:
+            return
+        # ?warmup=0: none; ?warmup=1: also on a CPU adapter (tests); else the worker's choice (GPUs)
+        mode = str(js.URLSearchParams.new(js.location.search).get("warmup") or "")
+        if mode == "0":
+            return
+        self.last_warm_up = now
+        shell.client.warm_up(force=mode == "1")
+
+    def warmed(self, msg: dict[str, Any]) -> None:
+        """The worker's answer to a warm-up request: counted (data-warm-ups) and, when it did not run,
+        why (data-warm-up, also on the console)."""
+        if msg.get("stats") is not None:
+            self.warm_ups += 1
+            self.shell.state(**{"warm-ups": str(self.warm_ups), "warm-up": "ran"})
+        else:
+            self.shell.state(**{"warm-up": str(msg.get("skipped", ""))})
 
     def _on_submit(self, event: Any) -> None:
         event.preventDefault()

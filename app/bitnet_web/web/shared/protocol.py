@@ -22,6 +22,9 @@ Page -> worker: {"op": ..., "id": int, ...}
   abort                                  (the running generation ends after its current token, or while
                                           the prompt is read, after its current prefill chunk)
   reset                                  (forget the KV cache)
+  warm_up       force                    -> warmed (raise the GPU's clocks before a reply: the page sends it
+                                          while the person types; skipped while a load, a reply or another
+                                          warm-up runs, and on a CPU adapter unless force)
 
 Worker -> page: {"event": ..., "id": int | None, ...}
   ready     engine_available, engine_error, gpu {available, adapter, features, error}
@@ -33,6 +36,7 @@ Worker -> page: {"event": ..., "id": int | None, ...}
             (the "network" fetch was answered by the service worker's offline copy), key
   piece     text
   done      stats (engine.last_stats), reason ("end"|"aborted"), dropped_tokens (keep_recent)
+  warmed    stats (Engine.warm_up_async's: seconds, submits, heads, stopped) or skipped (why not)
   error     kind, title, message, advice [str], detail
   fatal     kind, message (the worker could not start)
 """
@@ -42,8 +46,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-OPS = frozenset({"init", "list_models", "delete_model", "load", "cancel_load", "chat", "complete", "abort", "reset"})
-EVENTS = frozenset({"ready", "models", "progress", "header", "loaded", "piece", "done", "error", "fatal", "log"})
+OPS = frozenset(
+    {"init", "list_models", "delete_model", "load", "cancel_load", "chat", "complete", "abort", "reset", "warm_up"}
+)
+EVENTS = frozenset(
+    {"ready", "models", "progress", "header", "loaded", "piece", "done", "error", "fatal", "log", "warmed"}
+)
 
 
 class ProtocolError(ValueError):

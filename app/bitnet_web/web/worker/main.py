@@ -37,6 +37,10 @@ from .stream import FileStream
 PROGRESS_EVERY_S = 0.1
 
 
+def _running(task: asyncio.Task | None) -> bool:
+    return task is not None and not task.done()
+
+
 class NoModelError(Exception):
     failure_kind = "internal"
 
@@ -68,6 +72,7 @@ class EngineWorker:
         self.load_task: asyncio.Task | None = None
         self.upgrade_task: asyncio.Task | None = None  # an older entry's chunks rewritten as Blobs
         self.generate_task: asyncio.Task | None = None
+        self.warm_up_task: asyncio.Task | None = None
         self.loaded_key: str | None = None
         self.abort_requested = False
         self.cancel_requested = False  # Cancel during parse or upload (the downloader has its own flag)
@@ -188,6 +193,9 @@ class EngineWorker:
             return
         self.load_task = asyncio.current_task()
         self.cancel_requested = False
+        if _running(self.warm_up_task):  # it reads the model this load replaces: end it first
+            self.engine.stop_warm_up()
+            await asyncio.wait([self.warm_up_task])
         model = msg["model"]
         self.loading_key = model["key"]
         try:
@@ -553,6 +561,34 @@ class EngineWorker:
                 "dropped_tokens": self.dropped_tokens,
             }
         )
+
+    async def op_warm_up(self, msg: dict[str, Any], req_id: int | None) -> None:
+        """The person is typing: raise the GPU's clocks before the reply (Engine.warm_up_async). A reply
+        that starts meanwhile ends it after its current submit of a few milliseconds."""
+        busy = [
+            (self.engine is None or self.loaded_key is None, "no model is loaded"),
+            (_running(self.load_task), "a model is loading"),
+            (_running(self.generate_task), "a reply is being generated"),
+            (_running(self.warm_up_task), "a warm-up is running"),
+            (
+                not msg.get("force") and getattr(self.engine, "device", None) is not None and self.engine.device.is_cpu,
+                "a CPU adapter has no clocks to raise",
+            ),
+        ]
+        why = next((reason for skip, reason in busy if skip), None)
+        if why is not None:
+            self.post({"event": "warmed", "id": req_id, "skipped": why})
+            return
+        self.warm_up_task = asyncio.current_task()
+        try:
+            stats = await self.engine.warm_up_async()
+        except Exception as e:  # nothing of the page's depends on a warm-up: it only says why it ended
+            failure = failure_event(e, req_id)
+            if failure["kind"] == "device_lost":
+                raise
+            self.post({"event": "warmed", "id": req_id, "skipped": f"failed: {failure['message']}"})
+            return
+        self.post({"event": "warmed", "id": req_id, "stats": stats})
 
     async def op_reset(self, msg: dict[str, Any], req_id: int | None) -> None:
         if self.engine is not None:
