@@ -80,7 +80,7 @@ class Conversation:
 
     def warmed(self, msg: dict[str, Any]) -> None:
         """The worker's answer to a warm-up request: counted (data-warm-ups) and, when it did not run,
-        why (data-warm-up, also on the console)."""
+        why (data-warm-up)."""
         if msg.get("stats") is not None:
             self.warm_ups += 1
             self.shell.state(**{"warm-ups": str(self.warm_ups), "warm-up": "ran"})
@@ -148,6 +148,7 @@ class Conversation:
                 result = await client.request("chat", on_event, messages=request, settings=settings)
         finally:
             shell.generating = False
+            self.last_warm_up = time.monotonic()  # the reply kept the GPU busy until now
             shell.state(busy="0")
             shell.set_busy_controls()
             shell.reply_phase("")  # whatever ended it (done, Stop, a failure, New chat): ready again
