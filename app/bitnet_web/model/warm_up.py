@@ -2,9 +2,9 @@
 
 A GPU left idle for a few seconds lowers its clocks, and the next reply runs its first hundreds of
 milliseconds at a fraction of the speed: on the H200, 5 s after a reply the SM clock is 345 MHz
-against 1,980, and the same 128-token 2B-4T reply takes 400 ms against 161 (251 against 63 with
-drafts); pauses of 0.5 and 1.5 s cost nothing (docs/performance.md, session 22). About 300 ms of
-work just before the reply brings the clocks back, and they stay up for over a second after it.
+against 1,980, and the same 128-token 2B-4T reply takes 384-400 ms against 161 (191-248 against 63
+with drafts); pauses of up to 1.5 s cost nothing (docs/performance.md, session 22). About 300 ms of
+work just before the reply bring the clocks back, and they stay up for over a second after it.
 
 The work is the model's LM head, the largest matrix a step reads, computed from a zero row into
 logits of its own: reads at full bandwidth, no state a reply uses is touched. It runs in submits of
@@ -24,7 +24,7 @@ from .. import gpu
 from ..kernels.common import KernelCache, StepParams
 from ..kernels.embedding import F16Matrix, Int8Matrix, LMHead
 
-SUBMIT_S = 0.004  # GPU time a submit grows to: what a reply that starts meanwhile may wait for
+SUBMIT_S = 0.004  # submits grow until one cycle takes this: what a reply starting meanwhile may wait
 MAX_HEADS_PER_SUBMIT = 512  # a small model's head takes microseconds: many per submit
 
 
