@@ -143,6 +143,25 @@ def test_code_widget_streams_the_engines_completion_and_stops(demo, bundled_mode
     assert box.locator("button", has_text="Complete").is_enabled()
 
 
+def test_typing_into_a_widget_warms_the_gpu_up(demo):
+    """Typing into a widget asks the engine worker to raise the GPU's clocks before its request
+    (EngineClient.typing): declined on this CPU adapter, with the reason; with ?warmup=1, run."""
+    box = demo.locator("#code")
+    textarea = box.locator("textarea")
+    warm_up = "() => document.querySelector('#code').dataset.warmUp"
+    demo.wait_for_timeout(1100)  # a second after the last reply
+    textarea.type("x")
+    demo.wait_for_function(f"() => ({warm_up})() === 'a CPU adapter has no clocks to raise'")
+    demo.evaluate("() => history.replaceState(null, '', '?warmup=1')")
+    try:
+        demo.wait_for_timeout(1100)
+        textarea.type("y")
+        demo.wait_for_function(f"() => ({warm_up})() === 'ran'")
+    finally:
+        demo.evaluate("() => history.replaceState(null, '', location.pathname)")
+        textarea.fill(CODE)
+
+
 # ------------------------------------------------------------------------------------------------
 # A foreign page embedding widgets
 # ------------------------------------------------------------------------------------------------

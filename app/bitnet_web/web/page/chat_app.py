@@ -124,8 +124,6 @@ class ChatApp:
         elif msg["event"] == "fatal":
             self.shell.state(engine="failed")
             self.shell.show_error({**msg, "kind": msg.get("kind", "worker_start")})
-        elif msg["event"] == "warmed":
-            self.conversation.warmed(msg)
         elif msg["event"] == "error" and msg.get("kind") == "device_lost":
             self.models.device_lost(msg)  # the GPU went away while no request was running
 

@@ -8,6 +8,7 @@ load, log lines, a worker that failed to start) go to the `listeners`.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,11 @@ from pyodide.ffi import create_proxy
 
 from ..shared import protocol
 
-FINAL_EVENTS = {"ready", "models", "loaded", "done", "error", "fatal"}
+FINAL_EVENTS = {"ready", "models", "loaded", "done", "error", "fatal", "warmed"}
+# While someone types, at most one GPU warm-up a second, none within a second of a reply's end: each
+# keeps the GPU busy ~0.3 s (engine.WARM_UP_S), and its clocks stay up for over a second after it
+# and after a reply (model/warm_up.py).
+WARM_UP_EVERY_S = 1.0
 
 
 class EngineClient:
@@ -38,6 +43,7 @@ class EngineClient:
         # Held by widgets and api.Engine from loading their model to the end of their request, so
         # that one of them cannot swap the worker's model while another generates with it.
         self.run_lock = asyncio.Lock()
+        self.gpu_busy_at = float("-inf")  # when a reply last ended or a warm-up was last asked for
 
     # -- transport --------------------------------------------------------------------------------
 
@@ -50,6 +56,8 @@ class EngineClient:
         if msg["event"] == "fatal":
             self._fail(msg)
             return
+        if msg["event"] == "done":
+            self.gpu_busy_at = time.monotonic()
         queue = self._queues.get(msg.get("id")) if msg.get("id") is not None else None
         if queue is not None:
             queue.put_nowait(msg)
@@ -165,9 +173,19 @@ class EngineClient:
     def reset(self) -> None:
         self.send("reset")
 
-    def warm_up(self, force: bool = False) -> None:
-        """Raise the GPU's clocks before a reply (the worker answers with a `warmed` event)."""
-        self.send("warm_up", force=force)
+    def typing(self) -> asyncio.Task | None:
+        """Someone is typing a request: ask the worker to raise the GPU's clocks meanwhile, unless
+        the GPU was busy within WARM_UP_EVERY_S. `?warmup=0` in the page's URL: never; `?warmup=1`:
+        also on a CPU adapter (tests). The task ends with the worker's `warmed` event (stats, or why
+        it was skipped) or an error event."""
+        now = time.monotonic()
+        if self.dead is not None or now - self.gpu_busy_at < WARM_UP_EVERY_S:
+            return None
+        mode = str(js.URLSearchParams.new(js.location.search).get("warmup") or "")
+        if mode == "0":
+            return None
+        self.gpu_busy_at = now
+        return asyncio.ensure_future(self.request("warm_up", force=mode == "1"))
 
 
 def _events(

@@ -7,7 +7,6 @@ nodes; nothing from a model is interpreted as HTML."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import js
@@ -20,10 +19,6 @@ from .dom import Listeners, append_text, clear, el, set_text
 from .model_panel import ModelPanel
 from .settings_panel import SettingsPanel
 
-# While the person types, at most one warm-up request a second: each keeps the GPU busy ~0.3 s
-# (engine.WARM_UP_S), and its clocks stay up for over a second after it (model/warm_up.py).
-WARM_UP_EVERY_S = 1.0
-
 
 class Conversation:
     def __init__(self, shell: Shell, models: ModelPanel, settings: SettingsPanel) -> None:
@@ -34,7 +29,6 @@ class Conversation:
         self.messages: list[dict[str, str]] = []
         self.chat_id = 0  # New chat increments it: a reply that ends later belongs to a discarded chat
         self.pieces: list[str] = []  # of the reply streaming now (none yet: the prompt is being read)
-        self.last_warm_up = float("-inf")
         self.warm_ups = 0  # warm-ups the worker ran (test hook data-warm-ups)
 
     def bind(self) -> None:
@@ -62,30 +56,26 @@ class Conversation:
 
     def _on_typing(self, event: Any) -> None:
         """Typing announces a reply: the GPU's clocks are raised meanwhile, so the reply starts at full
-        speed rather than at an idle GPU's (model/warm_up.py)."""
+        speed rather than at an idle GPU's (EngineClient.typing, model/warm_up.py)."""
         shell = self.shell
         if shell.generating or shell.loading or shell.client is None:
             return
         if shell.n["app"].getAttribute("data-model") != "loaded":
             return
-        now = time.monotonic()
-        if now - self.last_warm_up < WARM_UP_EVERY_S:
-            return
-        # ?warmup=0: none; ?warmup=1: also on a CPU adapter (tests); else the worker's choice (GPUs)
-        mode = str(js.URLSearchParams.new(js.location.search).get("warmup") or "")
-        if mode == "0":
-            return
-        self.last_warm_up = now
-        shell.client.warm_up(force=mode == "1")
+        task = shell.client.typing()
+        if task is not None:
+            task.add_done_callback(lambda t: None if t.cancelled() or t.exception() else self._warmed(t.result()))
 
-    def warmed(self, msg: dict[str, Any]) -> None:
-        """The worker's answer to a warm-up request: counted (data-warm-ups) and, when it did not run,
-        why (data-warm-up)."""
-        if msg.get("stats") is not None:
+    def _warmed(self, msg: dict[str, Any]) -> None:
+        """The worker's answer to a warm-up: counted (data-warm-ups) or, when it did not run, why
+        (data-warm-up). A GPU lost meanwhile is the model panel's to say."""
+        if msg["event"] == "warmed" and msg.get("stats") is not None:
             self.warm_ups += 1
             self.shell.state(**{"warm-ups": str(self.warm_ups), "warm-up": "ran"})
-        else:
+        elif msg["event"] == "warmed":
             self.shell.state(**{"warm-up": str(msg.get("skipped", ""))})
+        elif msg.get("kind") == "device_lost":
+            self.models.device_lost(msg)
 
     def _on_submit(self, event: Any) -> None:
         event.preventDefault()
@@ -148,7 +138,6 @@ class Conversation:
                 result = await client.request("chat", on_event, messages=request, settings=settings)
         finally:
             shell.generating = False
-            self.last_warm_up = time.monotonic()  # the reply kept the GPU busy until now
             shell.state(busy="0")
             shell.set_busy_controls()
             shell.reply_phase("")  # whatever ended it (done, Stop, a failure, New chat): ready again

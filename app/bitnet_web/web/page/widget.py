@@ -16,7 +16,8 @@ the embedder passes offline=True. Every widget on a page (and page scripts using
 chat app) shares one engine worker; a widget whose model is not the one loaded loads its own
 before it generates. The container gets data-state: "starting" | "ready" | "busy" | "done" |
 "error", and for the TL;DR box also "download" (its model is not in this browser yet) and
-"unsupported" (the model cannot do the task).
+"unsupported" (the model cannot do the task); typing into a widget raises the GPU's clocks for its
+request (EngineClient.typing), and data-warm-up says how the last warm-up ended ("ran", or why not).
 """
 
 from __future__ import annotations
@@ -98,6 +99,19 @@ class _Widget:
 
     def _state(self, state: str) -> None:
         self.container.setAttribute("data-state", state)
+
+    def _on_typing(self, event: Any) -> None:
+        """Typing announces a request: the GPU's clocks are raised meanwhile (EngineClient.typing). The
+        container's data-warm-up says how the last one ended: "ran" or why not."""
+        if self.client is None or self.busy:
+            return
+        task = self.client.typing()
+        if task is not None:
+            task.add_done_callback(lambda t: None if t.cancelled() or t.exception() else self._warmed(t.result()))
+
+    def _warmed(self, msg: dict[str, Any]) -> None:
+        why = "ran" if msg.get("stats") is not None else msg.get("skipped") or msg.get("message") or ""
+        self.container.setAttribute("data-warm-up", str(why))
 
     def _fail(self, kind: str, message: str) -> None:
         f = describe(kind, message)
@@ -269,6 +283,7 @@ class TldrWidget(_Widget):
             self.status,
         )
         self.listeners.on(self.button, "click", lambda e: asyncio.ensure_future(self.summarize()))
+        self.listeners.on(self.text, "input", self._on_typing)
         self.listeners.on(self.stop_button, "click", lambda e: self.client and self.client.abort())
         self.listeners.on(self.download_button, "click", lambda e: asyncio.ensure_future(self.download()))
         self.listeners.on(self.cancel_button, "click", lambda e: self.client and self.client.cancel_load())
@@ -429,6 +444,7 @@ class CodeWidget(_Widget):
             self.status,
         )
         self.listeners.on(self.button, "click", lambda e: asyncio.ensure_future(self.complete()))
+        self.listeners.on(self.code, "input", self._on_typing)
         self.listeners.on(self.stop_button, "click", lambda e: self.client and self.client.abort())
         self.listeners.on(self.accept_button, "click", lambda e: self.accept())
 
