@@ -84,6 +84,17 @@ class Engine:
             self._client = client
         return self._client
 
+    async def warm_up_async(self) -> dict[str, Any]:
+        """Raise an idle GPU's clocks before a request (call it while your user types: a GPU idle for a
+        few seconds runs the next reply at a fraction of its speed; bitnet_web.model.warm_up). Returns
+        the worker's figures {"seconds", "submits", "heads", "stopped"}, or {"skipped": why} (no model
+        loaded, a request running, a CPU adapter)."""
+        client = await self._ready_client()
+        event = await client.request("warm_up")
+        if event["event"] == "error":
+            raise _error(event)
+        return event["stats"] if event.get("stats") is not None else {"skipped": str(event.get("skipped", ""))}
+
     async def load(self, model: str | None = None, progress: ProgressCallback | None = None) -> dict[str, Any]:
         """Load `model`: None (the site's default), an id from models/models.json (e.g.
         "bitnet-b1.58-2b-4t") or a GGUF URL. progress(phase, done, total) is called as it downloads,
