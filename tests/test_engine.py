@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from bitnet_web import gpu  # noqa: E402
+from bitnet_web.bench import replies_after_pauses  # noqa: E402
 from bitnet_web.convert.synthetic import random_bitnet_writer  # noqa: E402
 from bitnet_web.engine import Engine, EngineError  # noqa: E402
 from bitnet_web.formats.ggml import GGUFError, Keys  # noqa: E402
@@ -655,6 +656,18 @@ def test_a_warm_up_keeps_the_gpu_busy_and_leaves_every_reply_unchanged(loaded):
     stats, tokens = loaded._run(reply_during_a_warm_up())
     assert stats["stopped"] and stats["seconds"] < 60 and stats["submits"] >= 1
     assert tokens == first[1]
+
+
+def test_the_bench_times_replies_after_pauses_with_and_without_a_warm_up(loaded):
+    """bench.replies_after_pauses (the CLI's `bench --pauses`, the bench page's pauses=): every row timed,
+    and each warm-up ran (LM-head passes) without being cut short."""
+    report = loaded._run(replies_after_pauses(loaded, rounds=1, idle_s=0.05, n_tokens=4))
+    for k in (0, 6):
+        row = report[f"speculate_{k}"]
+        assert set(row) == {"after_a_reply", "after_idle", "after_idle_and_warm_up"}
+        assert all(len(ms) == 1 and ms[0] > 0 for ms in row.values()), row
+    assert len(report["warm_ups"]) == 2
+    assert all(w["heads"] >= 1 and not w["stopped"] and w["seconds"] >= 0.3 for w in report["warm_ups"])
 
 
 def test_stop_string_ends_the_reply_before_it(loaded):

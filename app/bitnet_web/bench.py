@@ -9,6 +9,7 @@ over a large buffer (copies under-report bandwidth on some GPUs: shared/ground-t
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .model.speculation import SpeculationPolicy
+from .text.sampler import SamplerSettings
 
 SHAPES = {
     # name: (dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, context_length)
@@ -194,7 +196,6 @@ async def verify_step_costs(model, ks: tuple[int, ...], n_steps: int, prompt: li
 async def repeating_context(engine, n_reply: int = 64) -> list[int]:
     """The code workload's prompt and its greedy reply of `n_reply` tokens: a text that repeats itself,
     so verify steps after it draft in full (the bench page's verify costs and kernel profiles)."""
-    from .text.sampler import SamplerSettings
 
     code, greedy = engine.encode_prompt(SPECULATION_WORKLOADS["code"]), SamplerSettings(temperature=0.0)
     engine.model.truncate(0)
@@ -210,7 +211,6 @@ async def speculation_workloads(engine, ks: tuple[int, ...], n_tokens: int, runs
     `reply_tok_per_s`: tokens over the whole call, the prompt included (what a change of when the
     first token arrives cannot skew)."""
     from .engine import SPECULATE_DEFAULT
-    from .text.sampler import SamplerSettings
 
     greedy = SamplerSettings(temperature=0.0)
     report = {}
@@ -269,7 +269,6 @@ async def speculation_policy_bench(engine, prompt_ids: list[int], n_tokens: int,
     drawn through the sampled path (top-k 1), i.e. the speculative sampling kernels where drafts pay."""
     from .engine import SPECULATE_DEFAULT
     from .kernels.speculative import SPECULATE_GPU
-    from .text.sampler import SamplerSettings
 
     workloads = {
         "sampled_t1": SamplerSettings(temperature=1.0, top_k=40, top_p=1.0, seed=5),
@@ -362,6 +361,36 @@ def speculation_summary(costs: dict, workloads: dict) -> dict:
     return out
 
 
+async def replies_after_pauses(engine, rounds: int, idle_s: float = 5.0, n_tokens: int = 128) -> dict:
+    """ms per greedy reply of `n_tokens` to a short prompt, plain and with drafts of 6: right after
+    another reply, after `idle_s` of an idle GPU, and after as long idle then a warm-up
+    (Engine.warm_up_async) and 0.3 s, `rounds` times each. What an idle GPU's lowered clocks cost a
+    reply, and what the chat page's warm-up while the person types wins back (model/warm_up.py).
+    Also each warm-up's own figures ("warm_ups")."""
+    ids = engine.encode_prompt("def parse_args(argv):\n")
+    greedy = SamplerSettings(temperature=0.0)
+
+    async def reply_ms(k: int) -> float:
+        t0 = time.perf_counter()
+        async for _ in engine.generate_tokens_async(ids, greedy, max_tokens=n_tokens, speculate=k):
+            pass
+        return round(1e3 * (time.perf_counter() - t0), 1)
+
+    report: dict = {"idle_s": idle_s, "warm_ups": []}
+    for k in (0, 6):
+        row = report.setdefault(f"speculate_{k}", {"after_a_reply": [], "after_idle": [], "after_idle_and_warm_up": []})
+        for _ in range(rounds):
+            await reply_ms(k)
+            row["after_a_reply"].append(await reply_ms(k))
+            await asyncio.sleep(idle_s)
+            row["after_idle"].append(await reply_ms(k))
+            await asyncio.sleep(idle_s)
+            report["warm_ups"].append(await engine.warm_up_async())
+            await asyncio.sleep(0.3)
+            row["after_idle_and_warm_up"].append(await reply_ms(k))
+    return report
+
+
 async def profile_decode_step(model, sampled: bool = False) -> list[tuple[str, float]]:
     """GPU microseconds per dispatch of one decode step, greedy or (after decode_sampled set the
     sampler up) sampled, on a device with `profiling` (NativeDevice(profile=True): timestamps between
@@ -425,7 +454,6 @@ async def measure_async(
 ) -> dict:
     """Prefill and decode speeds of a loaded engine (CPython and browser alike); `log` gets progress lines.
     Each figure is the median of `runs` measurements (default 3; 1 with `quick`), the runs listed beside it."""
-    from .text.sampler import SamplerSettings
 
     model, device = engine.model, engine.device
     runs = runs or (1 if quick else 3)
@@ -560,9 +588,11 @@ def run_bench(
     int8_head: bool = False,
     log: Callable[[str], None] | None = None,
     workload_model: Path | None = None,
+    pauses: int = 0,
 ) -> dict:
     """The engine benchmark of `model_path`; with `workload_model` (the bundled model) also the
-    speculative-decoding workloads and the expected speed-up they imply on `model_path`."""
+    speculative-decoding workloads and the expected speed-up they imply on `model_path`; with `pauses`,
+    that many rounds of `replies_after_pauses`."""
     from . import gpu
     from .engine import Engine
 
@@ -587,6 +617,10 @@ def run_bench(
         "peak_host_mb_after_load": peak_host_mb(),
     }
     report.update(engine._run(measure_async(engine, quick, log)))
+    if pauses:
+        if log is not None:
+            log(f"bench: replies after pauses ({pauses} rounds, ~{22 * pauses} s)")
+        report["replies_after_pauses_ms"] = engine._run(replies_after_pauses(engine, pauses))
     if log is not None:
         log("bench: read bandwidth")
     report["peak_host_mb"] = peak_host_mb()
@@ -679,7 +713,14 @@ def main(args: argparse.Namespace) -> int:
     workloads = Path(workloads) if workloads else (BUNDLED_MODEL if BUNDLED_MODEL.is_file() else None)
     if workloads is not None and getattr(args, "workload_model", None) == "":
         workloads = None
-    report = run_bench(path, args.quick, getattr(args, "int8_head", False), log=_log, workload_model=workloads)
+    report = run_bench(
+        path,
+        args.quick,
+        getattr(args, "int8_head", False),
+        log=_log,
+        workload_model=workloads,
+        pauses=getattr(args, "pauses", 0),
+    )
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -354,6 +354,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="model for the speculative-decoding workloads (acceptance); default: the bundled model when "
         "present; '' skips them",
     )
+    p.add_argument(
+        "--pauses",
+        type=int,
+        default=0,
+        help="also N rounds of the same reply right after another, after 5 s idle, and after 5 s idle and a "
+        "GPU warm-up (what an idle GPU's lowered clocks cost; ~22 s a round)",
+    )
     int8_head_arg(p)
     p.set_defaults(func=cmd_bench)
     return parser
