@@ -79,7 +79,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let t0 = wid.y * TOK;
 //#for it in ITERS
     let c{{it}} = lid + {{it}}u * WG;
+//#if WHOLE
+    let cc{{it}} = c{{it}};  // D8 = ITERS * WG: every chunk is inside the row
+//#else
     let cc{{it}} = min(c{{it}}, D8 - 1u);
+//#endif
 //#for r in ROWS
     let w{{it}}_{{r}} = table[min(g * ROWS + {{r}}u, SHARD_ROWS - 1u) * D8 + cc{{it}}];
 //#endfor
@@ -100,11 +104,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#for m in TOK
     if (t0 + {{m}}u < n_tokens) {  // uniform: a verify step's rows past its draft cost nothing
         let t = t0 + {{m}}u;
+//#if WHOLE
+        let xa = x[t * D4 + 4u * cc{{it}}];
+        let xb = x[t * D4 + 4u * cc{{it}} + 1u];
+        let xc = x[t * D4 + 4u * cc{{it}} + 2u];
+        let xd = x[t * D4 + 4u * cc{{it}} + 3u];
+//#else
         let inside = c{{it}} < D8;
         let xa = select(vec4<f32>(0.0), x[t * D4 + 4u * cc{{it}}], inside);
         let xb = select(vec4<f32>(0.0), x[t * D4 + 4u * cc{{it}} + 1u], inside);
         let xc = select(vec4<f32>(0.0), x[t * D4 + 4u * cc{{it}} + 2u], inside);
         let xd = select(vec4<f32>(0.0), x[t * D4 + 4u * cc{{it}} + 3u], inside);
+//#endif
 //#for r in ROWS
         acc{{r}}_{{m}} += dot(wa{{it}}_{{r}}, xa) + dot(wb{{it}}_{{r}}, xb) + dot(wc{{it}}_{{r}}, xc) + dot(wd{{it}}_{{r}}, xd);
 //#endfor
@@ -118,8 +129,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#for m in TOK
     if (t0 + {{m}}u < n_tokens) {
         let t = t0 + {{m}}u;
+//#if WHOLE
+        let xa = x[t * D4 + 2u * cc{{it}}];
+        let xb = x[t * D4 + 2u * cc{{it}} + 1u];
+//#else
         let xa = select(vec4<f32>(0.0), x[t * D4 + 2u * cc{{it}}], c{{it}} < D8);
         let xb = select(vec4<f32>(0.0), x[t * D4 + 2u * cc{{it}} + 1u], c{{it}} < D8);
+//#endif
 //#for r in ROWS
         acc{{r}}_{{m}} += dot(wa{{it}}_{{r}}, xa) + dot(wb{{it}}_{{r}}, xb);
 //#endfor

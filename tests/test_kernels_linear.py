@@ -727,6 +727,8 @@ def k1_shader_variants() -> dict[str, str]:
         table = F16Matrix.upload(dev, random_table(rng, 64, 2560), "t")
         EmbeddingLookup(kernels, table, big, big)
         LMHead(kernels, table, big, big, step).small_t(9)
+        # a row of 80 chunks is not a whole number per thread: the head's bounds-checked variant
+        LMHead(kernels, F16Matrix.upload(dev, random_table(rng, 64, 640), "t640"), big, big, step).small_t(3)
         Argmax(kernels, big, big, 128256)
         for label, src in dev.sources.items():
             by_source.setdefault(src, f"{sorted(features)} {label}")
@@ -740,6 +742,8 @@ def test_every_variant_is_collected():
     assert any("fn dot4(a: u32, b: u32) -> i32 {\n    let p = bitcast" in s for s in sources.values())
     assert len(sources) >= 30
     assert any("ternary_gemv_norm" in label and "SUBGROUPS" not in label for label in sources)
+    heads = [label for label in sources if "lm_head" in label]
+    assert any("WHOLE" in label for label in heads) and any("WHOLE" not in label for label in heads)
 
 
 def run_in_chromium(js: str, argument):

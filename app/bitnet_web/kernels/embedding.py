@@ -25,14 +25,22 @@ from .common import (
 )
 
 EMBED_WORKGROUP = 64
-LM_HEAD_ROWS = 8  # rows per workgroup: 128256 rows -> 16032 workgroups (limit 65535 per dimension)
-LM_HEAD_WORKGROUP = 160  # threads: a 2560-wide row is 320 16-byte chunks, 2 per thread (16 loads in flight)
+# The head's threads per workgroup fix each logit's summation order, so one-row (decode) and small-T
+# (verify) heads must share it: a verify row's logits are then its decode step's, bit for bit. 64
+# threads (a 2560-wide row: 5 of its 320 16-byte chunks per thread) read the 2B-4T head as fast as 160
+# for one row and cost verify steps of 3-7 rows 1-2% less (fewer subgroup sums per weight read;
+# docs/performance.md, session 23).
+LM_HEAD_WORKGROUP = 64
+LM_HEAD_ROWS = 3  # rows per workgroup of the one-row head: 128256 rows -> 42752 workgroups (limit 65535)
 MIN_SUBGROUP_SIZE = 4  # WebGPU's smallest subgroup size: bounds the reduction slots per workgroup
+LM_HEAD_WHOLE = True  # leave out the kernel's bounds checks where the row is a whole number of chunks per thread
 LM_HEAD_TOKENS = 4  # token rows per workgroup when logits of several tokens are wanted
-# Matrix rows per workgroup of the small-T head (all 2..SMALL_T_MAX rows in one pass): fewer than
-# LM_HEAD_ROWS because each thread holds ROWS x T accumulators (H100, issue 15: 4 was best or within
-# noise of it from T = 2 to 9).
+# Matrix rows per workgroup of the small-T head (all 2..SMALL_T_MAX rows in one pass); each thread holds
+# ROWS x T accumulators, so from LONG_T_TOKENS token rows at most LONG_T_ROWS (H200, 64 threads: 4 best
+# for 2-7 rows, 3 for 8-9).
 LM_HEAD_SMALL_T_ROWS = 4
+LM_HEAD_LONG_T_TOKENS = 8
+LM_HEAD_LONG_T_ROWS = 3
 ARGMAX_WORKGROUP = 256
 ARGMAX_PER_THREAD = 4  # logits per thread in the first pass: 128256 -> 126 workgroups
 
@@ -195,7 +203,10 @@ class LMHead:
         limit = device.limits.max_compute_workgroups_per_dimension
         subgroups = subgroups_available(device)
         enables = wgsl_enables(device, subgroups=subgroups)
-        sg = ("SUBGROUPS",) if subgroups else ()
+        chunks = d // (16 if int8 else 8)  # 16-byte loads per row
+        # WHOLE: every thread's chunks are inside the row, so the kernel needs no clamps or zero selects
+        whole = LM_HEAD_WHOLE and chunks % workgroup_size == 0
+        shape_defines = (("SUBGROUPS",) if subgroups else ()) + (("WHOLE",) if whole else ())
         slots = ceil_div(workgroup_size, MIN_SUBGROUP_SIZE) if subgroups else workgroup_size
         # Token rows per workgroup of the all-logits variant: as many as fit WebGPU's default 16 KB of
         # workgroup memory (browsers grant more only when asked; the speed difference is small).
@@ -214,7 +225,7 @@ class LMHead:
                 f"{device.limits.max_compute_invocations_per_workgroup}"
             )
         self.single, self.multi = [], []
-        self._small_t_args = (kernels, matrix, x, logits, step, label, enables, sg, slots, room)
+        self._small_t_args = (kernels, matrix, x, logits, step, label, enables, shape_defines, slots, room)
         self._small_t_rows = small_t_rows
         self._shard_constants: list[dict[str, int]] = []
         self._small: dict[int, list[tuple[gpu.Pipeline, gpu.BindGroup, int]]] = {}
@@ -225,7 +236,6 @@ class LMHead:
                     f"{label}: shard of {stop - start} rows needs {groups} workgroups, "
                     f"over the device limit of {limit}; raise rows_per_workgroup"
                 )
-            chunks = d // (16 if int8 else 8)  # 16-byte loads per row
             common = dict(
                 D8=chunks,
                 SHARD_ROWS=stop - start,
@@ -237,7 +247,7 @@ class LMHead:
                 ITERS=ceil_div(chunks, workgroup_size),
             )
             self._shard_constants.append(common)
-            variant = sg + (("INT8",) if int8 else ())
+            variant = shape_defines + (("INT8",) if int8 else ())
             extra = [matrix.scales] if int8 else []
             one = kernels.pipeline("lm_head", enables=enables, defines=variant, TOK=1, **common)
             many = kernels.pipeline(
@@ -267,6 +277,8 @@ class LMHead:
         """Matrix rows per workgroup for `n_tokens` rows in one pass, or None where none fits."""
         kernels, matrix, _, _, _, _, _, _, slots, room = self._small_t_args
         rows = self._small_t_rows
+        if n_tokens >= LM_HEAD_LONG_T_TOKENS:
+            rows = min(rows, LM_HEAD_LONG_T_ROWS)
         while rows > 1 and 4 * rows * n_tokens * slots + 4 > room:
             rows //= 2
         largest = max(stop - start for start, stop, _ in matrix.shards)
@@ -280,7 +292,7 @@ class LMHead:
         found = self._small.get(n_tokens)
         if found is not None:
             return found
-        kernels, matrix, x, logits, step, label, enables, sg, slots, room = self._small_t_args
+        kernels, matrix, x, logits, step, label, enables, shape_defines, slots, room = self._small_t_args
         if not 2 <= n_tokens <= self.small_max:
             raise EmbeddingShapeError(f"{label}: the small-T head takes 2..{self.small_max} rows, got {n_tokens}")
         rows = self._small_t_shape(n_tokens)
@@ -288,7 +300,7 @@ class LMHead:
             raise EmbeddingShapeError(f"{label}: no workgroup shape for {n_tokens} rows fits this device's limits")
         int8 = isinstance(matrix, Int8Matrix)
         device = kernels.device
-        variant = sg + (("INT8",) if int8 else ()) + ("MULTI",)
+        variant = shape_defines + (("INT8",) if int8 else ()) + ("MULTI",)
         extra = [matrix.scales] if int8 else []
         found = []
         for i, (start, stop, buffer) in enumerate(matrix.shards):
@@ -308,8 +320,8 @@ class LMHead:
         single-row kernel's arithmetic, for steps whose row count is written on the GPU (a speculative
         draft-off step past the reply's end). Built on first use."""
         if self._single_bounded is None:
-            kernels, matrix, x, logits, step, label, enables, sg, _, _ = self._small_t_args
-            variant = sg + (("INT8",) if isinstance(matrix, Int8Matrix) else ()) + ("MULTI",)
+            kernels, matrix, x, logits, step, label, enables, shape_defines, _, _ = self._small_t_args
+            variant = shape_defines + (("INT8",) if isinstance(matrix, Int8Matrix) else ()) + ("MULTI",)
             extra = [matrix.scales] if isinstance(matrix, Int8Matrix) else []
             found = []
             for i, ((_, _, groups), constants) in enumerate(zip(self.single, self._shard_constants, strict=True)):
