@@ -131,7 +131,8 @@ def test_completion_keeps_the_recent_text_and_notes_cuts(bundled):
 def test_typing_warms_the_gpu_up_and_the_reply_is_unchanged(bundled):
     """While the person types, the page asks the worker to raise the GPU's clocks (model/warm_up.py), at
     most once a second and not within a second of a reply: on this CPU adapter the worker declines and
-    says why; with ?warmup=1 it runs them, and a reply sent while one runs is the same reply."""
+    says why; with ?warmup=1 it runs them, and a reply sent while one runs is the same reply; Settings
+    turns them off and on again."""
     page = bundled
     set_settings(page, {**GREEDY_FORM, "max_tokens": "6"})
     prompt = "def main():\n"
@@ -164,9 +165,20 @@ def test_typing_warms_the_gpu_up_and_the_reply_is_unchanged(bundled):
         assert page.get_attribute("#app", "data-warm-ups") == "2"
         page.type("#prompt", "z")  # over a second later: one more
         page.wait_for_function(f"() => ({warm_ups})() === '3'")
+        page.evaluate("() => { document.getElementById('settings-panel').open = true; }")
+        page.uncheck("#setting-warm-up")  # Settings turns them off
+        page.wait_for_timeout(1100)
+        page.type("#prompt", "ab")
+        page.wait_for_timeout(1200)
+        assert page.get_attribute("#app", "data-warm-ups") == "3"
+        page.check("#setting-warm-up")
+        page.type("#prompt", "c")
+        page.wait_for_function(f"() => ({warm_ups})() === '4'")
     finally:
         page.evaluate("() => history.replaceState(null, '', '?autoload=0')")
         page.fill("#prompt", "")
+        if not page.is_checked("#setting-warm-up"):
+            page.check("#setting-warm-up")
 
 
 def test_too_long_message_stays_in_the_box(bundled):

@@ -56,9 +56,12 @@ class Conversation:
 
     def _on_typing(self, event: Any) -> None:
         """Typing announces a reply: the GPU's clocks are raised meanwhile, so the reply starts at full
-        speed rather than at an idle GPU's (EngineClient.typing, model/warm_up.py)."""
+        speed rather than at an idle GPU's (EngineClient.typing, model/warm_up.py), unless Settings
+        turns it off."""
         shell = self.shell
         if shell.generating or shell.loading or shell.client is None:
+            return
+        if not self.settings.switched_on("warm_up"):
             return
         if shell.n["app"].getAttribute("data-model") != "loaded":
             return

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..shared.settings import DEFAULT_SYSTEM_PROMPT, FIELDS, Field, SettingsError, format_number, parse_form
+from ..shared.settings import (
+    DEFAULT_SYSTEM_PROMPT,
+    FIELDS,
+    FIELDS_BY_NAME,
+    Field,
+    SettingsError,
+    format_number,
+    parse_form,
+)
 from .chat_shell import Shell
 from .dom import Listeners, by_id, clear, el, set_text
 
@@ -93,6 +101,10 @@ class SettingsPanel:
         set_text(self.shell.n["settings-error"], "")
         self.showing_error = False
         return settings
+
+    def switched_on(self, name: str) -> bool:
+        """A checkbox setting as it stands now (no other field is checked)."""
+        return bool(by_id(field_id(FIELDS_BY_NAME[name])).checked)
 
     def _recheck(self) -> None:
         """An edit after an error: show the form's state now (cleared, or the next bad value), without

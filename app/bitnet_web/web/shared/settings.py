@@ -44,6 +44,16 @@ FIELDS = (
         "empty = automatic, 0 = off; faster on repeated text, greedy replies unchanged",
         "auto",
     ),
+    # read by the page, not the engine: EngineClient.typing (model/warm_up.py)
+    Field(
+        "warm_up",
+        "Warm up the GPU while I type",
+        bool,
+        True,
+        0,
+        1,
+        "an idle GPU runs the next reply's first tokens slowly; off saves a little power",
+    ),
 )
 FIELDS_BY_NAME = {f.name: f for f in FIELDS}
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in FIELDS}
