@@ -389,16 +389,18 @@ def norm_gemv_verify_rows(n_rows: int, n_cols: int) -> int:
 # same order), which speculative greedy output needs to equal plain decoding. Split's rows cost less
 # (no norm per workgroup) but its norm dispatches cost a step ~0.4 ms on 2B-4T whatever the draft, so
 # "auto" takes it only for matrices of at least SPLIT_MIN_WEIGHTS weights (a small model's steps are
-# dispatch-bound) when the rows expected live (all rows of a forward pass; for a verify step, its
-# caller's estimate of draft + 1) are at least SPLIT_MIN_LIVE_ROWS of the device's backend: where the two
-# cost the same on 2B-4T (docs/performance.md "Session 17"; `tools/bench_kernels.py --verify-steps --paths
-# ... [--padded K]`). In Chromium every dispatch costs the page more, so the split path pays from 7 rows
-# there (H200: verify steps of 4 rows 1.74-1.84 decode steps fused against 2.40-2.53 split, of 7 rows
-# 2.76-2.87 against 2.65-2.72; docs/performance.md "Session 18"; the bench page's `smallt=`).
+# dispatch-bound; split, 2B-4T's 6.5M-weight wo costs verify steps of 4-5 rows 1-3% more and of 7 rows
+# the same: docs/performance.md "Session 23") when the rows expected live (all rows of a forward pass;
+# for a verify step, its caller's estimate of draft + 1) are at least SPLIT_MIN_LIVE_ROWS of the device's
+# backend: where the two cost the same on 2B-4T (docs/performance.md "Session 17";
+# `tools/bench_kernels.py --verify-steps --paths ... [--padded K]`). In Chromium every dispatch costs
+# the page more, so the split path pays from 7 rows there (H200: verify steps of 4 rows 1.74-1.84 decode
+# steps fused against 2.40-2.53 split, of 7 rows 2.76-2.87 against 2.65-2.72; docs/performance.md
+# "Session 18"; the bench page's `smallt=`).
 SMALL_T_PATHS = ("auto", "fused", "split", "rows")
 SMALL_T_PATH = "auto"
 SPLIT_MIN_LIVE_ROWS = {"wgpu-native": 3.8, "browser": 6.5}
-SPLIT_MIN_WEIGHTS = 4_000_000
+SPLIT_MIN_WEIGHTS = 8_000_000
 
 
 def split_min_live_rows(device: gpu.Device) -> float:
