@@ -641,6 +641,9 @@ def test_a_warm_up_keeps_the_gpu_busy_and_leaves_every_reply_unchanged(loaded):
     stats = loaded.warm_up(0.05)
     assert stats["seconds"] >= 0.05 and not stats["stopped"]
     assert 1 <= stats["submits"] <= stats["heads"]
+    busy = model.warm_up().busy  # its arithmetic ran after every head pass and wrote nothing
+    assert busy.workgroups >= 1
+    np.testing.assert_array_equal(loaded._run(loaded.device.read(busy.sink)).view(np.float32), 0.0)
     np.testing.assert_array_equal(loaded._run(loaded.device.read(model.logits)), logits_before)
     assert model.cached_tokens == cached_before
     assert generate(loaded, tokens=PROMPT, max_tokens=6) == first

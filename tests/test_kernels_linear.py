@@ -23,6 +23,7 @@ from kernel_reference import (  # noqa: E402
 )
 
 from bitnet_web import gpu  # noqa: E402
+from bitnet_web.kernels.busy import GPUBusy  # noqa: E402
 from bitnet_web.kernels.common import SMALL_T_MAX, KernelCache, StepParams, unroll_loops  # noqa: E402
 from bitnet_web.kernels.embedding import (  # noqa: E402
     Argmax,
@@ -730,6 +731,7 @@ def k1_shader_variants() -> dict[str, str]:
         # a row of 80 chunks is not a whole number per thread: the head's bounds-checked variant
         LMHead(kernels, F16Matrix.upload(dev, random_table(rng, 64, 640), "t640"), big, big, step).small_t(3)
         Argmax(kernels, big, big, 128256)
+        GPUBusy(kernels)
         for label, src in dev.sources.items():
             by_source.setdefault(src, f"{sorted(features)} {label}")
     return {label: src for src, label in by_source.items()}

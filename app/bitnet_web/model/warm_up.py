@@ -7,7 +7,10 @@ with drafts); pauses of up to 1.5 s cost nothing (docs/performance.md, session 2
 work just before the reply bring the clocks back, and they stay up for over a second after it.
 
 The work is the model's LM head, the largest matrix a step reads, computed from a zero row into
-logits of its own: reads at full bandwidth, no state a reply uses is touched. It runs in submits of
+logits of its own (reads at full bandwidth), each pass followed by a dispatch of pure arithmetic
+(kernels/busy.py): a small model's head takes microseconds, too little for the GPU to raise its clocks
+again (the bundled 27M model's replies stayed at 345 MHz after a pause, session 23). No state a reply
+uses is touched. It runs in submits of
 a few milliseconds, two in flight, each awaited through a 4-byte staging buffer of its own, so a
 reply that starts meanwhile waits for at most two of them (`should_stop` ends the loop between
 submits).
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from .. import gpu
+from ..kernels.busy import GPUBusy
 from ..kernels.common import KernelCache, StepParams
 from ..kernels.embedding import F16Matrix, Int8Matrix, LMHead
 
@@ -32,7 +36,7 @@ MAX_HEADS_PER_SUBMIT = 512  # a small model's head takes microseconds: many per 
 class WarmUpStats:
     seconds: float = 0.0  # wall time of the loop
     submits: int = 0
-    heads: int = 0  # LM-head passes computed
+    heads: int = 0  # LM-head passes computed, each followed by a GPUBusy dispatch
     stopped: bool = False  # ended by `should_stop` before `seconds`
 
     def as_dict(self) -> dict:
@@ -40,7 +44,8 @@ class WarmUpStats:
 
 
 class GPUWarmUp:
-    """LM-head passes over `matrix` into scratch buffers, for about a given time (see the module doc)."""
+    """LM-head passes over `matrix` into scratch buffers and arithmetic, for about a given time (see the
+    module doc)."""
 
     def __init__(self, kernels: KernelCache, matrix: F16Matrix | Int8Matrix, step: StepParams):
         device = kernels.device
@@ -48,9 +53,10 @@ class GPUWarmUp:
         self.x = device.buffer(4 * matrix.n_cols, gpu.STORAGE_USAGE, "warm-up row")  # [n_cols] f32 zeros
         self.logits = device.buffer(4 * matrix.n_rows, gpu.STORAGE_USAGE, "warm-up logits")  # [n_rows] f32
         self.stagings = [device.staging(4, f"warm-up staging {i}") for i in range(2)]
-        self.buffers = [self.x, self.logits, *self.stagings]
         # the model's own head kernel (the same pipeline, from the kernel cache), bound to the scratch
         self.head = LMHead(kernels, matrix, self.x, self.logits, step, "warm-up head")
+        self.busy = GPUBusy(kernels, "warm-up busy")
+        self.buffers = [self.x, self.logits, *self.stagings, self.busy.sink]
 
     async def run_async(self, seconds: float, should_stop: Callable[[], bool] = lambda: False) -> WarmUpStats:
         """Keep the GPU busy for about `seconds`, or until `should_stop()` says a reply is starting.
@@ -72,6 +78,7 @@ class GPUWarmUp:
             rec = self.device.begin()
             for _ in range(per_submit):
                 self.head.record(rec, 1)
+                self.busy.record(rec)
             rec.copy(self.logits, 0, staging, 0, 4)
             rec.submit()
             self.device.start_read(staging)
