@@ -619,6 +619,29 @@ def test_lm_head_variants_match_numpy(device, kernels, rows, wg):
     )
 
 
+def test_lm_head_takes_more_rows_per_workgroup_where_a_dispatch_would_be_too_large(device, monkeypatch):
+    """A vocabulary over 3 x the device's workgroups per dimension: the head raises its rows per
+    workgroup (one-row and small-T), stays within the limit, and its logits still match numpy."""
+    import dataclasses
+
+    monkeypatch.setattr(device, "limits", dataclasses.replace(device.limits, max_compute_workgroups_per_dimension=50))
+    kernels = KernelCache(device)
+    rng = np.random.default_rng(77)
+    v, d, t = 333, 64, 3
+    table = random_table(rng, v, d)
+    x = random_activations(rng, t, d)
+    logits_buf = device.buffer(4 * t * v, label="logits")
+    op = LMHead(
+        kernels, F16Matrix.upload(device, table, "head"), upload(device, x, "x"), logits_buf, step_params(device, t)
+    )
+    assert all(groups <= 50 for _, _, groups in op.single + op.small_t(t))
+    expected = x.astype(np.float64) @ table.astype(np.float64).T
+    for n in (1, t):
+        run(device, (op, (n,), {}))
+        got = read(device, logits_buf, np.float32, n * v).reshape(n, v)
+        np.testing.assert_allclose(got, expected[:n], rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
 def test_greedy_step_stays_on_gpu(device, kernels):
     """Argmax writes the id where EmbeddingLookup reads it: head -> argmax -> embed in one submit."""
     rng = np.random.default_rng(40)

@@ -37,7 +37,7 @@ LM_HEAD_WHOLE = True  # leave out the kernel's bounds checks where the row is a 
 LM_HEAD_TOKENS = 4  # token rows per workgroup when logits of several tokens are wanted
 # Matrix rows per workgroup of the small-T head (all 2..SMALL_T_MAX rows in one pass); each thread holds
 # ROWS x T accumulators, so from LONG_T_TOKENS token rows at most LONG_T_ROWS (H200, 64 threads: 4 best
-# for 2-7 rows, 3 for 8-9).
+# for 2-5 rows, 3 and 4 alike at 7, 3 best for 8-9).
 LM_HEAD_SMALL_T_ROWS = 4
 LM_HEAD_LONG_T_TOKENS = 8
 LM_HEAD_LONG_T_ROWS = 3
@@ -230,18 +230,21 @@ class LMHead:
         self._shard_constants: list[dict[str, int]] = []
         self._small: dict[int, list[tuple[gpu.Pipeline, gpu.BindGroup, int]]] = {}
         for i, (start, stop, buffer) in enumerate(matrix.shards):
-            groups = ceil_div(stop - start, rows_per_workgroup)
-            if groups > limit:
+            # more rows per workgroup where a shard would need more workgroups than a dispatch allows
+            # (a vocabulary over 196,605 rows at 3): rows per workgroup leave each logit's sums as they are
+            rows = max(rows_per_workgroup, ceil_div(stop - start, limit))
+            groups = ceil_div(stop - start, rows)
+            if 4 * rows * self.multi_tokens * slots + 4 > room:
                 raise EmbeddingShapeError(
-                    f"{label}: shard of {stop - start} rows needs {groups} workgroups, "
-                    f"over the device limit of {limit}; raise rows_per_workgroup"
+                    f"{label}: a shard of {stop - start} rows needs {rows} rows per workgroup, whose partial "
+                    f"sums need more than the {room} bytes of workgroup memory allowed"
                 )
             common = dict(
                 D8=chunks,
                 SHARD_ROWS=stop - start,
                 START=start,
                 V=v,
-                ROWS=rows_per_workgroup,
+                ROWS=rows,
                 WG=workgroup_size,
                 SLOTS=slots,
                 ITERS=ceil_div(chunks, workgroup_size),
@@ -279,10 +282,11 @@ class LMHead:
         rows = self._small_t_rows
         if n_tokens >= LM_HEAD_LONG_T_TOKENS:
             rows = min(rows, LM_HEAD_LONG_T_ROWS)
-        while rows > 1 and 4 * rows * n_tokens * slots + 4 > room:
-            rows //= 2
         largest = max(stop - start for start, stop, _ in matrix.shards)
         limit = kernels.device.limits.max_compute_workgroups_per_dimension
+        rows = max(rows, ceil_div(largest, limit))  # as for the one-row head (__init__)
+        while rows > 1 and 4 * rows * n_tokens * slots + 4 > room:
+            rows //= 2
         return None if 4 * rows * n_tokens * slots + 4 > room or ceil_div(largest, rows) > limit else rows
 
     def small_t(self, n_tokens: int) -> list[tuple[gpu.Pipeline, gpu.BindGroup, int]]:
