@@ -247,6 +247,27 @@ def test_policy_charges_verify_rows_for_attention_over_a_long_context(k) -> None
     assert costs[1] == pytest.approx((short.verify_cost + (k + 1) * 0.3) / 1.3)
 
 
+@pytest.mark.parametrize("k", [2, 6])
+def test_a_narrow_models_verify_rows_pay_less_for_the_context_and_the_rows_past_the_draft(k) -> None:
+    """A narrow model's steps are dispatch latency, not bytes: its rows' KV walks and the launches of
+    rows past the draft are charged in proportion to its width (the bundled 512-wide model measured
+    1.05-1.14 decode steps a verify step where the bytes alone said 1.17-1.71). 2B-4T's width keeps the
+    full charges."""
+    a = 0.3
+
+    def cost(dim: int, share: float, d: int) -> float:
+        return SpeculationPolicy.for_backend(k, "wgpu-native", dim, attention_share=share).step_costs[d]
+
+    wide_extra = cost(2560, a, k) - cost(2560, 0.0, k)
+    narrow_extra = cost(512, a, k) - cost(512, 0.0, k)
+    assert 0 < narrow_extra < wide_extra / 3
+    assert cost(512, 0.0, 0) == pytest.approx(1 + SpeculationPolicy.PADDED_ROW_COST * k * 512 / 2560)
+    assert cost(2560, 0.0, 0) == pytest.approx(1 + SpeculationPolicy.PADDED_ROW_COST * k)
+    assert cost(4096, a, k) == pytest.approx(
+        (1 + SpeculationPolicy.VERIFY_ROW_COST * k * 4096 / 2560 + (k + 1) * a) / (1 + a)
+    )  # wider than 2B-4T: the bytes' full charge, no more
+
+
 def test_policy_takes_its_rate_over_the_steps_the_decode_loop_queues() -> None:
     """With 16 x 2 steps queued (the page), a switch lags by up to 32 steps, so the rate is taken over
     32: a fresh stretch of 12 tokens inside a reply that copies its prompt turns verify steps off under

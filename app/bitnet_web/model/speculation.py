@@ -205,12 +205,16 @@ class SpeculationPolicy:
         (BitNetModel.attention_share); a verify step pays it once per row."""
         extra = cls.BACKEND_VERIFY_COST.get(backend, 0.0)
         row = cls.VERIFY_ROW_COST * dim / cls.VERIFY_ROW_COST_DIM
-        a = max(0.0, attention_share)
+        # A narrower model's steps are bound by dispatch latency, not by bytes: its rows' walks over the
+        # KV cache and the launches of rows past the draft cost it proportionally less (the bundled model,
+        # 512 wide: verify steps of k = 1..8 measured 1.05-1.14 decode steps natively after a 100-token
+        # context, where bytes alone gave 1.17-1.71; docs/performance.md "Session 23").
+        narrow = min(1.0, dim / cls.VERIFY_ROW_COST_DIM)
+        a = max(0.0, attention_share) * narrow
+        padded = cls.PADDED_ROW_COST * narrow
         # a draft of d tokens: 1 + d rows, each with its own walk over the cached context, and k - d
         # rows that exit at once
-        costs = [
-            (1.0 + extra + row * d + cls.PADDED_ROW_COST * (k - d) + (d + 1) * a) / (1.0 + a) for d in range(k + 1)
-        ]
+        costs = [(1.0 + extra + row * d + padded * (k - d) + (d + 1) * a) / (1.0 + a) for d in range(k + 1)]
         return cls(k, window=max(cls.WINDOW, queued_steps), step_costs=costs)
 
     def start(self, history: Sequence[int]) -> None:
