@@ -33,7 +33,6 @@ EMBED_WORKGROUP = 64
 LM_HEAD_WORKGROUP = 64
 LM_HEAD_ROWS = 3  # rows per workgroup of the one-row head: 128256 rows -> 42752 workgroups (limit 65535)
 MIN_SUBGROUP_SIZE = 4  # WebGPU's smallest subgroup size: bounds the reduction slots per workgroup
-LM_HEAD_WHOLE = True  # leave out the kernel's bounds checks where the row is a whole number of chunks per thread
 LM_HEAD_TOKENS = 4  # token rows per workgroup when logits of several tokens are wanted
 # Matrix rows per workgroup of the small-T head (all 2..SMALL_T_MAX rows in one pass); each thread holds
 # ROWS x T accumulators, so from LONG_T_TOKENS token rows at most LONG_T_ROWS (H200, 64 threads: 4 best
@@ -205,7 +204,7 @@ class LMHead:
         enables = wgsl_enables(device, subgroups=subgroups)
         chunks = d // (16 if int8 else 8)  # 16-byte loads per row
         # WHOLE: every thread's chunks are inside the row, so the kernel needs no clamps or zero selects
-        whole = LM_HEAD_WHOLE and chunks % workgroup_size == 0
+        whole = chunks % workgroup_size == 0
         shape_defines = (("SUBGROUPS",) if subgroups else ()) + (("WHOLE",) if whole else ())
         slots = ceil_div(workgroup_size, MIN_SUBGROUP_SIZE) if subgroups else workgroup_size
         # Token rows per workgroup of the all-logits variant: as many as fit WebGPU's default 16 KB of

@@ -173,19 +173,28 @@ class EngineClient:
     def reset(self) -> None:
         self.send("reset")
 
-    def typing(self) -> asyncio.Task | None:
+    def typing(self, on_answer: Callable[[dict[str, Any]], None]) -> bool:
         """Someone is typing a request: ask the worker to raise the GPU's clocks meanwhile, unless
         the GPU was busy within WARM_UP_EVERY_S. `?warmup=0` in the page's URL: never; `?warmup=1`:
-        also on a CPU adapter (tests). The task ends with the worker's `warmed` event (stats, or why
-        it was skipped) or an error event."""
+        also on a CPU adapter (tests). `on_answer` gets the worker's `warmed` event (stats, or why it
+        was skipped) or an error event (warm_up_outcome reads either). True when one was asked for."""
         now = time.monotonic()
         if self.dead is not None or now - self.gpu_busy_at < WARM_UP_EVERY_S:
-            return None
+            return False
         mode = str(js.URLSearchParams.new(js.location.search).get("warmup") or "")
         if mode == "0":
-            return None
+            return False
         self.gpu_busy_at = now
-        return asyncio.ensure_future(self.request("warm_up", force=mode == "1"))
+        task = asyncio.ensure_future(self.request("warm_up", force=mode == "1"))
+        task.add_done_callback(lambda t: None if t.cancelled() or t.exception() else on_answer(t.result()))
+        return True
+
+
+def warm_up_outcome(msg: dict[str, Any]) -> str:
+    """How a warm-up request ended, as the pages' data-warm-up says it: "ran", or why not."""
+    if msg.get("stats") is not None:
+        return "ran"
+    return str(msg.get("skipped") or msg.get("message") or "")
 
 
 def _events(

@@ -15,6 +15,7 @@ from ..shared.failures import describe
 from ..shared.progress import cut_note, progress_text, stats_line
 from ..shared.prompts import turn_request
 from .chat_shell import Shell
+from .client import warm_up_outcome
 from .dom import Listeners, append_text, clear, el, set_text
 from .model_panel import ModelPanel
 from .settings_panel import SettingsPanel
@@ -65,20 +66,20 @@ class Conversation:
             return
         if shell.n["app"].getAttribute("data-model") != "loaded":
             return
-        task = shell.client.typing()
-        if task is not None:
-            task.add_done_callback(lambda t: None if t.cancelled() or t.exception() else self._warmed(t.result()))
+        shell.client.typing(self._warmed)
 
     def _warmed(self, msg: dict[str, Any]) -> None:
         """The worker's answer to a warm-up: counted (data-warm-ups) or, when it did not run, why
         (data-warm-up). A GPU lost meanwhile is the model panel's to say."""
-        if msg["event"] == "warmed" and msg.get("stats") is not None:
+        if msg["event"] != "warmed":
+            if msg.get("kind") == "device_lost":
+                self.models.device_lost(msg)
+            return
+        outcome = warm_up_outcome(msg)
+        if outcome == "ran":
             self.warm_ups += 1
-            self.shell.state(**{"warm-ups": str(self.warm_ups), "warm-up": "ran"})
-        elif msg["event"] == "warmed":
-            self.shell.state(**{"warm-up": str(msg.get("skipped", ""))})
-        elif msg.get("kind") == "device_lost":
-            self.models.device_lost(msg)
+            self.shell.state(**{"warm-ups": str(self.warm_ups)})
+        self.shell.state(**{"warm-up": outcome})
 
     def _on_submit(self, event: Any) -> None:
         event.preventDefault()

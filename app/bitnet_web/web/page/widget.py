@@ -32,7 +32,7 @@ from ..shared.progress import format_bytes, progress_text, stats_line
 from ..shared.prompts import clip_to_context, summary_messages
 from ..shared.settings import greedy
 from . import services
-from .client import EngineClient, shared_client, site_root
+from .client import EngineClient, shared_client, site_root, warm_up_outcome
 from .dom import Listeners, append_text, clear, el, set_text
 
 MAX_TOKEN_CHOICES = (16, 32, 64, 128, 256)
@@ -105,13 +105,7 @@ class _Widget:
         container's data-warm-up says how the last one ended: "ran" or why not."""
         if self.client is None or self.busy:
             return
-        task = self.client.typing()
-        if task is not None:
-            task.add_done_callback(lambda t: None if t.cancelled() or t.exception() else self._warmed(t.result()))
-
-    def _warmed(self, msg: dict[str, Any]) -> None:
-        why = "ran" if msg.get("stats") is not None else msg.get("skipped") or msg.get("message") or ""
-        self.container.setAttribute("data-warm-up", str(why))
+        self.client.typing(lambda msg: self.container.setAttribute("data-warm-up", warm_up_outcome(msg)))
 
     def _fail(self, kind: str, message: str) -> None:
         f = describe(kind, message)
