@@ -17,6 +17,10 @@
 //            COMBINE: 0 partials  [GROUPS] vec2<u32>
 //                     1 out_ids   [>= SLOT + 1] u32
 //
+// SCREENED (COMBINE only): the partials are GROUPS rescoring workgroups' of the screened head
+// (lm_head.wgsl RESCORE), and the combine also clears the screen's KEY_SLOTS keys (binding 2) for
+// the next step's screen (lm_head_screen.wgsl).
+//
 // Dispatch: default (GROUPS, 1, 1) with GROUPS = ceil(V / SPAN), SPAN = WG * PER; then COMBINE (1, 1, 1).
 // Several rows at once (speculative verify steps): default (GROUPS, R, 1) scans rows ROW .. ROW + R - 1
 // into partials[r * GROUPS + g]; COMBINE (R, 1, 1) writes out_ids[SLOT + r].
@@ -27,13 +31,21 @@ const SLOT: u32 = ${SLOT};
 const WG: u32 = ${WG};
 const PER: u32 = ${PER};
 const SPAN: u32 = WG * PER;
+//#if SCREENED
+const GROUPS: u32 = ${GROUPS};
+const KEY_SLOTS: u32 = ${KEY_SLOTS};
+//#else
 const GROUPS: u32 = (V + SPAN - 1u) / SPAN;
+//#endif
 const COMBINE_ITERS: u32 = (GROUPS + WG - 1u) / WG;
 const NO_INDEX: u32 = 0xffffffffu;
 
 //#if COMBINE
 @group(0) @binding(0) var<storage, read> partials: array<vec2<u32>>;
 @group(0) @binding(1) var<storage, read_write> out_ids: array<u32>;
+//#if SCREENED
+@group(0) @binding(2) var<storage, read_write> keys: array<u32>;
+//#endif
 //#else
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read_write> partials: array<vec2<u32>>;
@@ -135,5 +147,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     if (lid == 0u) {
         out_ids[SLOT + wid.x] = select(best.y, 0u, best.y == NO_INDEX);
     }
+//#if SCREENED
+    if (lid < KEY_SLOTS) {
+        keys[lid] = 0u;
+    }
+//#endif
 //#endif
 }

@@ -17,6 +17,15 @@
 // the TOK tokens. Per-thread values are unrolled `let`s (//#for, see common.unroll_loops). Partial sums reduce through subgroupAdd into one slot per subgroup (or one per
 // thread without subgroups), summed in a fixed order: results are deterministic run to run.
 // Dispatch: (ceil(SHARD_ROWS / ROWS), ceil(T / TOK), 1); without MULTI, TOK = 1 and T = 1.
+//
+// RESCORE (greedy decode steps, kernels/head_screen.py): the exact logits of the rows an int8 screen
+// left standing, and their argmax. Workgroup g scans rows g*SLICE .. g*SLICE+SLICE-1 of the shard,
+// keeps those whose upper bound reaches the screen's best lower bound (the largest of the KEY_SLOTS
+// order keys), then computes each kept row with the one-row head's arithmetic (ROWS = 1, TOK = 1: the
+// same loads, sums and slot order per row, so the same bits as the full head) and writes its best
+// (value bits, index) to partials[PART_BASE + g] for argmax.wgsl's combine (NaN never wins; equal
+// values keep the smaller index, whatever order the rows were kept in). Bindings: 0 table, 1 x,
+// 2 upper [V] f32, 3 keys [KEY_SLOTS] u32, 4 partials. Dispatch (ceil(SHARD_ROWS / SLICE), 1, 1).
 
 const D8: u32 = ${D8};  // 16-byte chunks per row
 const SHARD_ROWS: u32 = ${SHARD_ROWS};
@@ -41,7 +50,26 @@ ${STEP_PARAMS}
 
 @group(0) @binding(0) var<storage, read> table: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+//#if RESCORE
+@group(0) @binding(2) var<storage, read> upper: array<f32>;
+@group(0) @binding(3) var<storage, read> keys: array<u32>;
+@group(0) @binding(4) var<storage, read_write> partials: array<vec2<u32>>;
+const SLICE: u32 = ${SLICE};
+const KEY_SLOTS: u32 = ${KEY_SLOTS};
+const PART_BASE: u32 = ${PART_BASE};
+const VOCAB: u32 = ${VOCAB};  // rows from here on are never kept
+const NO_INDEX: u32 = 0xffffffffu;
+var<workgroup> kept: array<u32, SLICE>;
+var<workgroup> n_kept_at: atomic<u32>;
+var<workgroup> n_kept_wg: u32;
+
+// The float whose order key (head_screen's order_key) is `key`.
+fn from_order_key(key: u32) -> f32 {
+    return bitcast<f32>(select(~key, key ^ 0x80000000u, key >= 0x80000000u));
+}
+//#else
 @group(0) @binding(2) var<storage, read_write> logits: array<f32>;
+//#endif
 //#if INT8
 @group(0) @binding(3) var<storage, read> scales: array<f32>;
 //#if MULTI
@@ -77,6 +105,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let n_tokens = 1u;
 //#endif
     let t0 = wid.y * TOK;
+//#if RESCORE
+    var best_key = 0u;
+    for (var i = 0u; i < KEY_SLOTS; i++) {
+        best_key = max(best_key, keys[i]);
+    }
+    let tau = from_order_key(best_key);  // NaN (no bound) keeps nothing
+    if (lid == 0u) {
+        atomicStore(&n_kept_at, 0u);
+    }
+    workgroupBarrier();
+    for (var i = lid; i < SLICE; i += WG) {
+        let row = g * SLICE + i;
+        if (row < SHARD_ROWS && START + row < VOCAB && upper[START + row] >= tau) {
+            kept[atomicAdd(&n_kept_at, 1u)] = row;
+        }
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        n_kept_wg = atomicLoad(&n_kept_at);
+    }
+    let n_kept = workgroupUniformLoad(&n_kept_wg);
+    var best_v = 0.0;
+    var best_i = NO_INDEX;
+    for (var k = 0u; k < n_kept; k++) {
+    let first_row = kept[k];
+//#else
+    let first_row = g * ROWS;
+//#endif
 //#for it in ITERS
     let c{{it}} = lid + {{it}}u * WG;
 //#if WHOLE
@@ -85,7 +141,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let cc{{it}} = min(c{{it}}, D8 - 1u);
 //#endif
 //#for r in ROWS
-    let w{{it}}_{{r}} = table[min(g * ROWS + {{r}}u, SHARD_ROWS - 1u) * D8 + cc{{it}}];
+    let w{{it}}_{{r}} = table[min(first_row + {{r}}u, SHARD_ROWS - 1u) * D8 + cc{{it}}];
 //#endfor
 //#endfor
 //#for r in ROWS
@@ -170,6 +226,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#endfor
 //#endif
     workgroupBarrier();
+//#if RESCORE
+    if (lid == 0u) {
+        var total = 0.0;
+        for (var i = 0u; i < n_slots; i++) {  // the one-row head's order
+            total += red[i];
+        }
+        let row = START + first_row;
+        if (total == total && (best_i == NO_INDEX || total > best_v || (total == best_v && row < best_i))) {
+            best_v = total;
+            best_i = row;
+        }
+    }
+    workgroupBarrier();  // red is the next kept row's
+    }
+    if (lid == 0u) {
+        partials[PART_BASE + g] = vec2<u32>(bitcast<u32>(best_v), best_i);
+    }
+//#else
     for (var o = lid; o < OUTS; o += WG) {
         let r = o / TOK;
         let t = t0 + o % TOK;
@@ -185,4 +259,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             logits[t * V + START + row] = total;
         }
     }
+//#endif
 }

@@ -772,8 +772,9 @@ def test_a_file_still_arriving_is_uploaded_part_by_part_as_its_bytes_come(loaded
 
 def test_kernels_are_made_while_the_file_still_arrives(tiny_path, monkeypatch):
     """Each part's ops (and so their pipelines: compiled in parallel with the upload in a browser) are
-    built once that part is uploaded, not after the whole file: only the last part's own (the final
-    norm's three) are made after its bytes are asked for."""
+    built once that part is uploaded, not after the whole file: only the last part's own (this file's
+    embedding: the lookup, the LM head's two variants and the screened argmax's four) are made after its
+    bytes are asked for."""
     from bitnet_web.gpu.native import NativeDevice
 
     events: list[str] = []
@@ -798,7 +799,7 @@ def test_kernels_are_made_while_the_file_still_arrives(tiny_path, monkeypatch):
         engine.close()
     asks = [i for i, e in enumerate(events) if e == "ask"]  # each part in file order, then the whole file
     made_late = events[asks[-2] :].count("pipeline")  # once the last part (the output norm) is asked for
-    assert events.count("pipeline") >= 20 and made_late <= 3, " ".join(events)
+    assert events.count("pipeline") >= 20 and made_late <= 7, " ".join(events)
 
 
 def test_a_model_loaded_again_on_the_same_device_compiles_no_kernel(tiny_path, ref, monkeypatch):

@@ -625,3 +625,22 @@ def test_the_default_draft_size_is_built_at_load(tiny_path, monkeypatch):
         assert any(label.startswith("spec_draft") for label in built), built
     finally:
         engine.close()
+
+
+def test_the_screened_head_picks_the_same_greedy_tokens(engine, tiny_path):
+    """Greedy replies through the int8-screened head (kernels/head_screen.py, forced on: a CPU adapter
+    leaves it off by default) equal the F16 head's, plain and with every step verifying a draft (whose
+    verify rows still run the F16 head)."""
+    assert engine.model.screened_argmax is None  # the module's engine: lavapipe, a small head
+    screened = Engine(prefill_chunk=PREFILL_CHUNK, screened_head=True)
+    try:
+        screened.load(tiny_path)
+        assert screened.model.screened_argmax is not None and screened.info["screened_head"]
+        prompts = [PROMPT, [7, 8, 9, 10, 7, 8, 9, 10, 7, 8], list(range(100, 140))]
+        for prompt in prompts:
+            plain = generate(engine, prompt, 0, max_tokens=40)
+            assert generate(screened, prompt, 0, max_tokens=40) == plain
+            with fixed_k(screened):
+                assert generate(screened, prompt, 4, max_tokens=40) == plain
+    finally:
+        screened.close()

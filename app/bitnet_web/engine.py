@@ -137,6 +137,7 @@ class Engine:
         prefill_chunk: int = 512,
         gpu_sampling: bool = True,
         int8_head: bool = False,
+        screened_head: bool | None = None,
     ):
         self.max_binding_size = max_binding_size  # lower the binding limit (tests shard with it)
         self.prefill_chunk = prefill_chunk
@@ -145,6 +146,9 @@ class Engine:
         self.gpu_sampling = gpu_sampling
         # An approximation for speed: the LM head reads an int8 per-row-scaled copy (kernels Int8Matrix).
         self.int8_head = int8_head
+        # Greedy decode steps pick their token through an int8 screen of the F16 head: the same token,
+        # fewer bytes read (kernels/head_screen.py). None: where the head is large and the GPU real.
+        self.screened_head = screened_head
         # Builds the policy of a speculative reply from its draft size: plain decode steps where
         # drafts are not accepted often enough to pay (model/speculation.py). None: every step that
         # fits verifies a draft (benchmarks of a fixed k, tests of the verify steps alone).
@@ -257,6 +261,7 @@ class Engine:
             config,
             max_tokens=self.prefill_chunk,
             int8_head=self.int8_head,
+            screened_head=self.screened_head,
             speculate=self.speculate_for(),  # the default replies' draft size: its ops are built at load
         )
         try:
@@ -304,6 +309,7 @@ class Engine:
             "device": self.device.adapter_name if self.device else "",
             "context_used": self.model.n_cached if self.model else 0,
             "int8_head": bool(self.model and self.model.int8_head),  # approximate head (see Engine)
+            "screened_head": bool(self.model and self.model.screened_argmax),  # exact (see Engine)
         }
 
     # Generation ------------------------------------------------------------------------------

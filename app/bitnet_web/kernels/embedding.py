@@ -339,6 +339,43 @@ class LMHead:
             self._single_bounded = found
         return self._single_bounded
 
+    def rescoring(
+        self,
+        upper: gpu.Buffer,
+        keys: gpu.Buffer,
+        partials: gpu.Buffer,
+        slice_rows: int,
+        key_slots: int,
+        vocab_size: int,
+        groups: list[int],
+    ) -> list[tuple[gpu.Pipeline, gpu.BindGroup, int]]:
+        """(pipeline, bindings, workgroups) per shard of lm_head.wgsl's RESCORE variant for
+        kernels/head_screen.py: the logits of the rows an int8 screen kept, by this head's one-row
+        arithmetic (its threads, chunks and slots; one matrix row at a time), so they are the bits
+        `record(recorder, 1)` would write. Shard i's `groups[i]` workgroups write their best from
+        partials[sum(groups[:i])]; rows from `vocab_size` on are never kept (as Argmax scans)."""
+        kernels, matrix, x, _, _, label, enables, shape_defines, _, _ = self._small_t_args
+        if isinstance(matrix, Int8Matrix):
+            raise EmbeddingShapeError(f"{label}: an int8 head has no exact logits to rescore")
+        found, base = [], 0
+        for i, ((_, _, buffer), count) in enumerate(zip(matrix.shards, groups, strict=True)):
+            constants = {**self._shard_constants[i], "ROWS": 1}
+            pipeline = kernels.pipeline(
+                "lm_head",
+                enables=enables,
+                defines=shape_defines + ("RESCORE",),
+                TOK=1,
+                SLICE=slice_rows,
+                KEY_SLOTS=key_slots,
+                PART_BASE=base,
+                VOCAB=vocab_size,
+                **constants,
+            )
+            bind = kernels.device.bind_group(pipeline, [buffer, x, upper, keys, partials], f"{label} rescore {i}")
+            found.append((pipeline, bind, count))
+            base += count
+        return found
+
     def record(self, recorder: gpu.Recorder, n_tokens: int = 1, bounded: bool = False) -> None:
         """`bounded`: one row whose StepParams are written on the GPU and may say 0 rows (more rows
         always read them)."""

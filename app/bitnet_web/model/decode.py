@@ -2,7 +2,7 @@
 several to a submit; and its speculative form, where each step verifies a prompt-lookup draft.
 
 Apart from the math (forward.py), as gpt-fast keeps generate.py apart from model.py. `GPUDecodeLoop`
-is a base class of `BitNetModel`; it uses the model's `_record_step`, `token_ids`, `argmax`,
+is a base class of `BitNetModel`; it uses the model's `_record_step`, `token_ids`, `argmax`, `screened_argmax`,
 `gpu_sampler`, `step`, `step_advance`, `cached_tokens`, `device`, `kv_cache`, `layer_ops` and `_buffers`, and
 owns the staging ring it reads token ids from.
 """
@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import gpu
 from ..kernels.embedding import Argmax
+from ..kernels.head_screen import ScreenedArgmax
 from ..kernels.linear import split_min_live_rows
 from ..kernels.sampling import GPUSampler
 from ..kernels.spec_sampling import SpecSampleAccept
@@ -153,7 +154,9 @@ class GPUDecodeLoop:
             self._buffers.extend(ring)
         return ring
 
-    def _record_gpu_steps(self, chooser: Argmax | GPUSampler, pos: int, k: int, staging: gpu.Buffer) -> gpu.Recorder:
+    def _record_gpu_steps(
+        self, chooser: Argmax | ScreenedArgmax | GPUSampler, pos: int, k: int, staging: gpu.Buffer
+    ) -> gpu.Recorder:
         """`k` decode steps at positions pos.. in one recorder, chained on the GPU: the host writes step
         0's StepParams (queue order: after the submits before this one); step j reads its input id from
         token_ids[0], writes the id chosen on the GPU back there (step j+1's input), logs it at slot j
@@ -163,11 +166,17 @@ class GPUDecodeLoop:
         self.step.write(1, pos, self.kv_cache.capacity, slot=0)
         rec = self.device.begin()
         for j in range(k):
-            self._record_step(1, all_logits=False, rec=rec, pos=pos + j, params_ready=True)
+            logits = not isinstance(chooser, ScreenedArgmax)  # the screen reads the normed x itself
+            self._record_step(1, all_logits=False, rec=rec, pos=pos + j, params_ready=True, logits=logits)
             chooser.record(rec)
             self.step_advance.record(rec)
         self.step_advance.copy_log(rec, staging, k)
         return rec
+
+    def greedy_chooser(self) -> Argmax | ScreenedArgmax:
+        """What picks a greedy decode step's token on the GPU: the screened head where the model has
+        one (the step then computes no logits), else the F16 head's logits and Argmax: the same token."""
+        return self.screened_argmax or self.argmax
 
     def decode_greedy(
         self, first_token: int | FirstToken, limit: int | None = None, stop_ids: Sequence[int] = ()
@@ -177,7 +186,7 @@ class GPUDecodeLoop:
         `self.argmax`) is yielded first. `limit`: how many tokens the caller will take at most, so no step
         is queued past it (more are still produced, one submit at a time, if asked for). `stop_ids`:
         tokens after which the caller probably stops (no submit is queued ahead of yielding them)."""
-        return self._decode_on_gpu(first_token, self.argmax, limit, stop_ids)
+        return self._decode_on_gpu(first_token, self.greedy_chooser(), limit, stop_ids)
 
     def decode_sampled(
         self,
@@ -203,7 +212,7 @@ class GPUDecodeLoop:
     async def _decode_on_gpu(
         self,
         first_token: int | FirstToken,
-        chooser: Argmax | GPUSampler,
+        chooser: Argmax | ScreenedArgmax | GPUSampler,
         limit: int | None = None,
         stop_ids: Sequence[int] = (),
     ) -> AsyncIterator[int]:

@@ -35,6 +35,7 @@ from ..formats.gguf_reader import GGUFFile
 from ..kernels.attention import MAX_SPLITS, Attention, AttentionScratch
 from ..kernels.common import KernelCache, StepParams
 from ..kernels.embedding import Argmax, EmbeddingLookup, F16Matrix, Int8Matrix, LMHead
+from ..kernels.head_screen import SCREEN_MIN_HEAD_BYTES, ScreenedArgmax
 from ..kernels.kv_cache import KVCache
 from ..kernels.linear import NormTernaryLinear
 from ..kernels.norm import RMSNorm
@@ -81,6 +82,7 @@ class BitNetModel(GPUDecodeLoop):
         int8_head: bool = False,
         kv_dtype: str = "f16",
         speculate: int = 0,
+        screened_head: bool | None = None,
     ):
         self.device = device
         # drafts of this many tokens get their verify steps' ops (draft, greedy and sampled acceptance,
@@ -89,6 +91,11 @@ class BitNetModel(GPUDecodeLoop):
         self.speculate = speculate
         self.kv_dtype = kv_dtype  # KV cache elements: "f16" (half the memory and reads) or "f32" (reference)
         self.int8_head = int8_head  # the head reads an int8 per-row-scaled copy (approximate, faster)
+        # greedy decode steps pick their token through an int8 screen of the F16 head (exact, faster;
+        # kernels/head_screen.py), whose int8 copy costs half the head's memory again. None: where the
+        # head is large enough for it to pay and the GPU is not a CPU adapter.
+        self.screened_head = False if int8_head else screened_head
+        self.screened_argmax: ScreenedArgmax | None = None
         self.gguf = gguf
         self.config = config
         self.layout: GPULayout = gpu_layout(config)  # widths as padded on the GPU (model/layout.py)
@@ -163,6 +170,7 @@ class BitNetModel(GPUDecodeLoop):
         except BaseException:
             self.kernels.forget_unbuilt()  # a kernel that failed to compile is compiled again next time
             raise
+        self._prepare_screen()
         await device.checkpoint("building kernels")
         if progress:
             progress("upload", cfg.n_layers + 2, cfg.n_layers + 2)
@@ -213,6 +221,7 @@ class BitNetModel(GPUDecodeLoop):
         self.layer_ops = [self._layer_ops(i, w) for i, w in enumerate(self.layers)]
         self.embedding_uploaded(self.token_embd, self.output)
         self.output_norm_uploaded(self.output_norm)
+        self._prepare_screen()
 
     # The ops that read one uploaded part (upload_weights' UploadListener)
 
@@ -223,6 +232,26 @@ class BitNetModel(GPUDecodeLoop):
         self.token_embd, self.output = token_embd, output
         self.embed = EmbeddingLookup(self.kernels, token_embd, self.token_ids, self.x, self.step)
         self.lm_head = LMHead(self.kernels, output, self.x_final, self.logits, self.step)
+        if self.screened_argmax is not None:  # rebuilt (_build_ops)
+            for buffer in self.screened_argmax.buffers:
+                self._buffers.remove(buffer)
+            self.screened_argmax.release(self.device)
+            self.screened_argmax = None
+        screened = self.screened_head
+        if screened is None:
+            screened = not self.device.is_cpu and 2 * output.n_rows * output.n_cols >= SCREEN_MIN_HEAD_BYTES
+        if screened and isinstance(output, F16Matrix) and output.n_cols % 16 == 0:
+            self.screened_argmax = ScreenedArgmax(
+                self.kernels, self.lm_head, output, self.x_final, self.token_ids, self.config.vocab_size
+            )
+            self._buffers += self.screened_argmax.buffers
+
+    def _prepare_screen(self) -> None:
+        """Make the screened head's int8 copy (its pipelines exist once the upload's batch is built)."""
+        if self.screened_argmax is not None:
+            rec = self.device.begin()
+            self.screened_argmax.prepare(rec)
+            rec.submit()
 
     def output_norm_uploaded(self, norm: gpu.Buffer) -> None:
         self.output_norm = norm
@@ -315,13 +344,15 @@ class BitNetModel(GPUDecodeLoop):
         rec: gpu.Recorder | None = None,
         pos: int | None = None,
         head: bool = True,
+        logits: bool = True,
         params_ready: bool = False,
         params_on_gpu: bool = False,
         live_rows: float | None = None,
     ) -> gpu.Recorder:
         """Record one forward step over `n_tokens` rows at positions pos.. (default: the next ones,
         n_cached; queued decode steps run ahead of the host's bookkeeping); `head=False` leaves out
-        the final norm and LM head (a prefill chunk whose logits nobody reads). Allocates nothing.
+        the final norm and LM head (a prefill chunk whose logits nobody reads), `logits=False` the LM
+        head only (a ScreenedArgmax reads the normed x itself). Allocates nothing.
 
         The step's StepParams are written here (before the submit), or, with `params_ready`, they are in
         the uniform already when the step runs (the caller wrote them before the submit, or the previous
@@ -352,7 +383,8 @@ class BitNetModel(GPUDecodeLoop):
         # logits = head(output_norm(x)) for the last row, or for every row
         if head:
             self.final_norm.record(rec, n, last_only=not all_logits)
-            self.lm_head.record(rec, n if all_logits else 1, bounded)
+            if logits:
+                self.lm_head.record(rec, n if all_logits else 1, bounded)
         return rec
 
     def _submit_rows(
@@ -501,3 +533,4 @@ class BitNetModel(GPUDecodeLoop):
             self.device.release(buffer)
         self._buffers.clear()
         self._warm_up = None
+        self.screened_argmax = None  # its buffers were in _buffers

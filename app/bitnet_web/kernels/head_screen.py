@@ -1,0 +1,163 @@
+"""Greedy decoding's LM head in two passes: an int8 screen, then the exact logits of the rows that can win.
+
+The F16 head is a decode step's largest read (657 MB a token for 2B-4T). Greedy decoding needs only
+its argmax. `ScreenedArgmax` keeps an int8 copy of the head (made on the GPU from the F16 rows at load,
+half their bytes) with one scale and one error norm per row, such that every F16 logit lies within
+errs[r] * ||x||_2 of the int8 logit (shaders/lm_head_screen.wgsl says why). Per step:
+
+    screen   (lm_head_screen.wgsl)  int8 logits -> upper bounds [V], the best lower bound (atomic keys)
+    rescore  (lm_head.wgsl RESCORE) rows whose upper bound reaches it: their F16 logits, computed by
+                                    the one-row head's own arithmetic, and each slice's best
+    combine  (argmax.wgsl SCREENED) the best of the slices -> out_ids[slot]; clears the keys
+
+The argmax's row always survives the screen and its logit is the F16 head's bit for bit, so the token
+is exactly `Argmax` over `LMHead`'s logits (ties to the smaller index, NaN never wins): a speculative
+verify step, which still runs the F16 head, accepts the same tokens. The logits buffer is not written.
+Three dispatches, like LMHead + Argmax.
+"""
+
+from __future__ import annotations
+
+from .. import gpu
+from .common import KernelCache, ceil_div, subgroups_available, wgsl_enables
+from .embedding import (
+    ARGMAX_PER_THREAD,
+    ARGMAX_WORKGROUP,
+    MIN_SUBGROUP_SIZE,
+    EmbeddingShapeError,
+    F16Matrix,
+    LMHead,
+)
+
+SCREEN_WORKGROUP = 32  # with 2B-4T's 160 chunks a row, 5 whole chunks per thread (H200: fastest of 32-160)
+SCREEN_ROWS = 4  # int8 rows per screening workgroup: 128256 rows -> 32064 workgroups
+RESCORE_SLICE = 256  # rows each rescoring workgroup scans for survivors
+KEY_SLOTS = 32  # words the screen's workgroups spread their atomic maxima over
+QUANTIZE_WORKGROUP = 64
+# Heads from this size on are screened by default: the screen saves about half the head's read time,
+# a few microseconds below this (the bundled model's 4 MB head), for half its memory again.
+SCREEN_MIN_HEAD_BYTES = 64 << 20
+
+
+def float_slack(n_cols: int) -> float:
+    """A bound on the float32 rounding of a length-n dot product in any order, relative to
+    sum |w x| <= ||w|| ||x||, for both the F16 head's sum and the int8 screen's (each about
+    n * 2^-24), with a quarter to spare."""
+    return 2 * 1.25 * (n_cols + 4) * 2.0**-24
+
+
+class ScreenedArgmax:
+    """out_ids[slot] = argmax of `head`'s logits for x's row 0, from an int8 screen (module docstring).
+
+    `prepare(recorder)` must run once before the first `record` (after the pipelines exist): it makes
+    the int8 copy. Buffers (`buffers`): the int8 shards (the F16 shards' rows, n_cols bytes a row),
+    scales / errs / upper [V] f32, keys [KEY_SLOTS] u32, partials [rescoring workgroups] vec2<u32>.
+    """
+
+    def __init__(
+        self,
+        kernels: KernelCache,
+        head: LMHead,
+        matrix: F16Matrix,
+        x: gpu.Buffer,
+        out_ids: gpu.Buffer,
+        vocab_size: int,
+        slot: int = 0,
+        label: str = "screened argmax",
+    ):
+        n_rows, n_cols = matrix.n_rows, matrix.n_cols
+        if n_cols % 16:
+            raise EmbeddingShapeError(f"{label}: {n_cols} columns; the int8 screen needs a multiple of 16")
+        if not 0 < vocab_size <= n_rows or out_ids.nbytes < 4 * (slot + 1):
+            raise EmbeddingShapeError(
+                f"{label}: vocabulary of {vocab_size} over a {n_rows}-row head, out_ids of {out_ids.nbytes} "
+                f"bytes for slot {slot}"
+            )
+        device = kernels.device
+        limit = device.limits.max_compute_workgroups_per_dimension
+        subgroups = subgroups_available(device)
+        enables = wgsl_enables(device, subgroups=subgroups)
+        sg = ("SUBGROUPS",) if subgroups else ()
+        slots = ceil_div(SCREEN_WORKGROUP, MIN_SUBGROUP_SIZE) if subgroups else SCREEN_WORKGROUP
+        d16 = n_cols // 16
+        variant = sg + (("WHOLE",) if d16 % SCREEN_WORKGROUP == 0 else ())
+
+        def buffer(nbytes: int, what: str) -> gpu.Buffer:
+            made = device.buffer(nbytes, label=f"{label} {what}")
+            self.buffers.append(made)
+            return made
+
+        self.buffers: list[gpu.Buffer] = []
+        self.scales = buffer(4 * n_rows, "int8 row scales")
+        self.errs = buffer(4 * n_rows, "int8 row error norms")
+        self.upper = buffer(4 * n_rows, "upper bounds")  # (n_rows,) f32
+        self.keys = buffer(4 * KEY_SLOTS, "lower-bound keys")  # (KEY_SLOTS,) u32, zero between steps
+        self.quantize_ops: list[tuple[gpu.Pipeline, gpu.BindGroup, int]] = []
+        self.screen_ops: list[tuple[gpu.Pipeline, gpu.BindGroup, int]] = []
+        rescore_groups = [ceil_div(stop - start, RESCORE_SLICE) for start, stop, _ in matrix.shards]
+        self.partials = buffer(8 * sum(rescore_groups), "partials")
+        for i, (start, stop, f16_rows) in enumerate(matrix.shards):
+            rows = stop - start
+            int8_rows = buffer(n_cols * rows, f"int8 rows {start}:{stop}")
+            common = dict(D16=d16, SHARD_ROWS=rows, START=start, WG=SCREEN_WORKGROUP)
+            quantize = kernels.pipeline(
+                "lm_head_screen",
+                defines=("QUANTIZE",),
+                QGROUPS=min(rows, limit),
+                SLACK=f"{float_slack(n_cols):.9e}",
+                **{**common, "WG": QUANTIZE_WORKGROUP},
+            )
+            self.quantize_ops.append(
+                (
+                    quantize,
+                    device.bind_group(quantize, [f16_rows, int8_rows, self.scales, self.errs], f"{label} quantize {i}"),
+                    min(rows, limit),
+                )
+            )
+            screen_rows = max(SCREEN_ROWS, ceil_div(rows, limit))
+            screen = kernels.pipeline(
+                "lm_head_screen",
+                enables=enables,
+                defines=variant,
+                ROWS=screen_rows,
+                SLOTS=slots,
+                ITERS=ceil_div(d16, SCREEN_WORKGROUP),
+                KEY_SLOTS=KEY_SLOTS,
+                VOCAB=vocab_size,
+                **common,
+            )
+            binds = [int8_rows, self.scales, self.errs, x, self.upper, self.keys]
+            self.screen_ops.append(
+                (screen, device.bind_group(screen, binds, f"{label} screen {i}"), ceil_div(rows, screen_rows))
+            )
+        self.rescore_ops = head.rescoring(
+            self.upper, self.keys, self.partials, RESCORE_SLICE, KEY_SLOTS, vocab_size, rescore_groups
+        )
+        self.combine = kernels.pipeline(
+            "argmax",
+            enables=enables,
+            defines=sg + ("COMBINE", "SCREENED"),
+            V=vocab_size,
+            ROW=0,
+            SLOT=slot,
+            WG=ARGMAX_WORKGROUP,
+            PER=ARGMAX_PER_THREAD,
+            GROUPS=sum(rescore_groups),
+            KEY_SLOTS=KEY_SLOTS,
+        )
+        self.combine_bind = device.bind_group(self.combine, [self.partials, out_ids, self.keys], f"{label} combine")
+
+    def prepare(self, recorder: gpu.Recorder) -> None:
+        """Record the int8 copy's making (once; the F16 head must be uploaded)."""
+        for pipeline, bind, groups in self.quantize_ops:
+            recorder.dispatch(pipeline, bind, groups)
+
+    def record(self, recorder: gpu.Recorder) -> None:
+        for pipeline, bind, groups in self.screen_ops + self.rescore_ops:
+            recorder.dispatch(pipeline, bind, groups)
+        recorder.dispatch(self.combine, self.combine_bind, 1)
+
+    def release(self, device: gpu.Device) -> None:
+        for buffer in self.buffers:
+            device.release(buffer)
+        self.buffers.clear()
