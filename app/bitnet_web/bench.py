@@ -589,6 +589,7 @@ def run_bench(
     log: Callable[[str], None] | None = None,
     workload_model: Path | None = None,
     pauses: int = 0,
+    screened_head: bool | None = None,
 ) -> dict:
     """The engine benchmark of `model_path`; with `workload_model` (the bundled model) also the
     speculative-decoding workloads and the expected speed-up they imply on `model_path`; with `pauses`,
@@ -596,7 +597,7 @@ def run_bench(
     from . import gpu
     from .engine import Engine
 
-    engine = Engine(int8_head=int8_head)  # the default prefill chunk (512 rows)
+    engine = Engine(int8_head=int8_head, screened_head=screened_head)  # the default prefill chunk (512 rows)
     engine.device = gpu.open_device(profile=True)
     if log is not None:
         log(f"bench: adapter {engine.device.adapter_name}")
@@ -612,6 +613,7 @@ def run_bench(
     report: dict = {
         "model": str(model_path),
         "int8_head": int8_head,
+        "screened_head": engine.info["screened_head"],
         "file_size": model_path.stat().st_size,
         "load_s": time.perf_counter() - t0,
         "peak_host_mb_after_load": peak_host_mb(),
@@ -720,6 +722,7 @@ def main(args: argparse.Namespace) -> int:
         log=_log,
         workload_model=workloads,
         pauses=getattr(args, "pauses", 0),
+        screened_head=False if getattr(args, "no_screened_head", False) else None,  # None: the engine decides
     )
     text = json.dumps(report, indent=2)
     print(text)

@@ -115,7 +115,9 @@ def _load_engine(args: argparse.Namespace):
     from .engine import Engine
 
     engine = Engine(
-        max_binding_size=getattr(args, "max_binding_size", None), int8_head=getattr(args, "int8_head", False)
+        max_binding_size=getattr(args, "max_binding_size", None),
+        int8_head=getattr(args, "int8_head", False),
+        screened_head=False if getattr(args, "no_screened_head", False) else None,  # None: the engine decides
     )
     if args.model is None:
         args.model = str(bundled_model_path())
@@ -283,6 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="APPROXIMATE: read an int8 per-row-scaled copy of the LM head (half the bytes of "
             "F16, faster decoding; logits differ slightly, so greedy text may too)",
+        )
+        p.add_argument(
+            "--no-screened-head",
+            action="store_true",
+            help="greedy steps read the whole F16 LM head instead of an int8 screen and the few rows that "
+            "can win (the same tokens; the screen's int8 copy costs half the head's GPU memory again)",
         )
 
     def model_args(p: argparse.ArgumentParser) -> None:
