@@ -23,10 +23,9 @@
 // keeps those whose upper bound reaches the screen's best lower bound (the largest of the KEY_SLOTS
 // order keys), then computes each kept row with the one-row head's arithmetic (ROWS = 1, TOK = 1: the
 // same loads, sums and slot order per row, so the same bits as the full head) and writes its best
-// (value bits, index) to partials[t * PART_ROW + PART_BASE + g] for argmax.wgsl's combine (NaN never
-// wins; equal values keep the smaller index, whatever order the rows were kept in); token row t =
-// workgroup_id.y (a verify step's rows). Bindings: 0 table, 1 x [T, D/4], 2 upper [T, V] f32, 3 keys
-// [T, KEY_SLOTS] u32, 4 partials. Dispatch (ceil(SHARD_ROWS / SLICE), T, 1).
+// (value bits, index) to partials[PART_BASE + g] for argmax.wgsl's combine (NaN never wins; equal
+// values keep the smaller index, whatever order the rows were kept in). Bindings: 0 table, 1 x,
+// 2 upper [V] f32, 3 keys [KEY_SLOTS] u32, 4 partials. Dispatch (ceil(SHARD_ROWS / SLICE), 1, 1).
 
 const D8: u32 = ${D8};  // 16-byte chunks per row
 const SHARD_ROWS: u32 = ${SHARD_ROWS};
@@ -58,7 +57,6 @@ ${STEP_PARAMS}
 const SLICE: u32 = ${SLICE};
 const KEY_SLOTS: u32 = ${KEY_SLOTS};
 const PART_BASE: u32 = ${PART_BASE};
-const PART_ROW: u32 = ${PART_ROW};  // partials per token row (every shard's workgroups)
 const VOCAB: u32 = ${VOCAB};  // rows from here on are never kept
 const NO_INDEX: u32 = 0xffffffffu;
 var<workgroup> kept: array<u32, SLICE>;
@@ -104,27 +102,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#if MULTI
     let n_tokens = params.n_tokens;
 //#else
-//#if RESCORE
-    let n_tokens = wid.y + 1u;  // token row wid.y, whatever the step's count (its keys say what to keep)
-//#else
     let n_tokens = 1u;
-//#endif
 //#endif
     let t0 = wid.y * TOK;
 //#if RESCORE
     var best_key = 0u;
     for (var i = 0u; i < KEY_SLOTS; i++) {
-        best_key = max(best_key, keys[t0 * KEY_SLOTS + i]);
+        best_key = max(best_key, keys[i]);
     }
     let tau = from_order_key(best_key);
-    let bounded = best_key != 0u;  // 0: no bound (a row past the step's tokens) keeps nothing
+    let bounded = best_key != 0u;  // 0: no bound at all (every lower bound NaN) keeps nothing
     if (lid == 0u) {
         atomicStore(&n_kept_at, 0u);
     }
     workgroupBarrier();
     for (var i = lid; i < SLICE; i += WG) {
         let row = g * SLICE + i;
-        if (bounded && row < SHARD_ROWS && START + row < VOCAB && upper[t0 * V + START + row] >= tau) {
+        if (bounded && row < SHARD_ROWS && START + row < VOCAB && upper[START + row] >= tau) {
             kept[atomicAdd(&n_kept_at, 1u)] = row;
         }
     }
@@ -248,7 +242,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     workgroupBarrier();  // red is the next kept row's
     }
     if (lid == 0u) {
-        partials[t0 * PART_ROW + PART_BASE + g] = vec2<u32>(bitcast<u32>(best_v), best_i);
+        partials[PART_BASE + g] = vec2<u32>(bitcast<u32>(best_v), best_i);
     }
 //#else
     for (var o = lid; o < OUTS; o += WG) {

@@ -12,20 +12,17 @@
 //   Workgroup g handles rows g, g + QGROUPS, ...; WG threads (a power of two) take int8 chunks
 //   lid, lid + WG, ... of the row. Dispatch (QGROUPS, 1, 1).
 //
-// SCREEN (every greedy decode step, and a greedy verify step's TOK rows): for each matrix row r and
-// token row t the approximate logit z = s * sum q x[t], then
-//   upper[t, START + r] = z + errs[r] * ||x[t]||_2    and    lower = z - errs[r] * ||x[t]||_2,
-// and the workgroup's largest lower bound of row t goes into keys[t, g % KEY_SLOTS] by atomicMax over
-// order keys (a u32 that orders as the float does; spreading the maxima over KEY_SLOTS words keeps
-// the atomics from queueing on one address). Rows from VOCAB on are left out. The argmax's row has
-// upper >= every lower bound, so lm_head.wgsl RESCORE keeps every row whose upper bound reaches the
-// largest key. NaN bounds count for nothing. WHOLE: D16 is a multiple of WG (no clamps or selects).
-//   Bindings: 0 table_i8, 1 scales, 2 errs, 3 x [T, D/4] vec4<f32>, 4 upper [T, V] f32, 5 keys
-//   [T, KEY_SLOTS] atomic<u32> (zero before the step: argmax.wgsl's SCREENED combine clears them),
-//   6 params (MULTI: StepParams.n_tokens bounds the token rows; without it TOK = 1).
+// SCREEN (every greedy decode step): for each row the approximate logit z = s * sum q x, then
+//   upper[START + r] = z + errs[r] * ||x||_2    and    lower = z - errs[r] * ||x||_2,
+// and the workgroup's largest lower bound goes into keys[g % KEY_SLOTS] by atomicMax over order keys
+// (a u32 that orders as the float does; spreading the maxima over KEY_SLOTS words keeps the atomics
+// from queueing on one address). Rows from VOCAB on are left out. The argmax's row has upper >= every lower bound, so lm_head.wgsl
+// RESCORE keeps every row whose upper bound reaches the largest key. NaN bounds count for nothing.
+// WHOLE: D16 is a multiple of WG (no clamps or zero selects).
+//   Bindings: 0 table_i8, 1 scales, 2 errs, 3 x [D/4] vec4<f32>, 4 upper [V] f32, 5 keys
+//   [KEY_SLOTS] atomic<u32> (zero before the step: argmax.wgsl's SCREENED combine clears them).
 //   Mapping as lm_head.wgsl's: ROWS rows per workgroup, thread lid takes chunks lid, lid + WG, ...,
-//   every weight load issued first and converted once for the TOK rows; ||x[t]||^2 is reduced with
-//   the rows; thread t finishes token row t. Dispatch (ceil(SHARD_ROWS / ROWS), 1, 1).
+//   every load issued first; ||x||^2 is reduced with the rows. Dispatch (ceil(SHARD_ROWS / ROWS), 1, 1).
 
 const D16: u32 = ${D16};  // 16-byte int8 chunks per row (D8 = 2 * D16 F16 chunks)
 const SHARD_ROWS: u32 = ${SHARD_ROWS};
@@ -125,9 +122,7 @@ const SLOTS: u32 = ${SLOTS};  // reduction slots: WG / (smallest subgroup size),
 const ITERS: u32 = ${ITERS};  // ceil(D16 / WG)
 const KEY_SLOTS: u32 = ${KEY_SLOTS};
 const VOCAB: u32 = ${VOCAB};  // rows from here on are left out (never the argmax)
-const TOK: u32 = ${TOK};  // token rows (a verify step's), each with its own bounds and keys
-const V: u32 = ${V};  // the upper bounds' row stride
-const SUMS: u32 = ROWS + 1u;  // reduced per token row: the rows and ||x||^2
+const SUMS: u32 = ROWS + 1u;  // reduced per workgroup: the rows and ||x||^2
 
 @group(0) @binding(0) var<storage, read> table_i8: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> scales: array<f32>;
@@ -135,12 +130,8 @@ const SUMS: u32 = ROWS + 1u;  // reduced per token row: the rows and ||x||^2
 @group(0) @binding(3) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> upper: array<f32>;
 @group(0) @binding(5) var<storage, read_write> keys: array<atomic<u32>>;
-//#if MULTI
-${STEP_PARAMS}
-@group(0) @binding(6) var<uniform> params: StepParams;
-//#endif
 
-var<workgroup> red: array<f32, TOK * SUMS * SLOTS>;
+var<workgroup> red: array<f32, SUMS * SLOTS>;
 var<workgroup> n_slots_wg: u32;
 
 // Four int8 values of a little-endian word, sign-extended (byte 0 is the first column).
@@ -164,11 +155,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#endif
 ) {
     let g = wid.x;
-//#if MULTI
-    let n_tokens = params.n_tokens;
-//#else
-    let n_tokens = 1u;
-//#endif
 //#if SUBGROUPS
     if (lid == 0u) {
         n_slots_wg = (WG + sg_size - 1u) / sg_size;
@@ -183,79 +169,60 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let cc{{it}} = c{{it}};
 //#else
     let cc{{it}} = min(c{{it}}, D16 - 1u);
-    let inside{{it}} = c{{it}} < D16;
 //#endif
 //#for r in ROWS
     let w{{it}}_{{r}} = table_i8[min(g * ROWS + {{r}}u, SHARD_ROWS - 1u) * D16 + cc{{it}}];
 //#endfor
 //#endfor
-//#for m in TOK
-    var xx{{m}} = 0.0;
+    var xx = 0.0;
 //#for r in ROWS
-    var acc{{r}}_{{m}} = 0.0;
+    var acc{{r}} = 0.0;
 //#endfor
+//#for it in ITERS
+//#if WHOLE
+    let xa{{it}} = x[4u * cc{{it}}];
+    let xb{{it}} = x[4u * cc{{it}} + 1u];
+    let xc{{it}} = x[4u * cc{{it}} + 2u];
+    let xd{{it}} = x[4u * cc{{it}} + 3u];
+//#else
+    let inside{{it}} = c{{it}} < D16;
+    let xa{{it}} = select(vec4<f32>(0.0), x[4u * cc{{it}}], inside{{it}});
+    let xb{{it}} = select(vec4<f32>(0.0), x[4u * cc{{it}} + 1u], inside{{it}});
+    let xc{{it}} = select(vec4<f32>(0.0), x[4u * cc{{it}} + 2u], inside{{it}});
+    let xd{{it}} = select(vec4<f32>(0.0), x[4u * cc{{it}} + 3u], inside{{it}});
+//#endif
+    xx += dot(xa{{it}}, xa{{it}}) + dot(xb{{it}}, xb{{it}}) + dot(xc{{it}}, xc{{it}}) + dot(xd{{it}}, xd{{it}});
 //#endfor
 //#for it in ITERS
 //#for r in ROWS
-    let wa{{it}}_{{r}} = int8x4(w{{it}}_{{r}}.x);
-    let wb{{it}}_{{r}} = int8x4(w{{it}}_{{r}}.y);
-    let wc{{it}}_{{r}} = int8x4(w{{it}}_{{r}}.z);
-    let wd{{it}}_{{r}} = int8x4(w{{it}}_{{r}}.w);
-//#endfor
-//#for m in TOK
-    if ({{m}}u < n_tokens) {  // uniform: a verify step's rows past its draft cost nothing
-        let xrow = {{m}}u * D16 * 4u + 4u * cc{{it}};
-//#if WHOLE
-        let xa = x[xrow];
-        let xb = x[xrow + 1u];
-        let xc = x[xrow + 2u];
-        let xd = x[xrow + 3u];
-//#else
-        let xa = select(vec4<f32>(0.0), x[xrow], inside{{it}});
-        let xb = select(vec4<f32>(0.0), x[xrow + 1u], inside{{it}});
-        let xc = select(vec4<f32>(0.0), x[xrow + 2u], inside{{it}});
-        let xd = select(vec4<f32>(0.0), x[xrow + 3u], inside{{it}});
-//#endif
-        xx{{m}} += dot(xa, xa) + dot(xb, xb) + dot(xc, xc) + dot(xd, xd);
-//#for r in ROWS
-        acc{{r}}_{{m}} += dot(wa{{it}}_{{r}}, xa) + dot(wb{{it}}_{{r}}, xb) + dot(wc{{it}}_{{r}}, xc) + dot(wd{{it}}_{{r}}, xd);
-//#endfor
-    }
+    acc{{r}} += dot(int8x4(w{{it}}_{{r}}.x), xa{{it}}) + dot(int8x4(w{{it}}_{{r}}.y), xb{{it}})
+              + dot(int8x4(w{{it}}_{{r}}.z), xc{{it}}) + dot(int8x4(w{{it}}_{{r}}.w), xd{{it}});
 //#endfor
 //#endfor
 //#if SUBGROUPS
     let n_slots = workgroupUniformLoad(&n_slots_wg);
-//#for m in TOK
-    let sxx{{m}} = subgroupAdd(xx{{m}});
+    let sxx = subgroupAdd(xx);
 //#for r in ROWS
-    let s{{r}}_{{m}} = subgroupAdd(acc{{r}}_{{m}});
-//#endfor
+    let s{{r}} = subgroupAdd(acc{{r}});
 //#endfor
     if (sg_lane == 0u) {
-//#for m in TOK
 //#for r in ROWS
-        red[({{m}}u * SUMS + {{r}}u) * SLOTS + slot] = s{{r}}_{{m}};
+        red[{{r}}u * SLOTS + slot] = s{{r}};
 //#endfor
-        red[({{m}}u * SUMS + ROWS) * SLOTS + slot] = sxx{{m}};
-//#endfor
+        red[ROWS * SLOTS + slot] = sxx;
     }
 //#else
     let n_slots = WG;
-//#for m in TOK
 //#for r in ROWS
-    red[({{m}}u * SUMS + {{r}}u) * SLOTS + lid] = acc{{r}}_{{m}};
+    red[{{r}}u * SLOTS + lid] = acc{{r}};
 //#endfor
-    red[({{m}}u * SUMS + ROWS) * SLOTS + lid] = xx{{m}};
-//#endfor
+    red[ROWS * SLOTS + lid] = xx;
 //#endif
     workgroupBarrier();
-    // one thread per token row finishes its bounds
-    if (lid < min(TOK, n_tokens)) {
-        let m = lid;
-        let sums = m * SUMS * SLOTS;
+    if (lid == 0u) {
         var norm2 = 0.0;
         for (var i = 0u; i < n_slots; i++) {
-            norm2 += red[sums + ROWS * SLOTS + i];
+            norm2 += red[ROWS * SLOTS + i];
         }
         let x_norm = sqrt(norm2);
         var best = 0u;  // no bound yet (0 is below every float's key)
@@ -264,11 +231,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             if (row < SHARD_ROWS && START + row < VOCAB) {
                 var total = 0.0;
                 for (var i = 0u; i < n_slots; i++) {
-                    total += red[sums + r * SLOTS + i];
+                    total += red[r * SLOTS + i];
                 }
                 let z = total * scales[START + row];
                 let e = errs[START + row] * x_norm;
-                upper[m * V + START + row] = z + e;
+                upper[START + row] = z + e;
                 let lower = z - e;
                 if (lower == lower) {
                     best = max(best, order_key(lower));
@@ -276,7 +243,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             }
         }
         if (best != 0u) {
-            atomicMax(&keys[m * KEY_SLOTS + g % KEY_SLOTS], best);
+            atomicMax(&keys[g % KEY_SLOTS], best);
         }
     }
 }

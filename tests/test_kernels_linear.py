@@ -32,7 +32,6 @@ from bitnet_web.kernels.embedding import (  # noqa: E402
     F16Matrix,
     LMHead,
 )
-from bitnet_web.kernels.head_screen import Int8HeadCopy, ScreenedArgmax  # noqa: E402
 from bitnet_web.kernels.linear import (  # noqa: E402
     NORM_GEMV_ROWS,
     NORM_GEMV_SMALL_WEIGHTS,
@@ -753,22 +752,7 @@ def k1_shader_variants() -> dict[str, str]:
         EmbeddingLookup(kernels, table, big, big)
         LMHead(kernels, table, big, big, step).small_t(9)
         # a row of 80 chunks is not a whole number per thread: the head's bounds-checked variant
-        table640 = F16Matrix.upload(dev, random_table(rng, 64, 640), "t640")
-        LMHead(kernels, table640, big, big, step).small_t(3)
-        for matrix in (table, table640):  # the int8 screen, its quantizer, RESCORE and the SCREENED combine
-            screened = ScreenedArgmax(
-                kernels,
-                LMHead(kernels, matrix, big, big, step),
-                Int8HeadCopy(kernels, matrix),
-                big,
-                big,
-                64,
-                0,
-                9,
-                step,
-            )
-            screened.screen_ops(1, bounded=False)
-            screened.screen_ops(9, bounded=True)
+        LMHead(kernels, F16Matrix.upload(dev, random_table(rng, 64, 640), "t640"), big, big, step).small_t(3)
         Argmax(kernels, big, big, 128256)
         GPUBusy(kernels)
         for label, src in dev.sources.items():
@@ -785,9 +769,6 @@ def test_every_variant_is_collected():
     assert any("ternary_gemv_norm" in label and "SUBGROUPS" not in label for label in sources)
     heads = [label for label in sources if "lm_head" in label]
     assert any("WHOLE" in label for label in heads) and any("WHOLE" not in label for label in heads)
-    screens = [label for label in sources if "lm_head_screen" in label]
-    assert any("QUANTIZE" in label for label in screens) and any("WHOLE" in label for label in screens)
-    assert any("RESCORE" in label for label in heads) and any("SCREENED" in label for label in sources)
 
 
 def run_in_chromium(js: str, argument):

@@ -352,9 +352,8 @@ class LMHead:
         """(pipeline, bindings, workgroups) per shard of lm_head.wgsl's RESCORE variant for
         kernels/head_screen.py: the logits of the rows an int8 screen kept, by this head's one-row
         arithmetic (its threads, chunks and slots; one matrix row at a time), so they are the bits
-        `record(recorder, 1)` would write (and a verify step's rows, which equal it). Dispatch
-        (workgroups, token rows); shard i's `groups[i]` workgroups write token row t's best from
-        partials[t * sum(groups) + sum(groups[:i])]; rows from `vocab_size` on are never kept."""
+        `record(recorder, 1)` would write. Shard i's `groups[i]` workgroups write their best from
+        partials[sum(groups[:i])]; rows from `vocab_size` on are never kept (as Argmax scans)."""
         kernels, matrix, x, _, _, label, enables, shape_defines, _, _ = self._small_t_args
         if isinstance(matrix, Int8Matrix):
             raise EmbeddingShapeError(f"{label}: an int8 head has no exact logits to rescore")
@@ -369,7 +368,6 @@ class LMHead:
                 SLICE=slice_rows,
                 KEY_SLOTS=key_slots,
                 PART_BASE=base,
-                PART_ROW=sum(groups),
                 VOCAB=vocab_size,
                 **constants,
             )

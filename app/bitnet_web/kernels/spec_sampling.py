@@ -33,8 +33,6 @@ class SpecSampleAccept(GPUSampler):
     count the drafted tokens proposed and accepted since `configure` (`totals`).
     """
 
-    reads_logits = True  # draws from every row's logits (decode.Acceptance)
-
     STATE_NBYTES = GPUSampler.STATE_NBYTES + 8
     TOTALS_AT = GPUSampler.STATE_NBYTES
 

@@ -16,7 +16,6 @@ import numpy as np
 from .. import gpu
 from .common import KernelCache, StepParams, ceil_div, subgroups_available, wgsl_enables
 from .embedding import ARGMAX_PER_THREAD, ARGMAX_WORKGROUP
-from .head_screen import ScreenedArgmax
 
 SPECULATE_MAX = 8  # largest draft (verify rows = draft + 1)
 # The engine's largest draft on a hardware GPU when a request does not choose one (Engine.speculate_for).
@@ -143,10 +142,7 @@ class SpecDraft:
 
 class GreedyAccept:
     """out = accept_greedy(draft, argmax of every verify row): argmax.wgsl over `max_rows` logits rows
-    (partials, then one combine workgroup per row into `chosen`) and spec_accept.wgsl. With `screened`
-    (a ScreenedArgmax of `max_rows` bounded rows whose out_ids become `chosen`; the caller owns it),
-    the rows' argmaxes come from it instead and the step needs no logits (`reads_logits`): the same
-    tokens.
+    (partials, then one combine workgroup per row into `chosen`) and spec_accept.wgsl.
 
     Same constructor and `record` as the sampled acceptance op, so the decode loop takes either.
     """
@@ -160,7 +156,6 @@ class GreedyAccept:
         out: gpu.Buffer,
         vocab_size: int,
         max_rows: int,
-        screened: ScreenedArgmax | None = None,
     ):
         device = kernels.device
         k = max_rows - 1
@@ -175,10 +170,8 @@ class GreedyAccept:
         self.groups = ceil_div(vocab_size, ARGMAX_WORKGROUP * ARGMAX_PER_THREAD)
         constants = dict(V=vocab_size, ROW=0, SLOT=0, WG=ARGMAX_WORKGROUP, PER=ARGMAX_PER_THREAD)
         self.partials = device.buffer(8 * self.groups * max_rows, label="verify argmax partials")
-        self.chosen = screened.out_ids if screened else device.buffer(4 * max_rows, label="verify argmax")
-        self.buffers = [self.partials] + ([] if screened else [self.chosen])
-        self.screened = screened
-        self.reads_logits = screened is None
+        self.chosen = device.buffer(4 * max_rows, label="verify argmax")
+        self.buffers = [self.partials, self.chosen]
         self.partial = kernels.pipeline("argmax", enables=enables, defines=defines, **constants)
         self.combine = kernels.pipeline("argmax", enables=enables, defines=defines + ("COMBINE",), **constants)
         self.accept = kernels.pipeline("spec_accept", K=k)
@@ -190,11 +183,8 @@ class GreedyAccept:
     def record(self, recorder: gpu.Recorder, n_rows: int) -> None:
         if not 0 < n_rows <= self.max_rows:
             raise ValueError(f"greedy acceptance: {n_rows} rows, built for 1..{self.max_rows}")
-        if self.screened:
-            self.screened.record(recorder, n_rows, bounded=True)
-        else:
-            recorder.dispatch(self.partial, self.partial_bind, self.groups, n_rows)
-            recorder.dispatch(self.combine, self.combine_bind, n_rows)
+        recorder.dispatch(self.partial, self.partial_bind, self.groups, n_rows)
+        recorder.dispatch(self.combine, self.combine_bind, n_rows)
         recorder.dispatch(self.accept, self.accept_bind, 1)
 
     def release(self, device: gpu.Device) -> None:

@@ -2,9 +2,9 @@
 several to a submit; and its speculative form, where each step verifies a prompt-lookup draft.
 
 Apart from the math (forward.py), as gpt-fast keeps generate.py apart from model.py. `GPUDecodeLoop`
-is a base class of `BitNetModel`; it uses the model's `_record_step`, `token_ids`, `argmax`,
-`screened_argmax`, `head_copy`, `lm_head`, `x_final`, `gpu_sampler`, `step`, `step_advance`, `cached_tokens`,
-`device`, `kv_cache`, `layer_ops` and `_buffers`, and owns the staging ring it reads token ids from.
+is a base class of `BitNetModel`; it uses the model's `_record_step`, `token_ids`, `argmax`, `screened_argmax`,
+`gpu_sampler`, `step`, `step_advance`, `cached_tokens`, `device`, `kv_cache`, `layer_ops` and `_buffers`, and
+owns the staging ring it reads token ids from.
 """
 
 from __future__ import annotations
@@ -38,10 +38,7 @@ from .speculation import NGRAM_MAX, SpeculationPolicy, prompt_lookup_draft
 
 
 class Acceptance(Protocol):
-    """What decides a verify step's output on the GPU: writes out = [n_emitted, tokens...] (SpecBuffers).
-    `reads_logits`: whether it needs the step's logits (a screened greedy acceptance does not)."""
-
-    reads_logits: bool
+    """What decides a verify step's output on the GPU: writes out = [n_emitted, tokens...] (SpecBuffers)."""
 
     def record(self, recorder: gpu.Recorder, n_rows: int) -> None: ...
 
@@ -338,30 +335,8 @@ class GPUDecodeLoop:
             draft, draft_off = (
                 SpecDraft(self.kernels, buffers, self.token_ids, self.step.buffer, NGRAM_MAX, k=size) for size in (k, 0)
             )
-            screened = None
-            if self.head_copy is not None:  # verify rows screened like decode steps (the same tokens)
-                chosen = self.device.buffer(4 * (k + 1), label="verify argmax")
-                screened = ScreenedArgmax(
-                    self.kernels,
-                    self.lm_head,
-                    self.head_copy,
-                    self.x_final,
-                    chosen,
-                    self.config.vocab_size,
-                    max_rows=k + 1,
-                    step=self.step,
-                    label="verify screened argmax",
-                )
-                self._buffers.extend([chosen, *screened.buffers])
             greedy = GreedyAccept(
-                self.kernels,
-                self.logits,
-                buffers.draft,
-                buffers.state,
-                buffers.out,
-                self.config.vocab_size,
-                k + 1,
-                screened=screened,
+                self.kernels, self.logits, buffers.draft, buffers.state, buffers.out, self.config.vocab_size, k + 1
             )
             log = VerifyStepLog(self.kernels, buffers.out, buffers.state, self.step, k, MAX_STEPS_PER_SUBMIT)
             self._buffers.extend(buffers.buffers + greedy.buffers + [log.log])
@@ -439,13 +414,7 @@ class GPUDecodeLoop:
         for j in range(n_steps):
             draft.record(rec)  # also writes the step's StepParams
             self._record_step(
-                rows,
-                all_logits=True,
-                rec=rec,
-                pos=pos_bound + j * rows,
-                params_on_gpu=True,
-                live_rows=live_rows,
-                logits=accept.reads_logits,
+                rows, all_logits=True, rec=rec, pos=pos_bound + j * rows, params_on_gpu=True, live_rows=live_rows
             )
             accept.record(rec, rows)
             ops.log.record(rec)

@@ -35,7 +35,7 @@ from ..formats.gguf_reader import GGUFFile
 from ..kernels.attention import MAX_SPLITS, Attention, AttentionScratch
 from ..kernels.common import KernelCache, StepParams
 from ..kernels.embedding import Argmax, EmbeddingLookup, F16Matrix, Int8Matrix, LMHead
-from ..kernels.head_screen import SCREEN_MIN_HEAD_BYTES, Int8HeadCopy, ScreenedArgmax
+from ..kernels.head_screen import SCREEN_MIN_HEAD_BYTES, ScreenedArgmax
 from ..kernels.kv_cache import KVCache
 from ..kernels.linear import NormTernaryLinear
 from ..kernels.norm import RMSNorm
@@ -95,7 +95,6 @@ class BitNetModel(GPUDecodeLoop):
         # kernels/head_screen.py), whose int8 copy costs half the head's memory again. None: where the
         # head is large enough for it to pay and the GPU is not a CPU adapter.
         self.screened_head = False if int8_head else screened_head
-        self.head_copy: Int8HeadCopy | None = None
         self.screened_argmax: ScreenedArgmax | None = None
         self.gguf = gguf
         self.config = config
@@ -233,27 +232,25 @@ class BitNetModel(GPUDecodeLoop):
         self.token_embd, self.output = token_embd, output
         self.embed = EmbeddingLookup(self.kernels, token_embd, self.token_ids, self.x, self.step)
         self.lm_head = LMHead(self.kernels, output, self.x_final, self.logits, self.step)
-        for old in (self.screened_argmax, self.head_copy):  # rebuilt (_build_ops)
-            if old is not None:
-                for buffer in old.buffers:
-                    self._buffers.remove(buffer)
-                old.release(self.device)
-        self.screened_argmax = self.head_copy = None
+        if self.screened_argmax is not None:  # rebuilt (_build_ops)
+            for buffer in self.screened_argmax.buffers:
+                self._buffers.remove(buffer)
+            self.screened_argmax.release(self.device)
+            self.screened_argmax = None
         screened = self.screened_head
         if screened is None:
             screened = not self.device.is_cpu and 2 * output.n_rows * output.n_cols >= SCREEN_MIN_HEAD_BYTES
         if screened and isinstance(output, F16Matrix) and output.n_cols % 16 == 0:
-            self.head_copy = Int8HeadCopy(self.kernels, output)
             self.screened_argmax = ScreenedArgmax(
-                self.kernels, self.lm_head, self.head_copy, self.x_final, self.token_ids, self.config.vocab_size
+                self.kernels, self.lm_head, output, self.x_final, self.token_ids, self.config.vocab_size
             )
-            self._buffers += self.head_copy.buffers + self.screened_argmax.buffers
+            self._buffers += self.screened_argmax.buffers
 
     def _prepare_screen(self) -> None:
         """Make the screened head's int8 copy (its pipelines exist once the upload's batch is built)."""
-        if self.head_copy is not None:
+        if self.screened_argmax is not None:
             rec = self.device.begin()
-            self.head_copy.prepare(rec)
+            self.screened_argmax.prepare(rec)
             rec.submit()
 
     def output_norm_uploaded(self, norm: gpu.Buffer) -> None:
@@ -536,4 +533,4 @@ class BitNetModel(GPUDecodeLoop):
             self.device.release(buffer)
         self._buffers.clear()
         self._warm_up = None
-        self.screened_argmax = self.head_copy = None  # their buffers were in _buffers
+        self.screened_argmax = None  # its buffers were in _buffers
