@@ -165,8 +165,8 @@ class GPUDecodeLoop:
         self.kv_cache.ensure_capacity(pos + k)  # before recording: growing submits a copy of its own
         self.step.write(1, pos, self.kv_cache.capacity, slot=0)
         rec = self.device.begin()
+        logits = not isinstance(chooser, ScreenedArgmax)  # the screen reads the normed x itself
         for j in range(k):
-            logits = not isinstance(chooser, ScreenedArgmax)  # the screen reads the normed x itself
             self._record_step(1, all_logits=False, rec=rec, pos=pos + j, params_ready=True, logits=logits)
             chooser.record(rec)
             self.step_advance.record(rec)
