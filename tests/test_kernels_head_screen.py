@@ -71,6 +71,28 @@ def test_the_screened_token_is_the_f16_heads_argmax(device):
             assert screened_token == 17
 
 
+def test_the_screen_without_subgroups(device):
+    """An adapter without subgroups: the screen, the rescoring and the F16 head all take their
+    workgroup-memory reductions, and the tokens still agree (the rescored rows are the head's bits)."""
+    rng = np.random.default_rng(7)
+    v, d = 1500, 512
+    table = (rng.standard_normal((v, d)) * 0.05).astype(np.float16)
+    table[3] = table[1400]
+    features = device.features
+    device.features = features - {"subgroups"}
+    try:
+        heads = Heads(device, table)
+    finally:
+        device.features = features
+    assert all("SUBGROUPS" not in pipeline.label for pipeline, _, _ in heads.screened.screen_ops)
+    for trial in range(6):
+        x = table[3].astype(np.float32) * 3 if trial == 0 else rng.standard_normal(d).astype(np.float32)
+        exact_token, screened_token, logits = heads.choose(x)
+        assert screened_token == exact_token == int(np.argmax(logits)), trial
+        if trial == 0:
+            assert screened_token == 3
+
+
 def test_near_ties_and_a_flat_row_resolve_as_the_f16_head(device):
     """Rows a hair apart (below the int8 rounding) and an x that makes every logit equal: the screen
     keeps them all and the F16 arithmetic decides."""

@@ -569,7 +569,7 @@ async def measure_async(
         report[f"engine_{label}_token_choice"] = stats.token_choice
     if getattr(device, "profiling", False):
         report["gpu_profile_sampler"] = profile_summary(await profile_decode_step(model, sampled=True))
-    report["bytes_read_per_token"] = model.weight_bytes_per_token
+    report["bytes_read_per_token"] = model.decode_bytes_per_token  # a greedy decode step's (the screened head)
     progress.step("verify steps")
     ks = (1, 4) if quick else SPECULATE_KS
     report["speculation_costs"] = await verify_step_costs(model, ks, 4 if quick else 32, prompt(16))

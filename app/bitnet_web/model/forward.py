@@ -124,6 +124,16 @@ class BitNetModel(GPUDecodeLoop):
             total += self.output.n_rows * (self.output.n_cols + 4) - head.n_bytes
         return total
 
+    @property
+    def decode_bytes_per_token(self) -> int:
+        """Weight bytes a greedy decode step reads: weight_bytes_per_token, with a screened head's int8
+        copy, scales and error norms in place of the F16 head (its few rescored rows left out)."""
+        total = self.weight_bytes_per_token
+        if self.screened_argmax is not None:
+            head = self.gguf.tensors[TOKEN_EMBD if self.config.tied_embeddings else OUTPUT]
+            total += self.output.n_rows * (self.output.n_cols + 8) - head.n_bytes
+        return total
+
     def attention_share(self, context: int) -> float:
         """KV-cache bytes a decode step's attention reads at `context` cached tokens, per weight byte
         it reads: about how much longer than a short-context step such a step takes (2B-4T on the H100:
