@@ -172,6 +172,17 @@ def test_over_several_shards_and_steps_in_one_submit():
         device.destroy()
 
 
+def test_a_step_before_the_int8_copy_is_made_is_refused(device):
+    table = np.random.default_rng(8).standard_normal((100, 64)).astype(np.float16)
+    kernels = KernelCache(device)
+    matrix = F16Matrix.upload(device, table, "head")
+    x, ids = device.buffer(4 * 64), device.buffer(16)
+    head = LMHead(kernels, matrix, x, device.buffer(4 * 100), StepParams(device))
+    screened = ScreenedArgmax(kernels, head, matrix, x, ids, 100)
+    with pytest.raises(RuntimeError, match="prepare"):
+        screened.record(device.begin())
+
+
 def test_columns_not_a_multiple_of_16_are_refused(device):
     kernels = KernelCache(device)
     matrix = F16Matrix.upload(device, np.zeros((4, 24), np.float16), "head")

@@ -146,13 +146,17 @@ class ScreenedArgmax:
             KEY_SLOTS=KEY_SLOTS,
         )
         self.combine_bind = device.bind_group(self.combine, [self.partials, out_ids, self.keys], f"{label} combine")
+        self.label, self.prepared = label, False
 
     def prepare(self, recorder: gpu.Recorder) -> None:
         """Record the int8 copy's making (once; the F16 head must be uploaded)."""
         for pipeline, bind, groups in self.quantize_ops:
             recorder.dispatch(pipeline, bind, groups)
+        self.prepared = True
 
     def record(self, recorder: gpu.Recorder) -> None:
+        if not self.prepared:  # an unmade copy would screen out the wrong rows: wrong tokens, silently
+            raise RuntimeError(f"{self.label}: prepare() must record the int8 copy before the first step")
         for pipeline, bind, groups in self.screen_ops + self.rescore_ops:
             recorder.dispatch(pipeline, bind, groups)
         recorder.dispatch(self.combine, self.combine_bind, 1)
