@@ -1,23 +1,11 @@
 // Snippet (//#include _ternary_codes): int8 dot products over packed I2_S codes, shared by the
 // ternary kernels. Codes 0, 1, 2 in each 2-bit field (value + 1); byte b of a 16-byte load holds
-// the values at shifts 6, 4, 2, 0 (see kernels/linear.py). DOT4 selects dot4I8Packed.
+// the values at shifts 6, 4, 2, 0 (see kernels/linear.py). DOT4 selects dot4I8Packed (_int8).
 
 const CODE_MASK: u32 = 0x03030303u;  // the low 2-bit field of each byte
 const ONES: u32 = 0x01010101u;
 
-//#if DOT4
-fn dot4(a: u32, b: u32) -> i32 {
-    return dot4I8Packed(a, b);
-}
-//#else
-// Four signed int8 times four signed int8, without the packed_4x8_integer_dot_product feature.
-fn dot4(a: u32, b: u32) -> i32 {
-    let p = bitcast<i32>(a);
-    let q = bitcast<i32>(b);
-    return ((p << 24u) >> 24u) * ((q << 24u) >> 24u) + ((p << 16u) >> 24u) * ((q << 16u) >> 24u)
-         + ((p << 8u) >> 24u) * ((q << 8u) >> 24u) + (p >> 24u) * (q >> 24u);
-}
-//#endif
+//#include _int8
 
 // sum(code * x) over one 16-byte weight load (64 values) and its four vec4 of int8 inputs (the
 // inputs of shift groups 6, 4, 2, 0); subtract word_sum of the inputs to get sum(value * x).

@@ -81,11 +81,7 @@ fn from_order_key(key: u32) -> f32 {
 //#endif
 //#endif
 
-// Four int8 values of a little-endian word, sign-extended (byte 0 is the first column).
-fn int8x4(word: u32) -> vec4<f32> {
-    let w = bitcast<i32>(word);
-    return vec4<f32>(f32((w << 24u) >> 24u), f32((w << 16u) >> 24u), f32((w << 8u) >> 24u), f32(w >> 24u));
-}
+//#include _int8
 
 var<workgroup> red: array<f32, OUTS * SLOTS>;
 var<workgroup> n_slots_wg: u32;

@@ -2,27 +2,32 @@
 // largest logit, from half the bytes of the F16 head.
 //
 // QUANTIZE (once, at load): row r of an F16 shard -> int8 values q and one scale s = max|w| / 127
-// (q = clamp(round(w / s), -127, 127)), and the row's error norm
-//   errs[r] = (||w - s q||_2 + SLACK * ||w||_2) * 1.01
-// so that for any x, |F16 head logit - s * sum q x| <= errs[r] * ||x||_2: Cauchy-Schwarz bounds the
-// rounding residual's part, SLACK (about twice the row length times float32's unit roundoff) the
-// float32 rounding of both sums in any order, and 1% covers the rounding of these norms themselves.
+// (q = clamp(round(w / s), -127, 127)), and the norms (||w - s q||_2, ||w||_2) of the row's rounding
+// residual and of the row itself.
 //   Bindings: 0 table [SHARD_ROWS, D8] vec4<u32> (8 F16 halves each), 1 table_i8 [SHARD_ROWS, D16]
-//   vec4<u32> (16 int8 each, byte 0 first), 2 scales [V] f32, 3 errs [V] f32 (both at START + r).
+//   vec4<u32> (16 int8 each, byte 0 first), 2 scales [V] f32, 3 norms [V] vec2<f32> (both at START + r).
 //   Workgroup g handles rows g, g + QGROUPS, ...; WG threads (a power of two) take int8 chunks
 //   lid, lid + WG, ... of the row. Dispatch (QGROUPS, 1, 1).
 //
-// SCREEN (every greedy decode step): for each row the approximate logit z = s * sum q x, then
-//   upper[START + r] = z + errs[r] * ||x||_2    and    lower = z - errs[r] * ||x||_2,
-// and the workgroup's largest lower bound goes into keys[g % KEY_SLOTS] by atomicMax over order keys
-// (a u32 that orders as the float does; spreading the maxima over KEY_SLOTS words keeps the atomics
-// from queueing on one address). Rows from VOCAB on are left out. The argmax's row has upper >= every lower bound, so lm_head.wgsl
-// RESCORE keeps every row whose upper bound reaches the largest key. NaN bounds count for nothing.
-// WHOLE: D16 is a multiple of WG (no clamps or zero selects).
-//   Bindings: 0 table_i8, 1 scales, 2 errs, 3 x [D/4] vec4<f32>, 4 upper [V] f32, 5 keys
-//   [KEY_SLOTS] atomic<u32> (zero before the step: argmax.wgsl's SCREENED combine clears them).
-//   Mapping as lm_head.wgsl's: ROWS rows per workgroup, thread lid takes chunks lid, lid + WG, ...,
-//   every load issued first; ||x||^2 is reduced with the rows. Dispatch (ceil(SHARD_ROWS / ROWS), 1, 1).
+// SCREEN (every greedy decode step): the input y arrives as two int8 digits, y = s1 q1 + s2 q2 + d
+// (rmsnorm.wgsl DIGITS, with A = ||s1 q1 + s2 q2|| and B = ||d||), so each row's approximate logit
+//   z = s * (s1 * sum q q1 + s2 * sum q q2)
+// is two exact integer dot products (dot4I8Packed). With w = s q + e_w and y~ = s1 q1 + s2 q2,
+//   w . y - z = e_w . y~ + w . d,    so    |F16 logit - z| <= ||e_w|| A + ||w|| (B + SLACK (A + B))
+// by Cauchy-Schwarz, where SLACK (about twice the row length times float32's unit roundoff, ||y|| <=
+// A + B) bounds the float32 rounding of the F16 head's sum and of z, and a factor 1.01 the rounding of
+// the norms. Each row's upper bound z + e goes to upper[START + r]; the workgroup's largest lower
+// bound z - e goes into keys[g % KEY_SLOTS] by atomicMax over order keys (a u32 that orders as the
+// float does; spreading the maxima over KEY_SLOTS words keeps the atomics from queueing on one
+// address). Rows from VOCAB on are left out. The argmax's row has upper >= every lower bound, so
+// lm_head.wgsl RESCORE keeps every row whose upper bound reaches the largest key. NaN bounds count
+// for nothing. WHOLE: D16 is a multiple of WG (no clamps or zero selects).
+//   Bindings: 0 table_i8, 1 scales, 2 norms, 3 digits [2, D16] vec4<u32> (q1, then q2), 4 stats [4]
+//   f32 (s1, s2, A, B), 5 upper [V] f32, 6 keys [KEY_SLOTS] atomic<u32> (zero before the step:
+//   argmax.wgsl's SCREENED combine clears them).
+//   Mapping: ROWS rows per workgroup, thread lid takes chunks lid, lid + WG, ..., every load issued
+//   first (the rows' scales and norms too, so none waits behind the sums); integer partials are summed exactly (subgroupAdd, then one slot per subgroup, or per
+//   thread without subgroups). Dispatch (ceil(SHARD_ROWS / ROWS), 1, 1).
 
 const D16: u32 = ${D16};  // 16-byte int8 chunks per row (D8 = 2 * D16 F16 chunks)
 const SHARD_ROWS: u32 = ${SHARD_ROWS};
@@ -31,13 +36,12 @@ const WG: u32 = ${WG};
 
 //#if QUANTIZE
 const QGROUPS: u32 = ${QGROUPS};
-const SLACK: f32 = ${SLACK};
 const QITERS: u32 = (D16 + WG - 1u) / WG;
 
 @group(0) @binding(0) var<storage, read> table: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read_write> table_i8: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> scales: array<f32>;
-@group(0) @binding(3) var<storage, read_write> errs: array<f32>;
+@group(0) @binding(3) var<storage, read_write> norms: array<vec2<f32>>;
 
 var<workgroup> red_a: array<f32, WG>;
 var<workgroup> red_b: array<f32, WG>;
@@ -51,10 +55,7 @@ fn halves(row: u32, j: u32, part: u32) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(chunk.z), unpack2x16float(chunk.w));
 }
 
-fn pack_i8(q: vec4<f32>) -> u32 {
-    let b = bitcast<vec4<u32>>(vec4<i32>(q)) & vec4<u32>(0xffu);
-    return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
-}
+//#include _int8
 
 // Sums (a, b) over the workgroup (a tree: this runs once, at load).
 fn reduce_pair(a: f32, b: f32, lid: u32, is_max: bool) -> vec2<f32> {
@@ -112,7 +113,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let sums = reduce_pair(dd, ww, lid, false);
         if (lid == 0u) {
             scales[START + row] = s;
-            errs[START + row] = (sqrt(sums.x) + SLACK * sqrt(sums.y)) * 1.01;
+            norms[START + row] = vec2<f32>(sqrt(sums.x), sqrt(sums.y));
         }
     }
 }
@@ -122,28 +123,29 @@ const SLOTS: u32 = ${SLOTS};  // reduction slots: WG / (smallest subgroup size),
 const ITERS: u32 = ${ITERS};  // ceil(D16 / WG)
 const KEY_SLOTS: u32 = ${KEY_SLOTS};
 const VOCAB: u32 = ${VOCAB};  // rows from here on are left out (never the argmax)
-const SUMS: u32 = ROWS + 1u;  // reduced per workgroup: the rows and ||x||^2
+const SLACK: f32 = ${SLACK};
 
 @group(0) @binding(0) var<storage, read> table_i8: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> scales: array<f32>;
-@group(0) @binding(2) var<storage, read> errs: array<f32>;
-@group(0) @binding(3) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> upper: array<f32>;
-@group(0) @binding(5) var<storage, read_write> keys: array<atomic<u32>>;
+@group(0) @binding(2) var<storage, read> norms: array<vec2<f32>>;
+@group(0) @binding(3) var<storage, read> digits: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> stats: array<f32>;
+@group(0) @binding(5) var<storage, read_write> upper: array<f32>;
+@group(0) @binding(6) var<storage, read_write> keys: array<atomic<u32>>;
 
-var<workgroup> red: array<f32, SUMS * SLOTS>;
+var<workgroup> red: array<i32, 2u * ROWS * SLOTS>;  // [(2 r + digit) * SLOTS + slot]
 var<workgroup> n_slots_wg: u32;
 
-// Four int8 values of a little-endian word, sign-extended (byte 0 is the first column).
-fn int8x4(word: u32) -> vec4<f32> {
-    let w = bitcast<i32>(word);
-    return vec4<f32>(f32((w << 24u) >> 24u), f32((w << 16u) >> 24u), f32((w << 8u) >> 24u), f32(w >> 24u));
-}
+//#include _int8
 
 // A u32 that orders as the float does (negative floats below positive ones, -0 just below +0).
 fn order_key(v: f32) -> u32 {
     let b = bitcast<u32>(v);
     return select(b ^ 0x80000000u, ~b, b >= 0x80000000u);
+}
+
+fn dot16(w: vec4<u32>, x: vec4<u32>) -> i32 {
+    return dot4(w.x, x.x) + dot4(w.y, x.y) + dot4(w.z, x.z) + dot4(w.w, x.w);
 }
 
 @compute @workgroup_size(WG)
@@ -174,74 +176,75 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let w{{it}}_{{r}} = table_i8[min(g * ROWS + {{r}}u, SHARD_ROWS - 1u) * D16 + cc{{it}}];
 //#endfor
 //#endfor
-    var xx = 0.0;
+    // each row's scale and norms and the digits' stats, loaded with the weights (used after the sums)
 //#for r in ROWS
-    var acc{{r}} = 0.0;
+    let at{{r}} = START + min(g * ROWS + {{r}}u, SHARD_ROWS - 1u);
+    let sc{{r}} = scales[at{{r}}];
+    let nm{{r}} = norms[at{{r}}];
 //#endfor
+    let st = vec4<f32>(stats[0], stats[1], stats[2], stats[3]);
 //#for it in ITERS
 //#if WHOLE
-    let xa{{it}} = x[4u * cc{{it}}];
-    let xb{{it}} = x[4u * cc{{it}} + 1u];
-    let xc{{it}} = x[4u * cc{{it}} + 2u];
-    let xd{{it}} = x[4u * cc{{it}} + 3u];
+    let p{{it}} = digits[cc{{it}}];
+    let q{{it}} = digits[D16 + cc{{it}}];
 //#else
-    let inside{{it}} = c{{it}} < D16;
-    let xa{{it}} = select(vec4<f32>(0.0), x[4u * cc{{it}}], inside{{it}});
-    let xb{{it}} = select(vec4<f32>(0.0), x[4u * cc{{it}} + 1u], inside{{it}});
-    let xc{{it}} = select(vec4<f32>(0.0), x[4u * cc{{it}} + 2u], inside{{it}});
-    let xd{{it}} = select(vec4<f32>(0.0), x[4u * cc{{it}} + 3u], inside{{it}});
+    let p{{it}} = select(vec4<u32>(0u), digits[cc{{it}}], c{{it}} < D16);
+    let q{{it}} = select(vec4<u32>(0u), digits[D16 + cc{{it}}], c{{it}} < D16);
 //#endif
-    xx += dot(xa{{it}}, xa{{it}}) + dot(xb{{it}}, xb{{it}}) + dot(xc{{it}}, xc{{it}}) + dot(xd{{it}}, xd{{it}});
+//#endfor
+//#for r in ROWS
+    var a{{r}} = 0i;
+    var b{{r}} = 0i;
 //#endfor
 //#for it in ITERS
 //#for r in ROWS
-    acc{{r}} += dot(int8x4(w{{it}}_{{r}}.x), xa{{it}}) + dot(int8x4(w{{it}}_{{r}}.y), xb{{it}})
-              + dot(int8x4(w{{it}}_{{r}}.z), xc{{it}}) + dot(int8x4(w{{it}}_{{r}}.w), xd{{it}});
+    a{{r}} += dot16(w{{it}}_{{r}}, p{{it}});
+    b{{r}} += dot16(w{{it}}_{{r}}, q{{it}});
 //#endfor
 //#endfor
 //#if SUBGROUPS
     let n_slots = workgroupUniformLoad(&n_slots_wg);
-    let sxx = subgroupAdd(xx);
 //#for r in ROWS
-    let s{{r}} = subgroupAdd(acc{{r}});
+    let sa{{r}} = subgroupAdd(a{{r}});
+    let sb{{r}} = subgroupAdd(b{{r}});
 //#endfor
     if (sg_lane == 0u) {
 //#for r in ROWS
-        red[{{r}}u * SLOTS + slot] = s{{r}};
+        red[(2u * {{r}}u) * SLOTS + slot] = sa{{r}};
+        red[(2u * {{r}}u + 1u) * SLOTS + slot] = sb{{r}};
 //#endfor
-        red[ROWS * SLOTS + slot] = sxx;
     }
 //#else
     let n_slots = WG;
 //#for r in ROWS
-    red[{{r}}u * SLOTS + lid] = acc{{r}};
+    red[(2u * {{r}}u) * SLOTS + lid] = a{{r}};
+    red[(2u * {{r}}u + 1u) * SLOTS + lid] = b{{r}};
 //#endfor
-    red[ROWS * SLOTS + lid] = xx;
 //#endif
     workgroupBarrier();
     if (lid == 0u) {
-        var norm2 = 0.0;
-        for (var i = 0u; i < n_slots; i++) {
-            norm2 += red[ROWS * SLOTS + i];
-        }
-        let x_norm = sqrt(norm2);
+        let rest = st.w + SLACK * (st.z + st.w);  // B + SLACK (A + B)
         var best = 0u;  // no bound yet (0 is below every float's key)
-        for (var r = 0u; r < ROWS; r++) {
-            let row = g * ROWS + r;
+//#for r in ROWS
+        {
+            let row = g * ROWS + {{r}}u;
+            var ta = 0i;
+            var tb = 0i;
+            for (var i = 0u; i < n_slots; i++) {
+                ta += red[(2u * {{r}}u) * SLOTS + i];
+                tb += red[(2u * {{r}}u + 1u) * SLOTS + i];
+            }
+            let z = sc{{r}} * (st.x * f32(ta) + st.y * f32(tb));
+            let e = (nm{{r}}.x * st.z + nm{{r}}.y * rest) * 1.01;
+            let lower = z - e;
             if (row < SHARD_ROWS && START + row < VOCAB) {
-                var total = 0.0;
-                for (var i = 0u; i < n_slots; i++) {
-                    total += red[r * SLOTS + i];
-                }
-                let z = total * scales[START + row];
-                let e = errs[START + row] * x_norm;
                 upper[START + row] = z + e;
-                let lower = z - e;
                 if (lower == lower) {
                     best = max(best, order_key(lower));
                 }
             }
         }
+//#endfor
         if (best != 0u) {
             atomicMax(&keys[g % KEY_SLOTS], best);
         }

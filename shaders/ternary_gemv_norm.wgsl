@@ -113,14 +113,15 @@ var<workgroup> xq_s: array<vec4<u32>, CHUNKS * 4u>;  // chunk c's quantized inpu
 fn weight_row(g: u32, r: u32) -> u32 {
     return group_row(g, r, TOTAL);
 }
+//#else
+//#include _int8
 //#endif
 //#include _norm_reduce
 
 
-fn pack_i8(v: vec4<f32>, k: f32) -> u32 {
-    let q = vec4<i32>(clamp(round(v * k), vec4<f32>(-128.0), vec4<f32>(127.0)));
-    let b = bitcast<vec4<u32>>(q) & vec4<u32>(0xffu);
-    return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
+// v * k rounded to int8 (pack_i8 of _int8).
+fn quantize_i8(v: vec4<f32>, k: f32) -> u32 {
+    return pack_i8(clamp(round(v * k), vec4<f32>(-128.0), vec4<f32>(127.0)));
 }
 
 fn max4(a: vec4<f32>) -> f32 {
@@ -218,7 +219,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     if (live) {
 //#for q in SVEC
         xq_out[t * (K / 16u) + (c / 2u) * 8u + 2u * (gi * SVEC + {{q}}u) + c % 2u] = vec4<u32>(
-            pack_i8(h{{q}}_0, k), pack_i8(h{{q}}_1, k), pack_i8(h{{q}}_2, k), pack_i8(h{{q}}_3, k));
+            quantize_i8(h{{q}}_0, k), quantize_i8(h{{q}}_1, k), quantize_i8(h{{q}}_2, k), quantize_i8(h{{q}}_3, k));
 //#endfor
     }
     if (lid == 0u) {
@@ -228,8 +229,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#if SHARED_ROW
     if (live) {
 //#for q in SVEC
-        xq_s[c * 4u + gi * SVEC + {{q}}u] = vec4<u32>(pack_i8(h{{q}}_0, k), pack_i8(h{{q}}_1, k),
-                                                      pack_i8(h{{q}}_2, k), pack_i8(h{{q}}_3, k));
+        xq_s[c * 4u + gi * SVEC + {{q}}u] = vec4<u32>(quantize_i8(h{{q}}_0, k), quantize_i8(h{{q}}_1, k),
+                                                      quantize_i8(h{{q}}_2, k), quantize_i8(h{{q}}_3, k));
 //#endfor
     }
     workgroupBarrier();
@@ -239,8 +240,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let x3 = xq_s[c * 4u + 3u];
 //#else
 //#for q in 4
-    let x{{q}} = vec4<u32>(pack_i8(h{{q}}_0, k), pack_i8(h{{q}}_1, k), pack_i8(h{{q}}_2, k),
-                           pack_i8(h{{q}}_3, k));
+    let x{{q}} = vec4<u32>(quantize_i8(h{{q}}_0, k), quantize_i8(h{{q}}_1, k), quantize_i8(h{{q}}_2, k),
+                           quantize_i8(h{{q}}_3, k));
 //#endfor
 //#endif
     let xsum = word_sum(x0) + word_sum(x1) + word_sum(x2) + word_sum(x3);

@@ -2,9 +2,10 @@
 
 What must hold: the token is exactly the argmax of the F16 head's own logits (the rows it rescores
 are computed by that head's arithmetic, so even exact ties resolve to the smaller index); the int8
-copy made on the GPU is numpy's quantization, and its error norms bound the real error of every
-row; rows past the vocabulary never win; several shards and several steps in one submit (the keys
-are cleared between steps) give the same answers.
+copy made on the GPU is numpy's quantization, the final norm's two int8 digits are its output to
+within half a step of the second digit, and the screen's bounds hold the real logit of every row;
+rows past the vocabulary never win; several shards and several steps in one submit (the keys are
+cleared between steps) give the same answers.
 """
 
 from __future__ import annotations
@@ -15,35 +16,46 @@ from gpu_helpers import open_device_or_skip, upload
 
 from bitnet_web.kernels.common import KernelCache, StepParams
 from bitnet_web.kernels.embedding import Argmax, EmbeddingShapeError, F16Matrix, Int8Matrix, LMHead
-from bitnet_web.kernels.head_screen import KEY_SLOTS, ScreenedArgmax, float_slack
+from bitnet_web.kernels.head_screen import DIGIT_STATS, KEY_SLOTS, ScreenedArgmax, float_slack
+from bitnet_web.kernels.norm import RMSNorm
 
 pytestmark = pytest.mark.gpu
 
 
 class Heads:
-    """An F16 head with both greedy choosers over the same x buffer and logits."""
+    """An F16 head with both greedy choosers over the same normed row and logits: a row x_in goes
+    through the final norm (`weight` times x_in / rms(x_in), and the screen's digits), then both."""
 
-    def __init__(self, device, table: np.ndarray, vocab: int | None = None):
+    def __init__(self, device, table: np.ndarray, vocab: int | None = None, weight: np.ndarray | None = None):
         self.device, v, d = device, table.shape[0], table.shape[1]
         self.vocab = vocab or v
         kernels = KernelCache(device)
         self.matrix = F16Matrix.upload(device, table, "head")
         step = StepParams(device)
         step.write(1, 0, 0)
-        self.x = upload(device, np.zeros((1, d), np.float32), "x")
+        self.x_in = upload(device, np.zeros((1, d), np.float32), "x in")
+        self.x = device.buffer(4 * d, label="x")
+        self.digits = device.buffer(2 * d, label="digits")
+        self.stats = device.buffer(4 * DIGIT_STATS, label="digit stats")
+        self.weight = np.ones(d, np.float32) if weight is None else weight.astype(np.float32)
+        norm_weight = upload(device, self.weight, "norm weight")
+        self.norm = RMSNorm(kernels, self.x_in, norm_weight, self.x, step, d, 1e-6, digits=(self.digits, self.stats))
         self.logits = device.buffer(4 * v, label="logits")
         self.ids = device.buffer(16, label="ids")
         self.head = LMHead(kernels, self.matrix, self.x, self.logits, step)
         self.argmax = Argmax(kernels, self.logits, self.ids, self.vocab)
-        self.screened = ScreenedArgmax(kernels, self.head, self.matrix, self.x, self.ids, self.vocab, slot=1)
+        self.screened = ScreenedArgmax(
+            kernels, self.head, self.matrix, self.x, self.digits, self.stats, self.ids, self.vocab, slot=1
+        )
         rec = device.begin()
         self.screened.prepare(rec)
         rec.submit()
 
     def choose(self, x: np.ndarray) -> tuple[int, int, np.ndarray]:
-        """(F16 head + Argmax's token, the screened token, the F16 logits) for one row x."""
-        self.device.upload(self.x, 0, np.ascontiguousarray(x, dtype=np.float32))
+        """(F16 head + Argmax's token, the screened token, the F16 logits) for one row x_in."""
+        self.device.upload(self.x_in, 0, np.ascontiguousarray(x, dtype=np.float32))
         rec = self.device.begin()
+        self.norm.record(rec, 1, last_only=True, digits=True)
         self.screened.record(rec)
         self.head.record(rec, 1)
         self.argmax.record(rec)
@@ -52,6 +64,9 @@ class Heads:
         logits = self.device.read_sync(self.logits, 0, self.logits.nbytes).view(np.float32)
         return int(ids[0]), int(ids[1]), logits
 
+    def read(self, buffer, dtype) -> np.ndarray:
+        return self.device.read_sync(buffer, 0, buffer.nbytes).view(dtype)
+
 
 def test_the_screened_token_is_the_f16_heads_argmax(device):
     rng = np.random.default_rng(1)
@@ -59,11 +74,13 @@ def test_the_screened_token_is_the_f16_heads_argmax(device):
     table = (rng.standard_normal((v, d)) * rng.uniform(0.02, 0.2, (v, 1))).astype(np.float16)
     table[17] = table[2900]  # an exact tie: the smaller index must win, as Argmax says
     table[5] = 0  # a zero row (scale 0)
-    heads = Heads(device, table)
+    heads = Heads(device, table, weight=rng.uniform(0.05, 3.0, d))
     for trial in range(12):
         x = rng.standard_normal(d).astype(np.float32) * (0.1 if trial % 3 else 3.0)
+        if trial % 4 == 1:  # outliers: the first digit's step is coarse, the second carries the rest
+            x[rng.integers(0, d, 3)] *= 60
         if trial == 4:  # the tied rows on top
-            x = table[17].astype(np.float32) * 5
+            x = table[17].astype(np.float32) * 5 / heads.weight
         exact_token, screened_token, logits = heads.choose(x)
         assert exact_token == int(np.argmax(logits[:v]))
         assert screened_token == exact_token, trial
@@ -118,32 +135,71 @@ def test_rows_past_the_vocabulary_never_win(device):
     assert screened_token == exact_token == int(np.argmax(logits[:500]))
 
 
-def test_the_int8_copy_is_numpys_and_its_error_norms_bound_the_error(device):
+def test_the_int8_copy_is_numpys_and_the_bounds_hold_the_f16_logits(device):
     rng = np.random.default_rng(4)
     v, d = 400, 512
     table = (rng.standard_normal((v, d)) * rng.uniform(0.01, 3, (v, 1))).astype(np.float16)
     table[7] = 0
-    heads = Heads(device, table)
+    heads = Heads(device, table, weight=rng.uniform(0.1, 2.0, d))
     values, scales = Int8Matrix.quantize(table)
     shard = heads.screened.buffers[-1]  # the one int8 shard
     got = device.read_sync(shard, 0, v * d).view(np.int8).reshape(v, d)
-    got_scales = device.read_sync(heads.screened.scales, 0, 4 * v).view(np.float32)
-    errs = device.read_sync(heads.screened.errs, 0, 4 * v).view(np.float32)
+    got_scales = heads.read(heads.screened.scales, np.float32)
+    norms = heads.read(heads.screened.norms, np.float32).reshape(v, 2)
     np.testing.assert_allclose(got_scales, scales, rtol=1e-6)
     # round(w / s) on the GPU and in numpy may differ only where w / s sits on a .5 tie
     assert np.abs(got.astype(int) - values.astype(int)).max() <= 1
     assert (got == values).mean() > 0.999
     w = table.astype(np.float64)
-    residual = np.linalg.norm(w - got.astype(np.float64) * got_scales[:, None], axis=1)
-    bound = residual + float_slack(d) * np.linalg.norm(w, axis=1)
-    assert (errs >= bound).all() and (errs <= bound * 1.02 + 1e-30).all()
-    assert errs[7] == 0 and got_scales[7] == 0
-    # the bound holds for the logits of any x: |F16 logit - int8 logit| <= errs * ||x||
-    for _ in range(5):
-        x = rng.standard_normal(d).astype(np.float32)
+    approx_w = got.astype(np.float64) * got_scales[:, None]
+    np.testing.assert_allclose(norms[:, 0], np.linalg.norm(w - approx_w, axis=1), rtol=1e-4, atol=1e-30)
+    np.testing.assert_allclose(norms[:, 1], np.linalg.norm(w, axis=1), rtol=1e-4)
+    assert (norms[7] == 0).all() and got_scales[7] == 0
+    for trial in range(6):
+        x = rng.standard_normal(d).astype(np.float32) * 10.0 ** rng.uniform(-3, 3)
+        if trial % 2:
+            x[rng.integers(0, d, 4)] *= 100  # a few outliers, as real hidden states have
         _, _, logits = heads.choose(x)
-        approx = (got.astype(np.float64) * got_scales[:, None]) @ x.astype(np.float64)
-        assert (np.abs(logits - approx) <= errs * np.linalg.norm(x.astype(np.float64))).all()
+        y = heads.read(heads.x, np.float32).astype(np.float64)
+        q1, q2 = heads.read(heads.digits, np.int8).reshape(2, d).astype(np.float64)
+        s1, s2, big, rest = heads.read(heads.stats, np.float32).astype(np.float64)
+        # the digits: y to within half a second-digit step, both in -127..127, and their stated norms
+        assert s2 == np.float32(s1) / np.float32(254)
+        assert np.abs(y - (s1 * q1 + s2 * q2)).max() <= s2 * 0.5001
+        np.testing.assert_allclose(big, np.linalg.norm(s1 * q1 + s2 * q2), rtol=1e-5)
+        np.testing.assert_allclose(rest, np.linalg.norm(y - s1 * q1 - s2 * q2), rtol=1e-4, atol=1e-30)
+        # every row's F16 logit within [lower, upper], the bound being the Cauchy-Schwarz one with its
+        # rounding slack (lm_head_screen.wgsl): w . y - z = e_w . y~ + w . (y - y~)
+        z = got_scales * (s1 * (got @ q1) + s2 * (got @ q2))
+        upper = heads.read(heads.screened.upper, np.float32).astype(np.float64)
+        e = upper - z
+        assert (logits <= upper).all() and (logits >= z - e * 0.9999).all(), trial
+        bound = 1.01 * (norms[:, 0] * big + norms[:, 1] * (rest + float_slack(d) * (big + rest)))
+        np.testing.assert_allclose(e, bound, rtol=1e-4, atol=1e-6 * np.abs(z).max())
+
+
+def test_the_digits_norm_writes_the_plain_norms_output(device):
+    """The final norm with digits writes the same y, bit for bit, as the one without (the F16 head and
+    the rescored rows read it)."""
+    rng = np.random.default_rng(6)
+    d = 640
+    kernels = KernelCache(device)
+    step = StepParams(device)
+    step.write(3, 0, 0)
+    x_in = upload(device, rng.standard_normal((3, d)).astype(np.float32) * 4, "x in")
+    weight = upload(device, rng.uniform(0.5, 2, d).astype(np.float32), "weight")
+    ys = [device.buffer(4 * d, label=f"y{i}") for i in range(2)]
+    digits, stats = device.buffer(2 * d), device.buffer(4 * DIGIT_STATS)
+    plain = RMSNorm(kernels, x_in, weight, ys[0], step, d, 1e-5)
+    with_digits = RMSNorm(kernels, x_in, weight, ys[1], step, d, 1e-5, digits=(digits, stats))
+    rec = device.begin()
+    plain.record(rec, 3, last_only=True)
+    with_digits.record(rec, 3, last_only=True, digits=True)
+    rec.submit()
+    a, b = (device.read_sync(y, 0, 4 * d).view(np.uint32) for y in ys)
+    assert (a == b).all() and a.any()
+    with pytest.raises(ValueError, match="digits"):
+        plain.record(device.begin(), 1, last_only=True, digits=True)
 
 
 def test_over_several_shards_and_steps_in_one_submit():
@@ -159,7 +215,8 @@ def test_over_several_shards_and_steps_in_one_submit():
         picks = device.buffer(16, label="picks")
         rec = device.begin()
         for i in range(4):
-            rec.copy(upload(device, xs[i : i + 1], f"x{i}"), 0, heads.x, 0, 4 * d)
+            rec.copy(upload(device, xs[i : i + 1], f"x{i}"), 0, heads.x_in, 0, 4 * d)
+            heads.norm.record(rec, 1, last_only=True, digits=True)
             heads.screened.record(rec)
             rec.copy(heads.ids, 4, picks, 4 * i, 4)
         rec.submit()
@@ -178,7 +235,7 @@ def test_a_step_before_the_int8_copy_is_made_is_refused(device):
     matrix = F16Matrix.upload(device, table, "head")
     x, ids = device.buffer(4 * 64), device.buffer(16)
     head = LMHead(kernels, matrix, x, device.buffer(4 * 100), StepParams(device))
-    screened = ScreenedArgmax(kernels, head, matrix, x, ids, 100)
+    screened = ScreenedArgmax(kernels, head, matrix, x, device.buffer(128), device.buffer(16), ids, 100)
     with pytest.raises(RuntimeError, match="prepare"):
         screened.record(device.begin())
 
@@ -189,4 +246,4 @@ def test_columns_not_a_multiple_of_16_are_refused(device):
     x, out = device.buffer(4 * 24), device.buffer(16)
     head = LMHead(kernels, matrix, x, device.buffer(16), StepParams(device))
     with pytest.raises(EmbeddingShapeError, match="multiple of 16"):
-        ScreenedArgmax(kernels, head, matrix, x, out, 4)
+        ScreenedArgmax(kernels, head, matrix, x, device.buffer(48), device.buffer(16), out, 4)

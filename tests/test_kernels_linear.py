@@ -32,6 +32,7 @@ from bitnet_web.kernels.embedding import (  # noqa: E402
     F16Matrix,
     LMHead,
 )
+from bitnet_web.kernels.head_screen import ScreenedArgmax  # noqa: E402
 from bitnet_web.kernels.linear import (  # noqa: E402
     NORM_GEMV_ROWS,
     NORM_GEMV_SMALL_WEIGHTS,
@@ -744,15 +745,20 @@ def k1_shader_variants() -> dict[str, str]:
                     TernaryLinear(kernels, matrix, big, big, big, step, epilogue, use_dot4=dot4)
                     NormTernaryLinear(kernels, big, big, EPS, matrix, big, big, big, step, epilogue, use_dot4=dot4)
             NormTernaryLinear(kernels, big, None, EPS, plain, big, big, big, step, "residual")
+            # the split small-T path's QUANT_ONLY kernel (built at load where a matrix is large)
+            NormTernaryLinear(kernels, big, big, EPS, plain, big, big, big, step, "store")._split_kernels()
             NormTernaryLinear(kernels, big, big, EPS, paired, big, big, big, step, "gate_relu2", row_groups=2)
         for weight in (big, None):
             RMSNormQuant(kernels, big, weight, big, big, step, 2560, EPS)
-        RMSNorm(kernels, big, big, big, step, 2560, EPS)
+        RMSNorm(kernels, big, big, big, step, 2560, EPS, digits=(big, big))
         table = F16Matrix.upload(dev, random_table(rng, 64, 2560), "t")
         EmbeddingLookup(kernels, table, big, big)
         LMHead(kernels, table, big, big, step).small_t(9)
         # a row of 80 chunks is not a whole number per thread: the head's bounds-checked variant
-        LMHead(kernels, F16Matrix.upload(dev, random_table(rng, 64, 640), "t640"), big, big, step).small_t(3)
+        table640 = F16Matrix.upload(dev, random_table(rng, 64, 640), "t640")
+        LMHead(kernels, table640, big, big, step).small_t(3)
+        for head_table in (table, table640):  # the screened head: quantize, screen, rescore, combine
+            ScreenedArgmax(kernels, LMHead(kernels, head_table, big, big, step), head_table, big, big, big, big, 64)
         Argmax(kernels, big, big, 128256)
         GPUBusy(kernels)
         for label, src in dev.sources.items():
@@ -767,8 +773,12 @@ def test_every_variant_is_collected():
     assert any("fn dot4(a: u32, b: u32) -> i32 {\n    let p = bitcast" in s for s in sources.values())
     assert len(sources) >= 30
     assert any("ternary_gemv_norm" in label and "SUBGROUPS" not in label for label in sources)
+    assert any("ternary_gemv_norm" in label and "QUANT_ONLY" in label for label in sources)
     heads = [label for label in sources if "lm_head" in label]
     assert any("WHOLE" in label for label in heads) and any("WHOLE" not in label for label in heads)
+    assert any("lm_head_screen" in label and "QUANTIZE" not in label for label in sources)
+    assert any("RESCORE" in label for label in sources) and any("SCREENED" in label for label in sources)
+    assert any("rmsnorm" in label and "DIGITS" in label for label in sources)
 
 
 def run_in_chromium(js: str, argument):

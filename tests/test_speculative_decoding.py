@@ -636,9 +636,9 @@ def test_the_screened_head_picks_the_same_greedy_tokens(engine, tiny_path):
     try:
         screened.load(tiny_path)
         assert screened.model.screened_argmax is not None and screened.info["screened_head"]
-        # a screened decode step reads the int8 copy (+ a scale and an error norm a row), not the F16 head
+        # a screened decode step reads the int8 copy (+ a scale and two norms a row), not the F16 head
         model, head = screened.model, screened.model.output
-        int8_copy = head.n_rows * (head.n_cols + 8)
+        int8_copy = head.n_rows * (head.n_cols + 12)
         assert model.decode_bytes_per_token == model.weight_bytes_per_token - 2 * head.n_rows * head.n_cols + int8_copy
         assert engine.model.decode_bytes_per_token == engine.model.weight_bytes_per_token
         prompts = [PROMPT, [7, 8, 9, 10, 7, 8, 9, 10, 7, 8], list(range(100, 140))]

@@ -2,9 +2,12 @@
 
 The F16 head is a decode step's largest read (657 MB a token for 2B-4T). Greedy decoding needs only
 its argmax. `ScreenedArgmax` keeps an int8 copy of the head (made on the GPU from the F16 rows at load,
-half their bytes) with one scale and one error norm per row, such that every F16 logit lies within
-errs[r] * ||x||_2 of the int8 logit (shaders/lm_head_screen.wgsl says why). Per step:
+half their bytes) with one scale and two norms per row (its rounding residual's and its own), and reads
+the normed input as two int8 digits with their norms (written by the final norm, `RMSNorm` with
+digits), so every row's approximate logit is two exact integer dot products and the F16 logit lies
+within a bound of it (shaders/lm_head_screen.wgsl says why). Per step:
 
+    norm     (rmsnorm.wgsl DIGITS)  y, and y as two int8 digits (recorded by the model's step)
     screen   (lm_head_screen.wgsl)  int8 logits -> upper bounds [V], the best lower bound (atomic keys)
     rescore  (lm_head.wgsl RESCORE) rows whose upper bound reaches it: their F16 logits, computed by
                                     the one-row head's own arithmetic, and each slice's best
@@ -19,7 +22,7 @@ Three dispatches, like LMHead + Argmax.
 from __future__ import annotations
 
 from .. import gpu
-from .common import KernelCache, ceil_div, subgroups_available, wgsl_enables
+from .common import KernelCache, ceil_div, packed_dot_available, subgroups_available, wgsl_enables
 from .embedding import (
     ARGMAX_PER_THREAD,
     ARGMAX_WORKGROUP,
@@ -30,7 +33,8 @@ from .embedding import (
 )
 
 SCREEN_WORKGROUP = 32  # with 2B-4T's 160 chunks a row, 5 whole chunks per thread (H200: fastest of 32-160)
-SCREEN_ROWS = 4  # int8 rows per screening workgroup: 128256 rows -> 32064 workgroups
+DIGIT_STATS = 4  # f32 words the final norm writes next to the digits: s1, s2, A, B
+SCREEN_ROWS = 8  # int8 rows per screening workgroup: 128256 rows -> 16032 workgroups (H200: 4 rows 4% slower)
 RESCORE_SLICE = 256  # rows each rescoring workgroup scans for survivors
 KEY_SLOTS = 32  # words the screen's workgroups spread their atomic maxima over
 QUANTIZE_WORKGROUP = 64
@@ -40,18 +44,21 @@ SCREEN_MIN_HEAD_BYTES = 64 << 20
 
 
 def float_slack(n_cols: int) -> float:
-    """A bound on the float32 rounding of a length-n dot product in any order, relative to
-    sum |w x| <= ||w|| ||x||, for both the F16 head's sum and the int8 screen's (each about
-    n * 2^-24), with a quarter to spare."""
+    """A bound on the float32 rounding of the F16 head's length-n dot product in any order, relative
+    to sum |w x| <= ||w|| ||x|| (about n * 2^-24), and of the screen's scaled integer sums, with room
+    to spare."""
     return 2 * 1.25 * (n_cols + 4) * 2.0**-24
 
 
 class ScreenedArgmax:
     """out_ids[slot] = argmax of `head`'s logits for x's row 0, from an int8 screen (module docstring).
 
-    `prepare(recorder)` must run once before the first `record` (after the pipelines exist): it makes
-    the int8 copy. Buffers (`buffers`): the int8 shards (the F16 shards' rows, n_cols bytes a row),
-    scales / errs / upper [V] f32, keys [KEY_SLOTS] u32, partials [rescoring workgroups] vec2<u32>.
+    `x` is the normed row the F16 head reads; `digits` ([2, n_cols / 4] u32) and `digit_stats`
+    ([DIGIT_STATS] f32) hold it as two int8 digits (`RMSNorm` with digits writes all three: record it
+    before each step's `record`). `prepare(recorder)` must run once before the first `record` (after the
+    pipelines exist): it makes the int8 copy. Buffers (`buffers`): the int8 shards (the F16 shards'
+    rows, n_cols bytes a row), scales / upper [V] f32, norms [V] vec2<f32>, keys [KEY_SLOTS] u32,
+    partials [rescoring workgroups] vec2<u32>.
     """
 
     def __init__(
@@ -60,6 +67,8 @@ class ScreenedArgmax:
         head: LMHead,
         matrix: F16Matrix,
         x: gpu.Buffer,
+        digits: gpu.Buffer,
+        digit_stats: gpu.Buffer,
         out_ids: gpu.Buffer,
         vocab_size: int,
         slot: int = 0,
@@ -68,6 +77,11 @@ class ScreenedArgmax:
         n_rows, n_cols = matrix.n_rows, matrix.n_cols
         if n_cols % 16:
             raise EmbeddingShapeError(f"{label}: {n_cols} columns; the int8 screen needs a multiple of 16")
+        if digits.nbytes < 2 * n_cols or digit_stats.nbytes < 4 * DIGIT_STATS:
+            raise EmbeddingShapeError(
+                f"{label}: digits of {digits.nbytes} bytes and stats of {digit_stats.nbytes} for {n_cols} "
+                f"columns (expected {2 * n_cols} and {4 * DIGIT_STATS})"
+            )
         if not 0 < vocab_size <= n_rows or out_ids.nbytes < 4 * (slot + 1):
             raise EmbeddingShapeError(
                 f"{label}: vocabulary of {vocab_size} over a {n_rows}-row head, out_ids of {out_ids.nbytes} "
@@ -78,9 +92,10 @@ class ScreenedArgmax:
         subgroups = subgroups_available(device)
         enables = wgsl_enables(device, subgroups=subgroups)
         sg = ("SUBGROUPS",) if subgroups else ()
+        dot = ("DOT4",) if packed_dot_available(device) else ()
         slots = ceil_div(SCREEN_WORKGROUP, MIN_SUBGROUP_SIZE) if subgroups else SCREEN_WORKGROUP
         d16 = n_cols // 16
-        variant = sg + (("WHOLE",) if d16 % SCREEN_WORKGROUP == 0 else ())
+        variant = sg + dot + (("WHOLE",) if d16 % SCREEN_WORKGROUP == 0 else ())
 
         def buffer(nbytes: int, what: str) -> gpu.Buffer:
             made = device.buffer(nbytes, label=f"{label} {what}")
@@ -89,7 +104,7 @@ class ScreenedArgmax:
 
         self.buffers: list[gpu.Buffer] = []
         self.scales = buffer(4 * n_rows, "int8 row scales")
-        self.errs = buffer(4 * n_rows, "int8 row error norms")
+        self.norms = buffer(8 * n_rows, "int8 row residual and row norms")  # (n_rows, 2) f32
         self.upper = buffer(4 * n_rows, "upper bounds")  # (n_rows,) f32
         self.keys = buffer(4 * KEY_SLOTS, "lower-bound keys")  # (KEY_SLOTS,) u32, zero between steps
         self.quantize_ops: list[tuple[gpu.Pipeline, gpu.BindGroup, int]] = []
@@ -104,13 +119,14 @@ class ScreenedArgmax:
                 "lm_head_screen",
                 defines=("QUANTIZE",),
                 QGROUPS=min(rows, limit),
-                SLACK=f"{float_slack(n_cols):.9e}",
                 **{**common, "WG": QUANTIZE_WORKGROUP},
             )
             self.quantize_ops.append(
                 (
                     quantize,
-                    device.bind_group(quantize, [f16_rows, int8_rows, self.scales, self.errs], f"{label} quantize {i}"),
+                    device.bind_group(
+                        quantize, [f16_rows, int8_rows, self.scales, self.norms], f"{label} quantize {i}"
+                    ),
                     min(rows, limit),
                 )
             )
@@ -124,9 +140,10 @@ class ScreenedArgmax:
                 ITERS=ceil_div(d16, SCREEN_WORKGROUP),
                 KEY_SLOTS=KEY_SLOTS,
                 VOCAB=vocab_size,
+                SLACK=f"{float_slack(n_cols):.9e}",
                 **common,
             )
-            binds = [int8_rows, self.scales, self.errs, x, self.upper, self.keys]
+            binds = [int8_rows, self.scales, self.norms, digits, digit_stats, self.upper, self.keys]
             self.screen_ops.append(
                 (screen, device.bind_group(screen, binds, f"{label} screen {i}"), ceil_div(rows, screen_rows))
             )

@@ -98,6 +98,9 @@ class RMSNorm:
 
     `mean_width` as in RMSNormQuant. `record(..., last_only=True)` normalizes only row n_tokens-1 (read
     from StepParams) into row 0 of `y`, which is what the LM head needs when only the next token's logits are wanted.
+    `digits=(digits, stats)`: buffers for that row as two int8 digits ([2, width/4] u32) and their
+    scales and norms ([4] f32), written by `record(..., last_only=True, digits=True)` (the screened
+    head's input, kernels/head_screen.py; shaders/rmsnorm.wgsl DIGITS).
     """
 
     def __init__(
@@ -111,6 +114,7 @@ class RMSNorm:
         eps: float,
         label: str = "rmsnorm",
         mean_width: int | None = None,
+        digits: tuple[gpu.Buffer, gpu.Buffer] | None = None,
     ):
         op = f"RMSNorm {label!r}"
         constants = _norm_constants(width, eps, op, mean_width)
@@ -129,9 +133,24 @@ class RMSNorm:
         self.pipeline_last = kernels.pipeline("rmsnorm", enables=enables, defines=base + ("LAST_ONLY",), **constants)
         self.bind_group_all = device.bind_group(self.pipeline_all, buffers, label)
         self.bind_group_last = device.bind_group(self.pipeline_last, buffers, label + " (last row)")
+        self.digits_op: tuple[gpu.Pipeline, gpu.BindGroup] | None = None
+        if digits is not None:
+            if digits[0].nbytes < 2 * width or digits[1].nbytes < 16:
+                raise NormShapeError(
+                    f"{op}: digit buffers of {digits[0].nbytes} and {digits[1].nbytes} bytes, expected "
+                    f"{2 * width} and 16"
+                )
+            with_digits = kernels.pipeline(
+                "rmsnorm", enables=enables, defines=base + ("LAST_ONLY", "DIGITS"), **constants
+            )
+            self.digits_op = (with_digits, device.bind_group(with_digits, buffers + list(digits), label + " (digits)"))
 
-    def record(self, recorder: gpu.Recorder, n_tokens: int, last_only: bool = False) -> None:
-        if last_only:
+    def record(self, recorder: gpu.Recorder, n_tokens: int, last_only: bool = False, digits: bool = False) -> None:
+        if digits:
+            if self.digits_op is None or not last_only:
+                raise ValueError(f"{self.pipeline_last.label}: digits need last_only and digit buffers")
+            recorder.dispatch(*self.digits_op, 1)
+        elif last_only:
             recorder.dispatch(self.pipeline_last, self.bind_group_last, 1)
         else:
             recorder.dispatch(self.pipeline_all, self.bind_group_all, n_tokens)

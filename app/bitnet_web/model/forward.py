@@ -35,7 +35,7 @@ from ..formats.gguf_reader import GGUFFile
 from ..kernels.attention import MAX_SPLITS, Attention, AttentionScratch
 from ..kernels.common import KernelCache, StepParams
 from ..kernels.embedding import Argmax, EmbeddingLookup, F16Matrix, Int8Matrix, LMHead
-from ..kernels.head_screen import SCREEN_MIN_HEAD_BYTES, ScreenedArgmax
+from ..kernels.head_screen import DIGIT_STATS, SCREEN_MIN_HEAD_BYTES, ScreenedArgmax
 from ..kernels.kv_cache import KVCache
 from ..kernels.linear import NormTernaryLinear
 from ..kernels.norm import RMSNorm
@@ -127,11 +127,11 @@ class BitNetModel(GPUDecodeLoop):
     @property
     def decode_bytes_per_token(self) -> int:
         """Weight bytes a greedy decode step reads: weight_bytes_per_token, with a screened head's int8
-        copy, scales and error norms in place of the F16 head (its few rescored rows left out)."""
+        copy, scales and norms in place of the F16 head (its few rescored rows left out)."""
         total = self.weight_bytes_per_token
         if self.screened_argmax is not None:
             head = self.gguf.tensors[TOKEN_EMBD if self.config.tied_embeddings else OUTPUT]
-            total += self.output.n_rows * (self.output.n_cols + 8) - head.n_bytes
+            total += self.output.n_rows * (self.output.n_cols + 12) - head.n_bytes
         return total
 
     def attention_share(self, context: int) -> float:
@@ -206,6 +206,10 @@ class BitNetModel(GPUDecodeLoop):
         self.attn_out = buf(4 * rows * cfg.q_dim, "attention out")  # (rows, q_dim) f32
         self.ffn_hidden = buf(4 * rows * cfg.ffn_dim, "ffn hidden")  # (rows, ffn_dim) f32
         self.x_final = buf(4 * rows * cfg.dim, "final normed x")  # (rows, dim) f32
+        # a decode step's x_final row as two int8 digits and their scales and norms (the screened head's
+        # input: RMSNorm with digits)
+        self.x_digits = buf(2 * cfg.dim, "final normed x digits")  # (2, dim/4) u32
+        self.x_digit_stats = buf(4 * DIGIT_STATS, "final normed x digit stats")  # (DIGIT_STATS,) f32
         # (logits_rows, vocab) f32: only all-logits calls need more than one row, and they run in
         # pieces of at most LOGITS_ROWS, so long prefill chunks do not need a 128k-wide row each
         self.logits_rows = min(rows, LOGITS_ROWS)
@@ -252,9 +256,18 @@ class BitNetModel(GPUDecodeLoop):
             screened = not self.device.is_cpu and 2 * output.n_rows * output.n_cols >= SCREEN_MIN_HEAD_BYTES
         if screened and isinstance(output, F16Matrix) and output.n_cols % 16 == 0:
             self.screened_argmax = ScreenedArgmax(
-                self.kernels, self.lm_head, output, self.x_final, self.token_ids, self.config.vocab_size
+                self.kernels,
+                self.lm_head,
+                output,
+                self.x_final,
+                self.x_digits,
+                self.x_digit_stats,
+                self.token_ids,
+                self.config.vocab_size,
             )
             self._buffers += self.screened_argmax.buffers
+        if getattr(self, "output_norm", None) is not None:  # uploaded first: its norm now writes digits
+            self._build_final_norm()
 
     def _prepare_screen(self) -> None:
         """Make the screened head's int8 copy (its pipelines exist once the upload's batch is built)."""
@@ -265,10 +278,23 @@ class BitNetModel(GPUDecodeLoop):
 
     def output_norm_uploaded(self, norm: gpu.Buffer) -> None:
         self.output_norm = norm
+        self._build_final_norm()
+
+    def _build_final_norm(self) -> None:
+        """The final norm, writing digits for the screened head where the model has one."""
         cfg = self.config
+        digits = (self.x_digits, self.x_digit_stats) if self.screened_argmax is not None else None
         # norms of zero-padded rows divide by the model's true widths (model/layout.py)
         self.final_norm = RMSNorm(
-            self.kernels, self.x, norm, self.x_final, self.step, self.layout.dim, cfg.norm_eps, mean_width=cfg.dim
+            self.kernels,
+            self.x,
+            self.output_norm,
+            self.x_final,
+            self.step,
+            self.layout.dim,
+            cfg.norm_eps,
+            mean_width=cfg.dim,
+            digits=digits,
         )
 
     def _build_sampling_ops(self) -> None:
@@ -362,7 +388,8 @@ class BitNetModel(GPUDecodeLoop):
         """Record one forward step over `n_tokens` rows at positions pos.. (default: the next ones,
         n_cached; queued decode steps run ahead of the host's bookkeeping); `head=False` leaves out
         the final norm and LM head (a prefill chunk whose logits nobody reads), `logits=False` the LM
-        head only (a ScreenedArgmax reads the normed x itself). Allocates nothing.
+        head only: the final norm writes the screened head's digits instead (ScreenedArgmax records
+        next). Allocates nothing.
 
         The step's StepParams are written here (before the submit), or, with `params_ready`, they are in
         the uniform already when the step runs (the caller wrote them before the submit, or the previous
@@ -392,7 +419,7 @@ class BitNetModel(GPUDecodeLoop):
             layer.down.record(rec, n, bounded, live_rows)
         # logits = head(output_norm(x)) for the last row, or for every row
         if head:
-            self.final_norm.record(rec, n, last_only=not all_logits)
+            self.final_norm.record(rec, n, last_only=not all_logits, digits=not logits)
             if logits:
                 self.lm_head.record(rec, n if all_logits else 1, bounded)
         return rec
