@@ -148,8 +148,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         out_ids[SLOT + wid.x] = select(best.y, 0u, best.y == NO_INDEX);
     }
 //#if SCREENED
-    if (lid < KEY_SLOTS) {
-        keys[lid] = 0u;
+    for (var i = lid; i < KEY_SLOTS; i += WG) {
+        keys[i] = 0u;
     }
 //#endif
 //#endif

@@ -18,14 +18,19 @@
 // thread without subgroups), summed in a fixed order: results are deterministic run to run.
 // Dispatch: (ceil(SHARD_ROWS / ROWS), ceil(T / TOK), 1); without MULTI, TOK = 1 and T = 1.
 //
-// RESCORE (greedy decode steps, kernels/head_screen.py): the exact logits of the rows an int8 screen
-// left standing, and their argmax. Workgroup g scans rows g*SLICE .. g*SLICE+SLICE-1 of the shard,
-// keeps those whose upper bound reaches the screen's best lower bound (the largest of the KEY_SLOTS
-// order keys), then computes each kept row with the one-row head's arithmetic (ROWS = 1, TOK = 1: the
-// same loads, sums and slot order per row, so the same bits as the full head) and writes its best
-// (value bits, index) to partials[PART_BASE + g] for argmax.wgsl's combine (NaN never wins; equal
-// values keep the smaller index, whatever order the rows were kept in). Bindings: 0 table, 1 x,
-// 2 upper [V] f32, 3 keys [KEY_SLOTS] u32, 4 partials. Dispatch (ceil(SHARD_ROWS / SLICE), 1, 1).
+// RESCORE (screened decode steps, kernels/head_screen.py): the exact logits of the rows an int8 screen
+// left standing. Workgroup g scans rows g*SLICE .. g*SLICE+SLICE-1 of the shard, keeps those whose upper
+// bound reaches tau, then computes each kept row with the one-row head's arithmetic (ROWS = 1, TOK = 1:
+// the same loads, sums and slot order per row, so the same bits as the full head).
+//   greedy: tau = the best lower bound (the largest of the KEY_SLOTS order keys); the workgroup writes
+//           its best (value bits, index) to partials[PART_BASE + g] for argmax.wgsl's combine (NaN never
+//           wins; equal values keep the smaller index, whatever order the rows were kept in).
+//   TOPK:   tau = the smallest key: each key is a different row's lower bound, so KEY_SLOTS rows reach
+//           tau, and a row below it is below the top KEY_SLOTS - (repetition-penalized rows) logits;
+//           kept rows (and NaN bounds) get their logits, the others -inf (a key still 0: every row is
+//           kept). The top-k sampler then sees the F16 head's top logits, bit for bit.
+// Bindings: 0 table, 1 x, 2 upper [V] f32, 3 keys [KEY_SLOTS] u32, 4 partials (TOPK: logits [V] f32).
+// Dispatch (ceil(SHARD_ROWS / SLICE), 1, 1).
 
 const D8: u32 = ${D8};  // 16-byte chunks per row
 const SHARD_ROWS: u32 = ${SHARD_ROWS};
@@ -53,7 +58,11 @@ ${STEP_PARAMS}
 //#if RESCORE
 @group(0) @binding(2) var<storage, read> upper: array<f32>;
 @group(0) @binding(3) var<storage, read> keys: array<u32>;
+//#if TOPK
+@group(0) @binding(4) var<storage, read_write> logits: array<f32>;
+//#else
 @group(0) @binding(4) var<storage, read_write> partials: array<vec2<u32>>;
+//#endif
 const SLICE: u32 = ${SLICE};
 const KEY_SLOTS: u32 = ${KEY_SLOTS};
 const PART_BASE: u32 = ${PART_BASE};
@@ -62,6 +71,10 @@ const NO_INDEX: u32 = 0xffffffffu;
 var<workgroup> kept: array<u32, SLICE>;
 var<workgroup> n_kept_at: atomic<u32>;
 var<workgroup> n_kept_wg: u32;
+var<workgroup> key_at: atomic<u32>;
+//#if TOPK
+var<private> neg_inf_bits: u32 = 0xff800000u;  // -inf (a private, not a constant: Tint refuses -inf values)
+//#endif
 
 // The float whose order key (head_screen's order_key) is `key`.
 fn from_order_key(key: u32) -> f32 {
@@ -102,20 +115,40 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#endif
     let t0 = wid.y * TOK;
 //#if RESCORE
-    var best_key = 0u;
-    for (var i = 0u; i < KEY_SLOTS; i++) {
-        best_key = max(best_key, keys[i]);
-    }
-    let tau = from_order_key(best_key);
-    let bounded = best_key != 0u;  // 0: no bound at all (every lower bound NaN) keeps nothing
     if (lid == 0u) {
         atomicStore(&n_kept_at, 0u);
+//#if TOPK
+        atomicStore(&key_at, 0xffffffffu);
+//#else
+        atomicStore(&key_at, 0u);
+//#endif
     }
     workgroupBarrier();
+    for (var i = lid; i < KEY_SLOTS; i += WG) {
+//#if TOPK
+        atomicMin(&key_at, keys[i]);
+//#else
+        atomicMax(&key_at, keys[i]);
+//#endif
+    }
+    workgroupBarrier();
+    let key = atomicLoad(&key_at);
+    let tau = from_order_key(key);
+    let bounded = key != 0u;  // greedy: 0 = no bound at all (every lower bound NaN) keeps nothing
     for (var i = lid; i < SLICE; i += WG) {
         let row = g * SLICE + i;
-        if (bounded && row < SHARD_ROWS && START + row < VOCAB && upper[START + row] >= tau) {
-            kept[atomicAdd(&n_kept_at, 1u)] = row;
+        if (row < SHARD_ROWS && START + row < VOCAB) {
+//#if TOPK
+            if (!bounded || !(upper[START + row] < tau)) {
+                kept[atomicAdd(&n_kept_at, 1u)] = row;
+            } else {
+                logits[START + row] = bitcast<f32>(neg_inf_bits);
+            }
+//#else
+            if (bounded && upper[START + row] >= tau) {
+                kept[atomicAdd(&n_kept_at, 1u)] = row;
+            }
+//#endif
         }
     }
     workgroupBarrier();
@@ -230,16 +263,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             total += red[i];
         }
         let row = START + first_row;
+//#if TOPK
+        logits[row] = total;
+//#else
         if (total == total && (best_i == NO_INDEX || total > best_v || (total == best_v && row < best_i))) {
             best_v = total;
             best_i = row;
         }
+//#endif
     }
     workgroupBarrier();  // red is the next kept row's
     }
+//#if !TOPK
     if (lid == 0u) {
         partials[PART_BASE + g] = vec2<u32>(bitcast<u32>(best_v), best_i);
     }
+//#endif
 //#else
     for (var o = lid; o < OUTS; o += WG) {
         let r = o / TOK;

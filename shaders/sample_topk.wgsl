@@ -25,6 +25,8 @@
 //                     2 state     [4 + RING_MAX] u32: draw counter (+1 per token), status (1 = no
 //                                 valid logit: token 0 was written), ring length, ring head, ring
 //                     3 out_ids   [>= SLOT + 1] u32          (the next step's input token)
+//                     4 keys      [KEY_SLOTS] u32            only with SCREENED: zeroed after the draw
+//                                 (kernels/head_screen.py: the screen's lower-bound keys)
 //            PENALTY: 0 logits (read_write), 1 params, 2 state (read)
 //
 // Dispatch: PENALTY (1), default (ceil(V / N)), MERGE (ceil(N_IN / N)), FINAL (1); workgroup WG threads, each
@@ -46,6 +48,10 @@ const SLOT: u32 = ${SLOT};
 @group(0) @binding(1) var<uniform> params: SampleParams;
 @group(0) @binding(2) var<storage, read_write> state: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out_ids: array<u32>;
+//#if SCREENED
+const KEY_SLOTS: u32 = ${KEY_SLOTS};
+@group(0) @binding(4) var<storage, read_write> keys: array<u32>;
+//#endif
 //#else
 //#if MERGE
 const N_IN: u32 = ${N_IN};
@@ -111,6 +117,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //#else
     // Candidate weights in parallel (thread c: candidate c), then thread 0 walks the <= K prefix sums.
     let top = candidate_weights(lid);
+//#if SCREENED
+    for (var i = lid; i < KEY_SLOTS; i += WG) {  // the screened head's keys, for the next step's screen
+        keys[i] = 0u;
+    }
+//#endif
     if (lid != 0u) {
         return;
     }

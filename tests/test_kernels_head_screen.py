@@ -16,8 +16,10 @@ from gpu_helpers import open_device_or_skip, upload
 
 from bitnet_web.kernels.common import KernelCache, StepParams
 from bitnet_web.kernels.embedding import Argmax, EmbeddingShapeError, F16Matrix, Int8Matrix, LMHead
-from bitnet_web.kernels.head_screen import DIGIT_STATS, KEY_SLOTS, ScreenedArgmax, float_slack
+from bitnet_web.kernels.head_screen import DIGIT_STATS, KEY_SLOTS, ScreenedArgmax, ScreenedSampling, float_slack
 from bitnet_web.kernels.norm import RMSNorm
+from bitnet_web.kernels.sampling import GPUSampler
+from bitnet_web.text.sampler import SamplerSettings
 
 pytestmark = pytest.mark.gpu
 
@@ -247,3 +249,70 @@ def test_columns_not_a_multiple_of_16_are_refused(device):
     head = LMHead(kernels, matrix, x, device.buffer(16), StepParams(device))
     with pytest.raises(EmbeddingShapeError, match="multiple of 16"):
         ScreenedArgmax(kernels, head, matrix, x, device.buffer(48), device.buffer(16), out, 4)
+
+
+def test_the_top_logits_are_the_f16_heads_for_every_row_that_can_be_sampled(device):
+    """record_top_logits: every row among the top KEY_SLOTS of the F16 logits keeps its logit bit for
+    bit, any other row's value is that bit pattern or -inf, and more than KEY_SLOTS rows are dropped."""
+    rng = np.random.default_rng(10)
+    v, d = 4000, 256
+    table = (rng.standard_normal((v, d)) * rng.uniform(0.02, 0.2, (v, 1))).astype(np.float16)
+    heads = Heads(device, table)
+    kept_counts = []
+    for trial in range(5):
+        x = rng.standard_normal(d).astype(np.float32)
+        exact = heads.choose(x)[2].copy()
+        rec = device.begin()
+        heads.screened.record_top_logits(rec)  # the norm's digits are the choose() step's
+        rec.submit()
+        top = heads.read(heads.logits, np.float32)
+        kept = np.isfinite(top)
+        assert (top.view(np.uint32)[kept] == exact.view(np.uint32)[kept]).all()
+        assert (top[~kept] == -np.inf).all()
+        order = np.lexsort((np.arange(v), -exact))  # by value, ties by index: the sampler's order
+        assert kept[order[:KEY_SLOTS]].all(), trial
+        kept_counts.append(int(kept.sum()))
+        keys = heads.read(heads.screened.keys, np.uint32)
+        assert keys.all()  # every slot holds a bound (cleared by the sampler's draw, not here)
+        device.upload(heads.screened.keys, 0, np.zeros(KEY_SLOTS, np.uint32))  # as a draw would
+    assert max(kept_counts) < v // 2, kept_counts
+
+
+def test_sampled_steps_through_the_screen_draw_the_f16_heads_tokens(device):
+    """GPUSampler over the F16 logits and ScreenedSampling (top logits, then a sampler whose draw clears
+    the keys) draw the same tokens from the same seeds, with and without a repetition penalty."""
+    rng = np.random.default_rng(11)
+    v, d = 3000, 128
+    table = (rng.standard_normal((v, d)) * 0.3).astype(np.float16)
+    heads = Heads(device, table)
+    kernels = KernelCache(device)
+    plain = GPUSampler(kernels, heads.logits, heads.ids, v, slot=2)
+    screened_sampler = GPUSampler(kernels, heads.logits, heads.ids, v, slot=3)
+    with pytest.raises(RuntimeError, match="clear"):
+        ScreenedSampling(heads.screened, screened_sampler)
+    screened_sampler.clear_keys_after_draw(heads.screened.keys, KEY_SLOTS)
+    screened = ScreenedSampling(heads.screened, screened_sampler)
+    assert not ScreenedSampling.serves(SamplerSettings(repetition_penalty=0.9))
+    for settings in (
+        SamplerSettings(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.3, repeat_last_n=16),
+        SamplerSettings(temperature=1.5, top_k=64, top_p=1.0),
+    ):
+        assert ScreenedSampling.serves(settings)
+        history = [int(t) for t in rng.integers(0, v, 20)]
+        for sampler in (plain, screened_sampler):
+            sampler.configure(settings, seed=77, first_draw=0, history=history)
+        drawn = []
+        for _ in range(12):
+            x = rng.standard_normal(d).astype(np.float32)
+            device.upload(heads.x_in, 0, x)
+            rec = device.begin()
+            heads.norm.record(rec, 1, last_only=True, digits=True)
+            heads.head.record(rec, 1)
+            plain.record(rec)
+            screened.record(rec)
+            rec.submit()
+            ids = heads.read(heads.ids, np.uint32)
+            drawn.append((int(ids[2]), int(ids[3])))
+            assert not heads.read(heads.screened.keys, np.uint32).any()
+        assert all(a == b for a, b in drawn), drawn
+        assert len({a for a, _ in drawn}) > 3  # real draws, not one token

@@ -198,6 +198,7 @@ class LMHead:
                 f"({logits.nbytes} bytes) a row of {v} f32"
             )
         self.max_tokens = min(x.nbytes // (4 * d), logits.nbytes // (4 * v))
+        self.logits = logits
         device = kernels.device
         limit = device.limits.max_compute_workgroups_per_dimension
         subgroups = subgroups_available(device)
@@ -348,12 +349,15 @@ class LMHead:
         key_slots: int,
         vocab_size: int,
         groups: list[int],
+        top_k: bool = False,
     ) -> list[tuple[gpu.Pipeline, gpu.BindGroup, int]]:
         """(pipeline, bindings, workgroups) per shard of lm_head.wgsl's RESCORE variant for
         kernels/head_screen.py: the logits of the rows an int8 screen kept, by this head's one-row
         arithmetic (its threads, chunks and slots; one matrix row at a time), so they are the bits
         `record(recorder, 1)` would write. Shard i's `groups[i]` workgroups write their best from
-        partials[sum(groups[:i])]; rows from `vocab_size` on are never kept (as Argmax scans)."""
+        partials[sum(groups[:i])]; rows from `vocab_size` on are never kept (as Argmax scans).
+        `top_k`: the TOPK variant, which writes the kept rows' logits and -inf for the others into
+        `partials` (then the logits row)."""
         kernels, matrix, x, _, _, label, enables, shape_defines, _, _ = self._small_t_args
         if isinstance(matrix, Int8Matrix):
             raise EmbeddingShapeError(f"{label}: an int8 head has no exact logits to rescore")
@@ -363,7 +367,7 @@ class LMHead:
             pipeline = kernels.pipeline(
                 "lm_head",
                 enables=enables,
-                defines=shape_defines + ("RESCORE",),
+                defines=shape_defines + ("RESCORE",) + (("TOPK",) if top_k else ()),
                 TOK=1,
                 SLICE=slice_rows,
                 KEY_SLOTS=key_slots,

@@ -22,6 +22,7 @@ Three dispatches, like LMHead + Argmax.
 from __future__ import annotations
 
 from .. import gpu
+from ..text.sampler import GPU_PENALTY_WINDOW_MAX, GPU_TOP_K_MAX, SamplerSettings
 from .common import KernelCache, ceil_div, packed_dot_available, subgroups_available, wgsl_enables
 from .embedding import (
     ARGMAX_PER_THREAD,
@@ -31,12 +32,16 @@ from .embedding import (
     F16Matrix,
     LMHead,
 )
+from .sampling import GPUSampler
 
 SCREEN_WORKGROUP = 32  # with 2B-4T's 160 chunks a row, 5 whole chunks per thread (H200: fastest of 32-160)
 DIGIT_STATS = 4  # f32 words the final norm writes next to the digits: s1, s2, A, B
 SCREEN_ROWS = 8  # int8 rows per screening workgroup: 128256 rows -> 16032 workgroups (H200: 4 rows 4% slower)
 RESCORE_SLICE = 256  # rows each rescoring workgroup scans for survivors
-KEY_SLOTS = 32  # words the screen's workgroups spread their atomic maxima over
+# Words the screen's workgroups spread their atomic maxima over: also how many rows the top-k rescore
+# keeps at least (each word is a different row's lower bound): the sampler's largest top-k plus its
+# longest repetition-penalty window (rows whose logits the penalty may lower).
+KEY_SLOTS = GPU_TOP_K_MAX + GPU_PENALTY_WINDOW_MAX
 QUANTIZE_WORKGROUP = 64
 # Heads from this size on are screened by default: the screen saves about half the head's read time,
 # a few microseconds below this (the bundled model's 4 MB head), for half its memory again.
@@ -150,6 +155,9 @@ class ScreenedArgmax:
         self.rescore_ops = head.rescoring(
             self.upper, self.keys, self.partials, RESCORE_SLICE, KEY_SLOTS, vocab_size, rescore_groups
         )
+        self.top_logits_ops = head.rescoring(
+            self.upper, self.keys, head.logits, RESCORE_SLICE, KEY_SLOTS, vocab_size, rescore_groups, top_k=True
+        )
         self.combine = kernels.pipeline(
             "argmax",
             enables=enables,
@@ -178,7 +186,35 @@ class ScreenedArgmax:
             recorder.dispatch(pipeline, bind, groups)
         recorder.dispatch(self.combine, self.combine_bind, 1)
 
+    def record_top_logits(self, recorder: gpu.Recorder) -> None:
+        """The head's logits row as a top-k sampler needs it: the F16 logits (bit for bit) of every row
+        that can be among the top GPU_TOP_K_MAX after a repetition penalty of at least 1, -inf for the
+        others. The keys stay set: the sampler's draw clears them (`GPUSampler.clear_keys_after_draw`)."""
+        if not self.prepared:
+            raise RuntimeError(f"{self.label}: prepare() must record the int8 copy before the first step")
+        for pipeline, bind, groups in self.screen_ops + self.top_logits_ops:
+            recorder.dispatch(pipeline, bind, groups)
+
     def release(self, device: gpu.Device) -> None:
         for buffer in self.buffers:
             device.release(buffer)
         self.buffers.clear()
+
+
+class ScreenedSampling:
+    """A sampled decode step's token through the screen: `record_top_logits`, then `sampler` (whose
+    draw clears the screen's keys). The same token as `sampler` over the F16 head's logits, for
+    settings `serves` accepts: a repetition penalty below 1 raises logits past their screened bound."""
+
+    def __init__(self, screen: ScreenedArgmax, sampler: GPUSampler):
+        if sampler.cleared_keys is not screen.keys:  # keys left set would screen the next step wrongly
+            raise RuntimeError(f"{screen.label}: the sampler's draw must clear the screen's keys")
+        self.screen, self.sampler = screen, sampler
+
+    @staticmethod
+    def serves(settings: SamplerSettings) -> bool:
+        return settings.repetition_penalty >= 1.0
+
+    def record(self, recorder: gpu.Recorder) -> None:
+        self.screen.record_top_logits(recorder)
+        self.sampler.record(recorder)

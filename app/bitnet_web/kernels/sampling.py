@@ -75,6 +75,24 @@ class GPUSampler:
         final = kernels.pipeline("sample_topk", defines=("FINAL", "LISTS"), N_IN=pairs, SLOT=slot, **shape)
         bind = device.bind_group(final, [current, self.params, self.state, out_ids], f"{label} draw")
         self.dispatches.append((final, bind, 1))
+        self._final_args = (kernels, current, out_ids, pairs, slot, label)
+        self.cleared_keys: gpu.Buffer | None = None
+
+    def clear_keys_after_draw(self, keys: gpu.Buffer, key_slots: int) -> None:
+        """From now on the draw also zeroes `keys` (kernels/head_screen.py: a screened step's lower-bound
+        keys, which must be clear for the next step's screen)."""
+        kernels, current, out_ids, pairs, slot, label = self._final_args
+        final = kernels.pipeline(
+            "sample_topk",
+            defines=("FINAL", "LISTS", "SCREENED"),
+            N_IN=pairs,
+            SLOT=slot,
+            KEY_SLOTS=key_slots,
+            **SORT_SHAPE,
+        )
+        bind = kernels.device.bind_group(final, [current, self.params, self.state, out_ids, keys], f"{label} draw")
+        self.dispatches[-1] = (final, bind, 1)
+        self.cleared_keys = keys
 
     def configure(self, settings: SamplerSettings, seed: int, first_draw: int, history: list[int] = ()) -> int:
         """Settings for the next steps, and the stream position: the next step uses draw `first_draw`

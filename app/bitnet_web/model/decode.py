@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import gpu
 from ..kernels.embedding import Argmax
-from ..kernels.head_screen import ScreenedArgmax
+from ..kernels.head_screen import ScreenedArgmax, ScreenedSampling
 from ..kernels.linear import split_min_live_rows
 from ..kernels.sampling import GPUSampler
 from ..kernels.spec_sampling import SpecSampleAccept
@@ -155,7 +155,7 @@ class GPUDecodeLoop:
         return ring
 
     def _record_gpu_steps(
-        self, chooser: Argmax | ScreenedArgmax | GPUSampler, pos: int, k: int, staging: gpu.Buffer
+        self, chooser: Argmax | ScreenedArgmax | GPUSampler | ScreenedSampling, pos: int, k: int, staging: gpu.Buffer
     ) -> gpu.Recorder:
         """`k` decode steps at positions pos.. in one recorder, chained on the GPU: the host writes step
         0's StepParams (queue order: after the submits before this one); step j reads its input id from
@@ -165,7 +165,7 @@ class GPUDecodeLoop:
         self.kv_cache.ensure_capacity(pos + k)  # before recording: growing submits a copy of its own
         self.step.write(1, pos, self.kv_cache.capacity, slot=0)
         rec = self.device.begin()
-        logits = not isinstance(chooser, ScreenedArgmax)  # the screen reads the normed x itself
+        logits = not isinstance(chooser, (ScreenedArgmax, ScreenedSampling))  # a screen reads x's digits
         for j in range(k):
             self._record_step(1, all_logits=False, rec=rec, pos=pos + j, params_ready=True, logits=logits)
             chooser.record(rec)
@@ -207,12 +207,15 @@ class GPUDecodeLoop:
         `first_draw` and `history` are then that configuration's and are not uploaded again."""
         if not isinstance(first_token, FirstToken):
             self.gpu_sampler.configure(settings, seed, first_draw, history)
-        return self._decode_on_gpu(first_token, self.gpu_sampler, limit, stop_ids)
+        chooser: GPUSampler | ScreenedSampling = self.gpu_sampler
+        if self.screened_argmax is not None and ScreenedSampling.serves(settings):
+            chooser = ScreenedSampling(self.screened_argmax, self.gpu_sampler)  # the same tokens
+        return self._decode_on_gpu(first_token, chooser, limit, stop_ids)
 
     async def _decode_on_gpu(
         self,
         first_token: int | FirstToken,
-        chooser: Argmax | ScreenedArgmax | GPUSampler,
+        chooser: Argmax | ScreenedArgmax | GPUSampler | ScreenedSampling,
         limit: int | None = None,
         stop_ids: Sequence[int] = (),
     ) -> AsyncIterator[int]:
