@@ -20,8 +20,8 @@
 //
 // RESCORE (screened decode steps, kernels/head_screen.py): the exact logits of the rows an int8 screen
 // left standing. Workgroup g scans rows g*SLICE .. g*SLICE+SLICE-1 of the shard, keeps those whose upper
-// bound reaches tau, then computes each kept row with the one-row head's arithmetic (ROWS = 1, TOK = 1:
-// the same loads, sums and slot order per row, so the same bits as the full head).
+// bound reaches tau, then computes the kept rows, ROWS at a time, with the one-row head's arithmetic
+// (TOK = 1; each row's own loads, sums and slot order, so the same bits as the full head).
 //   greedy: tau = the best lower bound (the largest of the KEY_SLOTS order keys); the workgroup writes
 //           its best (value bits, index) to partials[PART_BASE + g] for argmax.wgsl's combine (NaN never
 //           wins; equal values keep the smaller index, whatever order the rows were kept in).
@@ -158,10 +158,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let n_kept = workgroupUniformLoad(&n_kept_wg);
     var best_v = 0.0;
     var best_i = NO_INDEX;
-    for (var k = 0u; k < n_kept; k++) {
-    let first_row = kept[k];
+    for (var k = 0u; k < n_kept; k += ROWS) {  // ROWS kept rows at a time (the last one repeated)
+//#for r in ROWS
+    let row{{r}} = kept[min(k + {{r}}u, n_kept - 1u)];
+//#endfor
 //#else
-    let first_row = g * ROWS;
+//#for r in ROWS
+    let row{{r}} = min(g * ROWS + {{r}}u, SHARD_ROWS - 1u);
+//#endfor
 //#endif
 //#for it in ITERS
     let c{{it}} = lid + {{it}}u * WG;
@@ -171,7 +175,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let cc{{it}} = min(c{{it}}, D8 - 1u);
 //#endif
 //#for r in ROWS
-    let w{{it}}_{{r}} = table[min(first_row + {{r}}u, SHARD_ROWS - 1u) * D8 + cc{{it}}];
+    let w{{it}}_{{r}} = table[row{{r}} * D8 + cc{{it}}];
 //#endfor
 //#endfor
 //#for r in ROWS
@@ -258,19 +262,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     workgroupBarrier();
 //#if RESCORE
     if (lid == 0u) {
-        var total = 0.0;
-        for (var i = 0u; i < n_slots; i++) {  // the one-row head's order
-            total += red[i];
-        }
-        let row = START + first_row;
+//#for r in ROWS
+        {
+            var total = 0.0;
+            for (var i = 0u; i < n_slots; i++) {  // the one-row head's order
+                total += red[{{r}}u * SLOTS + i];
+            }
+            let row = START + row{{r}};
 //#if TOPK
-        logits[row] = total;
+            logits[row] = total;
 //#else
-        if (total == total && (best_i == NO_INDEX || total > best_v || (total == best_v && row < best_i))) {
-            best_v = total;
-            best_i = row;
-        }
+            if (total == total && (best_i == NO_INDEX || total > best_v || (total == best_v && row < best_i))) {
+                best_v = total;
+                best_i = row;
+            }
 //#endif
+        }
+//#endfor
     }
     workgroupBarrier();  // red is the next kept row's
     }

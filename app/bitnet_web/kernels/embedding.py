@@ -40,6 +40,9 @@ LM_HEAD_TOKENS = 4  # token rows per workgroup when logits of several tokens are
 LM_HEAD_SMALL_T_ROWS = 4
 LM_HEAD_LONG_T_TOKENS = 8
 LM_HEAD_LONG_T_ROWS = 3
+# Kept rows a rescoring workgroup computes at a time (their loads in flight together); each row's
+# arithmetic is the one-row head's whatever the count
+RESCORE_ROWS = 4
 ARGMAX_WORKGROUP = 256
 ARGMAX_PER_THREAD = 4  # logits per thread in the first pass: 128256 -> 126 workgroups
 
@@ -363,7 +366,7 @@ class LMHead:
             raise EmbeddingShapeError(f"{label}: an int8 head has no exact logits to rescore")
         found, base = [], 0
         for i, ((_, _, buffer), count) in enumerate(zip(matrix.shards, groups, strict=True)):
-            constants = {**self._shard_constants[i], "ROWS": 1}
+            constants = {**self._shard_constants[i], "ROWS": RESCORE_ROWS}
             pipeline = kernels.pipeline(
                 "lm_head",
                 enables=enables,
