@@ -356,11 +356,11 @@ class LMHead:
     ) -> list[tuple[gpu.Pipeline, gpu.BindGroup, int]]:
         """(pipeline, bindings, workgroups) per shard of lm_head.wgsl's RESCORE variant for
         kernels/head_screen.py: the logits of the rows an int8 screen kept, by this head's one-row
-        arithmetic (its threads, chunks and slots; one matrix row at a time), so they are the bits
-        `record(recorder, 1)` would write. Shard i's `groups[i]` workgroups write their best from
+        arithmetic (its threads, chunks and slots; RESCORE_ROWS kept rows at a time), so they are the
+        bits `record(recorder, 1)` would write. Shard i's `groups[i]` workgroups write their best from
         partials[sum(groups[:i])]; rows from `vocab_size` on are never kept (as Argmax scans).
-        `top_k`: the TOPK variant, which writes the kept rows' logits and -inf for the others into
-        `partials` (then the logits row)."""
+        `top_k`: the TOPK variant, where `partials` is the logits row: the kept rows' logits, -inf for
+        the others."""
         kernels, matrix, x, _, _, label, enables, shape_defines, _, _ = self._small_t_args
         if isinstance(matrix, Int8Matrix):
             raise EmbeddingShapeError(f"{label}: an int8 head has no exact logits to rescore")

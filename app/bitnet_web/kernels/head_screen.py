@@ -1,4 +1,4 @@
-"""Greedy decoding's LM head in two passes: an int8 screen, then the exact logits of the rows that can win.
+"""A decode step's LM head in two passes: an int8 screen, then the exact logits of the rows that can win.
 
 The F16 head is a decode step's largest read (657 MB a token for 2B-4T). Greedy decoding needs only
 its argmax. `ScreenedArgmax` keeps an int8 copy of the head (made on the GPU from the F16 rows at load,
@@ -17,6 +17,10 @@ The argmax's row always survives the screen and its logit is the F16 head's bit 
 is exactly `Argmax` over `LMHead`'s logits (ties to the smaller index, NaN never wins): a speculative
 verify step, which still runs the F16 head, accepts the same tokens. The logits buffer is not written.
 Three dispatches, like LMHead + Argmax.
+
+Sampled steps (`ScreenedSampling`): the screen, then the rescore's TOPK variant writes the logits row
+with the F16 logit of every row that can be among the sampler's top candidates and -inf elsewhere
+(`record_top_logits`), then the GPU sampler as over the F16 logits; its draw clears the keys.
 """
 
 from __future__ import annotations
