@@ -41,10 +41,7 @@ const W_F: f32 = ${W_F};
 
 //#include _norm_reduce
 
-fn pack_i8(q: vec4<i32>) -> u32 {
-    let b = bitcast<vec4<u32>>(q) & vec4<u32>(0xffu);
-    return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
-}
+//#include _int8
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
@@ -89,7 +86,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let k = r * s;
 //#for i in ITEMS
     if (c{{i}} < W4) {
-        xq[t * W4 + c{{i}}] = pack_i8(vec4<i32>(clamp(round(h{{i}} * k), vec4<f32>(-128.0), vec4<f32>(127.0))));
+        xq[t * W4 + c{{i}}] = pack_i8(clamp(round(h{{i}} * k), vec4<f32>(-128.0), vec4<f32>(127.0)));
     }
 //#endfor
     if (lid == 0u) {
