@@ -156,8 +156,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         n_kept_wg = atomicLoad(&n_kept_at);
     }
     let n_kept = workgroupUniformLoad(&n_kept_wg);
+//#if !TOPK
     var best_v = 0.0;
     var best_i = NO_INDEX;
+//#endif
     for (var k = 0u; k < n_kept; k += ROWS) {  // ROWS kept rows at a time (the last one repeated)
 //#for r in ROWS
     let row{{r}} = kept[min(k + {{r}}u, n_kept - 1u)];
