@@ -69,6 +69,7 @@ fn bitonic_sort(lid: u32) {
 
 //#if !PENALTY
 //#if !ACCEPT
+//#if !CANDIDATES
 // All WG threads: sort_pairs = block `block` (N wide) of row `row`, sorted. Spans read logits
 // [row * V + ...]; LISTS read lists_in[row * N_IN + ...] (sorted runs of K).
 fn load_and_sort(lid: u32, block: u32, row: u32) {
@@ -94,6 +95,7 @@ fn load_and_sort(lid: u32, block: u32, row: u32) {
     workgroupBarrier();
     bitonic_sort(lid);
 }
+//#endif
 //#endif
 //#endif
 

@@ -25,11 +25,15 @@
 //   greedy: tau = the best lower bound (the largest of the KEY_SLOTS order keys); the workgroup writes
 //           its best (value bits, index) to partials[PART_BASE + g] for argmax.wgsl's combine (NaN never
 //           wins; equal values keep the smaller index, whatever order the rows were kept in).
-//   TOPK:   tau = the smallest key: each key is a different row's lower bound, so KEY_SLOTS rows reach
-//           tau, and a row below it is below the top KEY_SLOTS - (repetition-penalized rows) logits;
-//           kept rows (and NaN bounds) get their logits, the others -inf (a key still 0: every row is
-//           kept). The top-k sampler then sees the F16 head's top logits, bit for bit.
-// Bindings: 0 table, 1 x, 2 upper [V] f32, 3 keys [KEY_SLOTS] u32, 4 partials (TOPK: logits [V] f32).
+//   TOPK:   tau = the TAU_RANK-th largest of the KEY_SLOTS order keys (low 16 bits cleared: a lower
+//           bound of it), found by every workgroup alike with two 8-bit radix rounds over the keys. Each
+//           key is a different row's lower bound, so TAU_RANK rows reach tau, and a row below it is below
+//           the top TAU_RANK - (repetition-penalized rows) logits. The kept rows (and NaN bounds) go to the
+//           candidate list as (F16 logit bits, row): room for n_kept is taken with one atomicAdd. Fewer
+//           than TAU_RANK keys set (tau's key 0): every row is kept. The sampler then sees the F16 head's
+//           top logits, bit for bit.
+// Bindings: 0 table, 1 x, 2 upper [V] f32, 3 keys [KEY_SLOTS] u32, 4 partials (TOPK: candidates,
+// _candidates.wgsl).
 // Dispatch (ceil(SHARD_ROWS / SLICE), 1, 1).
 
 const D8: u32 = ${D8};  // 16-byte chunks per row
@@ -59,7 +63,13 @@ ${STEP_PARAMS}
 @group(0) @binding(2) var<storage, read> upper: array<f32>;
 @group(0) @binding(3) var<storage, read> keys: array<u32>;
 //#if TOPK
-@group(0) @binding(4) var<storage, read_write> logits: array<f32>;
+//#include _candidates
+@group(0) @binding(4) var<storage, read_write> candidates: Candidates;
+const TAU_RANK: u32 = ${TAU_RANK};
+const RADIX_BINS: u32 = 256u;
+var<workgroup> hist: array<atomic<u32>, RADIX_BINS>;
+var<workgroup> hist_16: array<u32, 16>;  // sums of 16 neighbouring bins
+var<workgroup> select_wg: vec2<u32>;  // (key prefix so far, keys at or above it still needed)
 //#else
 @group(0) @binding(4) var<storage, read_write> partials: array<vec2<u32>>;
 //#endif
@@ -71,15 +81,64 @@ const NO_INDEX: u32 = 0xffffffffu;
 var<workgroup> kept: array<u32, SLICE>;
 var<workgroup> n_kept_at: atomic<u32>;
 var<workgroup> n_kept_wg: u32;
+//#if !TOPK
 var<workgroup> key_at: atomic<u32>;
-//#if TOPK
-var<private> neg_inf_bits: u32 = 0xff800000u;  // -inf (a private, not a constant: Tint refuses -inf values)
 //#endif
 
 // The float whose order key (head_screen's order_key) is `key`.
 fn from_order_key(key: u32) -> f32 {
     return bitcast<f32>(select(~key, key ^ 0x80000000u, key >= 0x80000000u));
 }
+//#if TOPK
+
+// All threads: the TAU_RANK-th largest key with its low 16 bits cleared (at least TAU_RANK keys reach
+// it), by two rounds of an 8-bit histogram; each round's bin is found by thread 0 over 16 sums of 16.
+fn tau_key(lid: u32) -> u32 {
+    var prefix = 0u;
+    var need = TAU_RANK;
+    for (var round = 0u; round < 2u; round++) {
+        let shift = 24u - 8u * round;
+        let high = select(0u, 0xff000000u, round == 1u);  // the bits the prefix already fixes
+        for (var b = lid; b < RADIX_BINS; b += WG) {
+            atomicStore(&hist[b], 0u);
+        }
+        workgroupBarrier();
+        for (var i = lid; i < KEY_SLOTS; i += WG) {
+            let key = keys[i];
+            if ((key & high) == prefix) {
+                atomicAdd(&hist[(key >> shift) & 0xffu], 1u);
+            }
+        }
+        workgroupBarrier();
+        if (lid < 16u) {
+            var sum = 0u;
+            for (var j = 0u; j < 16u; j++) {
+                sum += atomicLoad(&hist[16u * lid + j]);
+            }
+            hist_16[lid] = sum;
+        }
+        workgroupBarrier();
+        if (lid == 0u) {  // the highest bin where the keys from the top reach `need`
+            var above = 0u;
+            var c = 15u;
+            while (c > 0u && above + hist_16[c] < need) {
+                above += hist_16[c];
+                c -= 1u;
+            }
+            var b = 16u * c + 15u;
+            while (b > 16u * c && above + atomicLoad(&hist[b]) < need) {
+                above += atomicLoad(&hist[b]);
+                b -= 1u;
+            }
+            select_wg = vec2<u32>(prefix | (b << shift), need - above);
+        }
+        let chosen = workgroupUniformLoad(&select_wg);
+        prefix = chosen.x;
+        need = chosen.y;
+    }
+    return prefix;
+}
+//#endif
 //#else
 @group(0) @binding(2) var<storage, read_write> logits: array<f32>;
 //#endif
@@ -117,22 +176,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#if RESCORE
     if (lid == 0u) {
         atomicStore(&n_kept_at, 0u);
-//#if TOPK
-        atomicStore(&key_at, 0xffffffffu);
-//#else
+//#if !TOPK
         atomicStore(&key_at, 0u);
 //#endif
     }
+//#if TOPK
+    let key = tau_key(lid);
+//#else
     workgroupBarrier();
     for (var i = lid; i < KEY_SLOTS; i += WG) {
-//#if TOPK
-        atomicMin(&key_at, keys[i]);
-//#else
         atomicMax(&key_at, keys[i]);
-//#endif
     }
     workgroupBarrier();
     let key = atomicLoad(&key_at);
+//#endif
     let tau = from_order_key(key);
     let bounded = key != 0u;  // greedy: 0 = no bound at all (every lower bound NaN) keeps nothing
     for (var i = lid; i < SLICE; i += WG) {
@@ -141,8 +198,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#if TOPK
             if (!bounded || !(upper[START + row] < tau)) {
                 kept[atomicAdd(&n_kept_at, 1u)] = row;
-            } else {
-                logits[START + row] = bitcast<f32>(neg_inf_bits);
             }
 //#else
             if (bounded && upper[START + row] >= tau) {
@@ -156,7 +211,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         n_kept_wg = atomicLoad(&n_kept_at);
     }
     let n_kept = workgroupUniformLoad(&n_kept_wg);
-//#if !TOPK
+//#if TOPK
+    var base = 0u;  // thread 0: where this workgroup's kept rows go in the candidate list
+    if (lid == 0u && n_kept > 0u) {
+        base = atomicAdd(&candidates.count, n_kept);
+    }
+//#else
     var best_v = 0.0;
     var best_i = NO_INDEX;
 //#endif
@@ -272,7 +332,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             }
             let row = START + row{{r}};
 //#if TOPK
-            logits[row] = total;
+            if (k + {{r}}u < n_kept) {  // the last group's repeated row is written once
+                candidates.pairs[base + k + {{r}}u] = vec2<u32>(bitcast<u32>(total), row);
+            }
 //#else
             if (total == total && (best_i == NO_INDEX || total > best_v || (total == best_v && row < best_i))) {
                 best_v = total;

@@ -13,6 +13,11 @@
 //   MERGE:     workgroup g sorts pairs g*N .. of a previous level's lists, writes its best K
 //              (N / K lists per workgroup: 126 workgroups' lists -> 8 -> one)
 //   FINAL:     one workgroup sorts the last <= N pairs, then thread 0 cuts and draws (<= K exps)
+// and one that replaces all four after an int8 screen (kernels/head_screen.py, sampled steps):
+//   FINAL CANDIDATES: one workgroup reads the screen's candidate list (the F16 logits of the rows
+//              that can be among the top K after the penalty, usually a few hundred), applies the
+//              penalty to the ring's tokens among them, keeps the best K over chunks of N - K (the
+//              first chunk N), draws as FINAL, then empties the list and zeroes the screen's keys.
 // Why sorts: top-k needs the exact k-th value; a 1024-wide bitonic sort in workgroup memory is
 // 55 barrier steps, a few microseconds, against ~1.5 ms per decode step.
 //
@@ -25,8 +30,7 @@
 //                     2 state     [4 + RING_MAX] u32: draw counter (+1 per token), status (1 = no
 //                                 valid logit: token 0 was written), ring length, ring head, ring
 //                     3 out_ids   [>= SLOT + 1] u32          (the next step's input token)
-//                     4 keys      [KEY_SLOTS] u32            only with SCREENED: zeroed after the draw
-//                                 (kernels/head_screen.py: the screen's lower-bound keys)
+//            CANDIDATES: 0 candidates (_candidates.wgsl), 1-3 as FINAL, 4 keys [KEY_SLOTS] u32
 //            PENALTY: 0 logits (read_write), 1 params, 2 state (read)
 //
 // Dispatch: PENALTY (1), default (ceil(V / N)), MERGE (ceil(N_IN / N)), FINAL (1); workgroup WG threads, each
@@ -42,15 +46,21 @@ const ROW: u32 = ${ROW};
 @group(0) @binding(2) var<storage, read> state: array<u32>;
 //#else
 //#if FINAL
-const N_IN: u32 = ${N_IN};
 const SLOT: u32 = ${SLOT};
-@group(0) @binding(0) var<storage, read> lists_in: array<vec2<u32>>;
 @group(0) @binding(1) var<uniform> params: SampleParams;
 @group(0) @binding(2) var<storage, read_write> state: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out_ids: array<u32>;
-//#if SCREENED
+//#if CANDIDATES
+//#include _candidates
 const KEY_SLOTS: u32 = ${KEY_SLOTS};
+const RING_MAX: u32 = ${RING_MAX};
+@group(0) @binding(0) var<storage, read_write> candidates: Candidates;
 @group(0) @binding(4) var<storage, read_write> keys: array<u32>;
+var<workgroup> ring_wg: array<u32, RING_MAX>;
+var<workgroup> shape_wg: vec2<u32>;  // (candidates, ring entries)
+//#else
+const N_IN: u32 = ${N_IN};
+@group(0) @binding(0) var<storage, read> lists_in: array<vec2<u32>>;
 //#endif
 //#else
 //#if MERGE
@@ -80,6 +90,58 @@ fn draw_token(draw: u32, top: f32) -> vec2<u32> {
 }
 //#endif
 
+//#if CANDIDATES
+// The repetition penalty (as PENALTY applies it) on candidate `id`'s logit, if id is in the ring.
+fn penalized(value: f32, id: u32, n_ring: u32) -> f32 {
+    for (var r = 0u; r < n_ring; r++) {
+        if (ring_wg[r] == id) {
+            return select(value * params.penalty, value / params.penalty, value > 0.0);
+        }
+    }
+    return value;
+}
+
+// All threads: sort_pairs[0 .. K) = the best K candidates after the penalty, in `before` order. The
+// first chunk fills all N places; each later one the N - K after the best K so far.
+fn sort_candidates(lid: u32) {
+    if (lid == 0u) {
+        shape_wg = vec2<u32>(atomicLoad(&candidates.count), min(state[2], params.window));
+    }
+    for (var r = lid; r < RING_MAX; r += WG) {
+        ring_wg[r] = state[RING_AT + r];
+    }
+    let shape = workgroupUniformLoad(&shape_wg);
+    var next = 0u;  // the first candidate this chunk reads
+    var first = 0u;  // the first place it fills
+    loop {
+//#for t in PER
+        {
+            let i = lid + {{t}}u * WG;
+            let at = next + i - first;
+            if (i >= first) {
+                var pair = vec2<u32>(bitcast<u32>(LOWEST), NO_INDEX);
+                if (at < shape.x) {
+                    let found = candidates.pairs[at];
+                    let value = penalized(bitcast<f32>(found.x), found.y, shape.y);
+                    if (value == value) {  // NaN never becomes a candidate
+                        pair = vec2<u32>(bitcast<u32>(value), found.y);
+                    }
+                }
+                sort_pairs[i] = pair;
+            }
+        }
+//#endfor
+        workgroupBarrier();
+        bitonic_sort(lid);
+        next += N - first;
+        first = K;
+        if (next >= shape.x) {
+            break;
+        }
+    }
+}
+//#endif
+
 //#if PENALTY
 // llama.cpp's repetition penalty on this row's logits, in place, before the spans read them: each
 // distinct token among the last `window` (the ring) is divided by the penalty if positive, else
@@ -105,10 +167,14 @@ fn main(@builtin(local_invocation_index) lid: u32) {
 //#else
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+//#if CANDIDATES
+    sort_candidates(lid);
+//#else
 //#if LISTS
     load_and_sort(lid, wid.x, 0u);
 //#else
     load_and_sort(lid, wid.x, ROW);
+//#endif
 //#endif
 //#if !FINAL
     if (lid < K) {
@@ -117,7 +183,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //#else
     // Candidate weights in parallel (thread c: candidate c), then thread 0 walks the <= K prefix sums.
     let top = candidate_weights(lid);
-//#if SCREENED
+//#if CANDIDATES
     for (var i = lid; i < KEY_SLOTS; i += WG) {  // the screened head's keys, for the next step's screen
         keys[i] = 0u;
     }
@@ -125,6 +191,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (lid != 0u) {
         return;
     }
+//#if CANDIDATES
+    atomicStore(&candidates.count, 0u);  // every thread read it (sort_candidates) before the sort
+//#endif
     let draw = state[0];
     state[0] = draw + 1u;
     let chosen = draw_token(draw, top);

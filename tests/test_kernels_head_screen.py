@@ -16,7 +16,16 @@ from gpu_helpers import open_device_or_skip, upload
 
 from bitnet_web.kernels.common import KernelCache, StepParams
 from bitnet_web.kernels.embedding import Argmax, EmbeddingShapeError, F16Matrix, Int8Matrix, LMHead
-from bitnet_web.kernels.head_screen import DIGIT_STATS, KEY_SLOTS, ScreenedArgmax, ScreenedSampling, float_slack
+from bitnet_web.kernels.head_screen import (
+    DIGIT_STATS,
+    KEY_SLOTS,
+    SAMPLED_KEY_SLOTS,
+    SCREEN_ROWS,
+    TAU_RANK,
+    ScreenedArgmax,
+    ScreenedSampling,
+    float_slack,
+)
 from bitnet_web.kernels.norm import RMSNorm
 from bitnet_web.kernels.sampling import GPUSampler
 from bitnet_web.text.sampler import SamplerSettings
@@ -251,11 +260,30 @@ def test_columns_not_a_multiple_of_16_are_refused(device):
         ScreenedArgmax(kernels, head, matrix, x, device.buffer(48), device.buffer(16), out, 4)
 
 
-def test_the_top_logits_are_the_f16_heads_for_every_row_that_can_be_sampled(device):
-    """record_top_logits: every row among the top KEY_SLOTS of the F16 logits keeps its logit bit for
-    bit, any other row's value is that bit pattern or -inf, and more than KEY_SLOTS rows are dropped."""
+def order_key(values: np.ndarray) -> np.ndarray:
+    """lm_head_screen.wgsl's order key: a u32 that orders as the float does."""
+    bits = values.astype(np.float32).view(np.uint32)
+    return np.where(bits >= 0x80000000, ~bits, bits ^ 0x80000000).astype(np.uint32)
+
+
+def from_order_key(keys: np.ndarray) -> np.ndarray:
+    keys = np.asarray(keys, np.uint32)
+    return np.where(keys >= 0x80000000, keys ^ 0x80000000, ~keys).astype(np.uint32).view(np.float32)
+
+
+def read_candidates(heads) -> tuple[np.ndarray, np.ndarray]:
+    """The screen's candidate list: (rows, logits) in list order."""
+    words = heads.read(heads.screened.candidates, np.uint32)
+    pairs = words[2 : 2 + 2 * int(words[0])].reshape(-1, 2)
+    return pairs[:, 1].astype(np.int64), pairs[:, 0].copy().view(np.float32)
+
+
+def test_the_candidates_are_the_rows_the_tau_rank_th_key_keeps(device):
+    """record_candidates: the list holds the F16 logit (bit for bit) of exactly the rows whose upper
+    bound reaches the TAU_RANK-th largest key (its low 16 bits cleared), each once; that includes every
+    row of the top TAU_RANK logits, and far fewer rows than the vocabulary."""
     rng = np.random.default_rng(10)
-    v, d = 4000, 256
+    v, d = 6000, 256
     table = (rng.standard_normal((v, d)) * rng.uniform(0.02, 0.2, (v, 1))).astype(np.float16)
     heads = Heads(device, table)
     kept_counts = []
@@ -263,56 +291,99 @@ def test_the_top_logits_are_the_f16_heads_for_every_row_that_can_be_sampled(devi
         x = rng.standard_normal(d).astype(np.float32)
         exact = heads.choose(x)[2].copy()
         rec = device.begin()
-        heads.screened.record_top_logits(rec)  # the norm's digits are the choose() step's
+        heads.screened.record_candidates(rec)  # the norm's digits are the choose() step's
         rec.submit()
-        top = heads.read(heads.logits, np.float32)
-        kept = np.isfinite(top)
-        assert (top.view(np.uint32)[kept] == exact.view(np.uint32)[kept]).all()
-        assert (top[~kept] == -np.inf).all()
+        rows, logits = read_candidates(heads)
+        assert len(set(rows.tolist())) == len(rows), trial
+        assert (logits.view(np.uint32) == exact[rows].view(np.uint32)).all()
+        keys = heads.read(heads.screened.keys, np.uint32)  # still set: the sampler's draw clears them
+        assert np.count_nonzero(keys) == min(SAMPLED_KEY_SLOTS, -(-v // SCREEN_ROWS))  # a key per screen workgroup
+        tau = from_order_key(np.sort(keys)[-TAU_RANK] & 0xFFFF0000)
+        upper = heads.read(heads.screened.upper, np.float32)
+        assert set(rows.tolist()) == set(np.flatnonzero(~(upper < tau)).tolist()), trial
         order = np.lexsort((np.arange(v), -exact))  # by value, ties by index: the sampler's order
-        assert kept[order[:KEY_SLOTS]].all(), trial
-        kept_counts.append(int(kept.sum()))
-        keys = heads.read(heads.screened.keys, np.uint32)
-        assert keys.all()  # every slot holds a bound (cleared by the sampler's draw, not here)
-        device.upload(heads.screened.keys, 0, np.zeros(KEY_SLOTS, np.uint32))  # as a draw would
-    assert max(kept_counts) < v // 2, kept_counts
+        assert set(order[:TAU_RANK].tolist()) <= set(rows.tolist()), trial
+        kept_counts.append(len(rows))
+        device.upload(heads.screened.keys, 0, np.zeros(SAMPLED_KEY_SLOTS, np.uint32))  # as a draw would
+        device.upload(heads.screened.candidates, 0, np.zeros(2, np.uint32))
+    assert max(kept_counts) < v // 4, kept_counts
 
 
-def test_sampled_steps_through_the_screen_draw_the_f16_heads_tokens(device):
-    """GPUSampler over the F16 logits and ScreenedSampling (top logits, then a sampler whose draw clears
-    the keys) draw the same tokens from the same seeds, with and without a repetition penalty."""
-    rng = np.random.default_rng(11)
-    v, d = 3000, 128
-    table = (rng.standard_normal((v, d)) * 0.3).astype(np.float16)
+def test_fewer_set_keys_than_the_rank_keep_every_row(device):
+    """A vocabulary of fewer than TAU_RANK screening workgroups leaves tau unbounded: every row is a
+    candidate."""
+    rng = np.random.default_rng(12)
+    v, d = 8 * (TAU_RANK // 2), 128
+    heads = Heads(device, rng.standard_normal((v, d)).astype(np.float16))
+    exact = heads.choose(rng.standard_normal(d).astype(np.float32))[2]
+    rec = device.begin()
+    heads.screened.record_candidates(rec)
+    rec.submit()
+    rows, logits = read_candidates(heads)
+    assert sorted(rows.tolist()) == list(range(v))
+    assert (logits.view(np.uint32) == exact[rows].view(np.uint32)).all()
+
+
+def sampled_tokens_agree(device, table: np.ndarray, seed: int, steps: int = 12) -> list[int]:
+    """GPUSampler over the F16 logits and ScreenedSampling (candidates, then one draw that clears the
+    keys and the list) draw the same tokens from the same seeds, with and without a repetition
+    penalty (on rows 0-19, which the callers make large, so the penalty moves them in and out of the
+    top k); returns the screened steps' candidate counts."""
+    rng = np.random.default_rng(seed)  # not the table's stream: x would repeat its rows
+    v, d = table.shape
     heads = Heads(device, table)
     kernels = KernelCache(device)
     plain = GPUSampler(kernels, heads.logits, heads.ids, v, slot=2)
     screened_sampler = GPUSampler(kernels, heads.logits, heads.ids, v, slot=3)
-    with pytest.raises(RuntimeError, match="clear"):
+    with pytest.raises(RuntimeError, match="candidates"):
         ScreenedSampling(heads.screened, screened_sampler)
-    screened_sampler.clear_keys_after_draw(heads.screened.keys, KEY_SLOTS)
-    screened = ScreenedSampling(heads.screened, screened_sampler)
+    screened_sampler.draw_from_candidates(heads.screened.candidates, heads.screened.keys, SAMPLED_KEY_SLOTS)
+    ScreenedSampling(heads.screened, screened_sampler)  # accepted now
     assert not ScreenedSampling.serves(SamplerSettings(repetition_penalty=0.9))
+    counts, count = [], device.buffer(16, label="count")
     for settings in (
         SamplerSettings(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.3, repeat_last_n=16),
         SamplerSettings(temperature=1.5, top_k=64, top_p=1.0),
     ):
         assert ScreenedSampling.serves(settings)
-        history = [int(t) for t in rng.integers(0, v, 20)]
+        history = list(range(20))
         for sampler in (plain, screened_sampler):
             sampler.configure(settings, seed=77, first_draw=0, history=history)
         drawn = []
-        for _ in range(12):
+        for _ in range(steps):
             x = rng.standard_normal(d).astype(np.float32)
             device.upload(heads.x_in, 0, x)
             rec = device.begin()
             heads.norm.record(rec, 1, last_only=True, digits=True)
             heads.head.record(rec, 1)
             plain.record(rec)
-            screened.record(rec)
+            heads.screened.record_candidates(rec)  # ScreenedSampling.record, with the count kept between
+            rec.copy(heads.screened.candidates, 0, count, 0, 4)
+            screened_sampler.record_candidate_draw(rec)
             rec.submit()
+            counts.append(int(heads.read(count, np.uint32)[0]))
             ids = heads.read(heads.ids, np.uint32)
             drawn.append((int(ids[2]), int(ids[3])))
             assert not heads.read(heads.screened.keys, np.uint32).any()
+            assert heads.read(heads.screened.candidates, np.uint32)[0] == 0
         assert all(a == b for a, b in drawn), drawn
         assert len({a for a, _ in drawn}) > 3  # real draws, not one token
+    return counts
+
+
+def test_sampled_steps_through_the_screen_draw_the_f16_heads_tokens(device):
+    table = np.random.default_rng(11).standard_normal((3000, 128)) * 0.3
+    table[:20] *= 2
+    counts = sampled_tokens_agree(device, table.astype(np.float16), seed=111)
+    assert max(counts) <= 1024 - 64  # one sorting chunk
+
+
+def test_more_candidates_than_one_sort_are_drawn_from_in_chunks(device):
+    """Rows so alike that the screen keeps most of them: the draw keeps the best K over several
+    chunks of the list and still draws the F16 head's tokens."""
+    rng = np.random.default_rng(13)
+    base = rng.standard_normal((1, 128))
+    table = base + 0.01 * rng.standard_normal((3000, 128))
+    table[:20] *= 1.02
+    counts = sampled_tokens_agree(device, table.astype(np.float16), seed=113, steps=6)
+    assert min(counts) > 2 * 1024, counts

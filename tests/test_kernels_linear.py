@@ -32,7 +32,7 @@ from bitnet_web.kernels.embedding import (  # noqa: E402
     F16Matrix,
     LMHead,
 )
-from bitnet_web.kernels.head_screen import KEY_SLOTS, ScreenedArgmax  # noqa: E402
+from bitnet_web.kernels.head_screen import SAMPLED_KEY_SLOTS, ScreenedArgmax  # noqa: E402
 from bitnet_web.kernels.linear import (  # noqa: E402
     NORM_GEMV_ROWS,
     NORM_GEMV_SMALL_WEIGHTS,
@@ -760,7 +760,7 @@ def k1_shader_variants() -> dict[str, str]:
         LMHead(kernels, table640, big, big, step).small_t(3)
         for head_table in (table, table640):  # the screened head: quantize, screen, rescores, combine
             ScreenedArgmax(kernels, LMHead(kernels, head_table, big, big, step), head_table, big, big, big, big, 64)
-        GPUSampler(kernels, big, big, 128256).clear_keys_after_draw(big, KEY_SLOTS)  # every sampler pass
+        GPUSampler(kernels, big, big, 128256).draw_from_candidates(big, big, SAMPLED_KEY_SLOTS)  # every sampler pass
         Argmax(kernels, big, big, 128256)
         GPUBusy(kernels)
         for label, src in dev.sources.items():
@@ -781,7 +781,7 @@ def test_every_variant_is_collected():
     assert any("lm_head_screen" in label and "QUANTIZE" not in label for label in sources)
     assert any("RESCORE" in label for label in sources) and any("SCREENED" in label for label in sources)
     assert any("RESCORE" in label and "TOPK" in label for label in sources)
-    assert any("sample_topk" in label and "SCREENED" in label for label in sources)
+    assert any("sample_topk" in label and "CANDIDATES" in label for label in sources)
     assert any("rmsnorm" in label and "DIGITS" in label for label in sources)
 
 

@@ -647,11 +647,11 @@ def test_the_screened_head_picks_the_same_greedy_tokens(engine, tiny_path):
             assert generate(screened, prompt, 0, max_tokens=40) == plain
             with fixed_k(screened):
                 assert generate(screened, prompt, 4, max_tokens=40) == plain
-        # sampled decode steps through the screen (top logits, then the GPU sampler) draw the same tokens;
+        # sampled decode steps through the screen (its candidates, then one draw) draw the same tokens;
         # a penalty below 1 takes the F16 head
         screen, made = screened.model.screened_argmax, []
-        record_top_logits = screen.record_top_logits
-        screen.record_top_logits = lambda rec: made.append(1) or record_top_logits(rec)
+        record_candidates = screen.record_candidates
+        screen.record_candidates = lambda rec: made.append(1) or record_candidates(rec)
         sampled = SamplerSettings(temperature=0.8, top_k=40, top_p=0.95, repetition_penalty=1.1, seed=3)
         for settings in (sampled, SamplerSettings(temperature=1.2, top_k=64, seed=4)):
             for prompt in prompts:

@@ -18,9 +18,11 @@ is exactly `Argmax` over `LMHead`'s logits (ties to the smaller index, NaN never
 verify step, which still runs the F16 head, accepts the same tokens. The logits buffer is not written.
 Three dispatches, like LMHead + Argmax.
 
-Sampled steps (`ScreenedSampling`): the screen, then the rescore's TOPK variant writes the logits row
-with the F16 logit of every row that can be among the sampler's top candidates and -inf elsewhere
-(`record_top_logits`), then the GPU sampler as over the F16 logits; its draw clears the keys.
+Sampled steps (`ScreenedSampling`): the screen over SAMPLED_KEY_SLOTS keys, then the rescore's TOPK
+variant lists the F16 logit of every row that can be among the sampler's top candidates
+(`record_candidates`; the TAU_RANK-th largest key bounds them), then one workgroup of the GPU sampler
+sorts that list and draws (`GPUSampler.draw_from_candidates`): the same token as its four passes over
+the F16 logits. The draw empties the list and clears the keys.
 """
 
 from __future__ import annotations
@@ -42,10 +44,14 @@ SCREEN_WORKGROUP = 32  # with 2B-4T's 160 chunks a row, 5 whole chunks per threa
 DIGIT_STATS = 4  # f32 words the final norm writes next to the digits: s1, s2, A, B
 SCREEN_ROWS = 8  # int8 rows per screening workgroup: 128256 rows -> 16032 workgroups (H200: 4 rows 4% slower)
 RESCORE_SLICE = 256  # rows each rescoring workgroup scans for survivors
-# Words the screen's workgroups spread their atomic maxima over: also how many rows the top-k rescore
-# keeps at least (each word is a different row's lower bound): the sampler's largest top-k plus its
-# longest repetition-penalty window (rows whose logits the penalty may lower).
-KEY_SLOTS = GPU_TOP_K_MAX + GPU_PENALTY_WINDOW_MAX
+# Words a greedy step's screen spreads its atomic maxima over (so they do not queue on one address).
+KEY_SLOTS = 128
+# How many rows a sampled step's candidates are at least: the sampler's largest top-k plus its longest
+# repetition-penalty window (rows whose logits the penalty may lower).
+TAU_RANK = GPU_TOP_K_MAX + GPU_PENALTY_WINDOW_MAX
+# Words a sampled step's screen spreads its maxima over, each a different row's lower bound: their
+# TAU_RANK-th largest bounds the candidates (more words, a tighter bound; H200: ~N rows kept for 2B-4T).
+SAMPLED_KEY_SLOTS = 1024
 QUANTIZE_WORKGROUP = 64
 # Heads from this size on are screened by default: the screen saves about half the head's read time,
 # a few microseconds below this (the bundled model's 4 MB head), for half its memory again.
@@ -66,8 +72,9 @@ class ScreenedArgmax:
     ([DIGIT_STATS] f32) hold it as two int8 digits (`RMSNorm` with digits writes all three: record it
     before each step's `record`). `prepare(recorder)` must run once before the first `record` (after the
     pipelines exist): it makes the int8 copy. Buffers (`buffers`): the int8 shards (the F16 shards'
-    rows, n_cols bytes a row), scales / upper [V] f32, norms [V] vec2<f32>, keys [KEY_SLOTS] u32,
-    partials [rescoring workgroups] vec2<u32>.
+    rows, n_cols bytes a row), scales / upper [V] f32, norms [V] vec2<f32>, keys [SAMPLED_KEY_SLOTS] u32
+    (a greedy step uses the first KEY_SLOTS), partials [rescoring workgroups] vec2<u32>, candidates
+    (shaders/_candidates.wgsl: a count, then up to V (logit bits, row) pairs).
     """
 
     def __init__(
@@ -115,9 +122,11 @@ class ScreenedArgmax:
         self.scales = buffer(4 * n_rows, "int8 row scales")
         self.norms = buffer(8 * n_rows, "int8 row residual and row norms")  # (n_rows, 2) f32
         self.upper = buffer(4 * n_rows, "upper bounds")  # (n_rows,) f32
-        self.keys = buffer(4 * KEY_SLOTS, "lower-bound keys")  # (KEY_SLOTS,) u32, zero between steps
+        self.keys = buffer(4 * SAMPLED_KEY_SLOTS, "lower-bound keys")  # (SAMPLED_KEY_SLOTS,) u32, zero between steps
+        self.candidates = buffer(8 + 8 * vocab_size, "sampling candidates")  # count, pad, (V,) vec2<u32>
         self.quantize_ops: list[tuple[gpu.Pipeline, gpu.BindGroup, int]] = []
         self.screen_ops: list[tuple[gpu.Pipeline, gpu.BindGroup, int]] = []
+        self.sampled_screen_ops: list[tuple[gpu.Pipeline, gpu.BindGroup, int]] = []
         rescore_groups = [ceil_div(stop - start, RESCORE_SLICE) for start, stop, _ in matrix.shards]
         self.partials = buffer(8 * sum(rescore_groups), "partials")
         for i, (start, stop, f16_rows) in enumerate(matrix.shards):
@@ -140,27 +149,35 @@ class ScreenedArgmax:
                 )
             )
             screen_rows = max(SCREEN_ROWS, ceil_div(rows, limit))
-            screen = kernels.pipeline(
-                "lm_head_screen",
-                enables=enables,
-                defines=variant,
-                ROWS=screen_rows,
-                SLOTS=slots,
-                ITERS=ceil_div(d16, SCREEN_WORKGROUP),
-                KEY_SLOTS=KEY_SLOTS,
-                VOCAB=vocab_size,
-                SLACK=f"{float_slack(n_cols):.9e}",
-                **common,
-            )
             binds = [int8_rows, self.scales, self.norms, digits, digit_stats, self.upper, self.keys]
-            self.screen_ops.append(
-                (screen, device.bind_group(screen, binds, f"{label} screen {i}"), ceil_div(rows, screen_rows))
-            )
+            for key_slots, ops in ((KEY_SLOTS, self.screen_ops), (SAMPLED_KEY_SLOTS, self.sampled_screen_ops)):
+                screen = kernels.pipeline(
+                    "lm_head_screen",
+                    enables=enables,
+                    defines=variant,
+                    ROWS=screen_rows,
+                    SLOTS=slots,
+                    ITERS=ceil_div(d16, SCREEN_WORKGROUP),
+                    KEY_SLOTS=key_slots,
+                    VOCAB=vocab_size,
+                    SLACK=f"{float_slack(n_cols):.9e}",
+                    **common,
+                )
+                ops.append(
+                    (screen, device.bind_group(screen, binds, f"{label} screen {i}"), ceil_div(rows, screen_rows))
+                )
         self.rescore_ops = head.rescoring(
             self.upper, self.keys, self.partials, RESCORE_SLICE, KEY_SLOTS, vocab_size, rescore_groups
         )
-        self.top_logits_ops = head.rescoring(
-            self.upper, self.keys, head.logits, RESCORE_SLICE, KEY_SLOTS, vocab_size, rescore_groups, top_k=True
+        self.candidate_ops = head.rescoring(
+            self.upper,
+            self.keys,
+            self.candidates,
+            RESCORE_SLICE,
+            SAMPLED_KEY_SLOTS,
+            vocab_size,
+            rescore_groups,
+            tau_rank=TAU_RANK,
         )
         self.combine = kernels.pipeline(
             "argmax",
@@ -190,13 +207,14 @@ class ScreenedArgmax:
             recorder.dispatch(pipeline, bind, groups)
         recorder.dispatch(self.combine, self.combine_bind, 1)
 
-    def record_top_logits(self, recorder: gpu.Recorder) -> None:
-        """The head's logits row as a top-k sampler needs it: the F16 logits (bit for bit) of every row
-        that can be among the top GPU_TOP_K_MAX after a repetition penalty of at least 1, -inf for the
-        others. The keys stay set: the sampler's draw clears them (`GPUSampler.clear_keys_after_draw`)."""
+    def record_candidates(self, recorder: gpu.Recorder) -> None:
+        """The candidate list a top-k sampler needs (`candidates`, shaders/_candidates.wgsl): the F16
+        logit (bit for bit) and row of every row that can be among the top GPU_TOP_K_MAX after a
+        repetition penalty of at least 1, in no order. The keys stay set and the list full: the
+        sampler's draw clears both (`GPUSampler.draw_from_candidates`)."""
         if not self.prepared:
             raise RuntimeError(f"{self.label}: prepare() must record the int8 copy before the first step")
-        for pipeline, bind, groups in self.screen_ops + self.top_logits_ops:
+        for pipeline, bind, groups in self.sampled_screen_ops + self.candidate_ops:
             recorder.dispatch(pipeline, bind, groups)
 
     def release(self, device: gpu.Device) -> None:
@@ -206,13 +224,14 @@ class ScreenedArgmax:
 
 
 class ScreenedSampling:
-    """A sampled decode step's token through the screen: `record_top_logits`, then `sampler` (whose
-    draw clears the screen's keys). The same token as `sampler` over the F16 head's logits, for
-    settings `serves` accepts: a repetition penalty below 1 raises logits past their screened bound."""
+    """A sampled decode step's token through the screen: `record_candidates`, then `sampler`'s draw from
+    them (`GPUSampler.draw_from_candidates`, which empties the list and clears the keys). The same
+    token as `sampler` over the F16 head's logits, for settings `serves` accepts: a repetition penalty
+    below 1 raises logits past their screened bound."""
 
     def __init__(self, screen: ScreenedArgmax, sampler: GPUSampler):
-        if sampler.cleared_keys is not screen.keys:  # keys left set would screen the next step wrongly
-            raise RuntimeError(f"{screen.label}: the sampler's draw must clear the screen's keys")
+        if sampler.candidate_draw is None or sampler.cleared_keys is not screen.keys:
+            raise RuntimeError(f"{screen.label}: the sampler must draw from the screen's candidates")
         self.screen, self.sampler = screen, sampler
 
     @staticmethod
@@ -220,5 +239,5 @@ class ScreenedSampling:
         return settings.repetition_penalty >= 1.0
 
     def record(self, recorder: gpu.Recorder) -> None:
-        self.screen.record_top_logits(recorder)
-        self.sampler.record(recorder)
+        self.screen.record_candidates(recorder)
+        self.sampler.record_candidate_draw(recorder)

@@ -4,6 +4,8 @@ the next decode step reads it, so sampled decoding queues steps like greedy deco
 Levels: the logits are cut into N-wide spans whose best K pairs are kept; while more than N pairs
 remain, N-wide groups of them are merged the same way; the last level sorts at most N pairs and
 draws. For the Llama 3 vocabulary (128256): 126 spans -> 8064 pairs -> 8 groups -> 512 -> draw.
+After an int8 screen (kernels/head_screen.py) one workgroup draws from the screen's candidate list
+instead (`draw_from_candidates`): one dispatch, the same token.
 """
 
 from __future__ import annotations
@@ -75,23 +77,28 @@ class GPUSampler:
         final = kernels.pipeline("sample_topk", defines=("FINAL", "LISTS"), N_IN=pairs, SLOT=slot, **shape)
         bind = device.bind_group(final, [current, self.params, self.state, out_ids], f"{label} draw")
         self.dispatches.append((final, bind, 1))
-        self._final_args = (kernels, current, out_ids, pairs, slot, label)
+        self._draw_args = (kernels, out_ids, slot, label)
+        self.candidate_draw: tuple[gpu.Pipeline, gpu.BindGroup, int] | None = None
         self.cleared_keys: gpu.Buffer | None = None
 
-    def clear_keys_after_draw(self, keys: gpu.Buffer, key_slots: int) -> None:
-        """From now on the draw also zeroes `keys` (kernels/head_screen.py: a screened step's lower-bound
-        keys, which must be clear for the next step's screen)."""
-        kernels, current, out_ids, pairs, slot, label = self._final_args
+    def draw_from_candidates(self, candidates: gpu.Buffer, keys: gpu.Buffer, key_slots: int) -> None:
+        """Build the one-dispatch draw of a screened sampled step (`record_candidate_draw`): from the
+        candidate list `candidates` (kernels/head_screen.py `record_candidates`) under this sampler's
+        settings and state; it empties the list and zeroes `keys` (the screen's lower-bound keys,
+        which must be clear for the next step's screen)."""
+        kernels, out_ids, slot, label = self._draw_args
         final = kernels.pipeline(
             "sample_topk",
-            defines=("FINAL", "LISTS", "SCREENED"),
-            N_IN=pairs,
+            defines=("FINAL", "CANDIDATES"),
             SLOT=slot,
             KEY_SLOTS=key_slots,
+            RING_MAX=GPU_PENALTY_WINDOW_MAX,
             **SORT_SHAPE,
         )
-        bind = kernels.device.bind_group(final, [current, self.params, self.state, out_ids, keys], f"{label} draw")
-        self.dispatches[-1] = (final, bind, 1)
+        bind = kernels.device.bind_group(
+            final, [candidates, self.params, self.state, out_ids, keys], f"{label} draw from candidates"
+        )
+        self.candidate_draw = (final, bind, 1)
         self.cleared_keys = keys
 
     def configure(self, settings: SamplerSettings, seed: int, first_draw: int, history: list[int] = ()) -> int:
@@ -129,6 +136,11 @@ class GPUSampler:
             recorder.dispatch(*self.penalty)
         for pipeline, bind, groups in self.dispatches:
             recorder.dispatch(pipeline, bind, groups)
+
+    def record_candidate_draw(self, recorder: gpu.Recorder) -> None:
+        if self.candidate_draw is None:
+            raise RuntimeError("draw_from_candidates() must build the candidate draw first")
+        recorder.dispatch(*self.candidate_draw)
 
     def release(self, device: gpu.Device) -> None:
         for buffer in self.buffers:

@@ -35,7 +35,7 @@ from ..formats.gguf_reader import GGUFFile
 from ..kernels.attention import MAX_SPLITS, Attention, AttentionScratch
 from ..kernels.common import KernelCache, StepParams
 from ..kernels.embedding import Argmax, EmbeddingLookup, F16Matrix, Int8Matrix, LMHead
-from ..kernels.head_screen import DIGIT_STATS, KEY_SLOTS, SCREEN_MIN_HEAD_BYTES, ScreenedArgmax
+from ..kernels.head_screen import DIGIT_STATS, SAMPLED_KEY_SLOTS, SCREEN_MIN_HEAD_BYTES, ScreenedArgmax
 from ..kernels.kv_cache import KVCache
 from ..kernels.linear import NormTernaryLinear
 from ..kernels.norm import RMSNorm
@@ -266,8 +266,9 @@ class BitNetModel(GPUDecodeLoop):
                 self.config.vocab_size,
             )
             self._buffers += self.screened_argmax.buffers
-            # sampled steps through the screen leave its keys set: the draw clears them
-            self.gpu_sampler.clear_keys_after_draw(self.screened_argmax.keys, KEY_SLOTS)
+            # sampled steps through the screen: one draw from its candidates, which also clears its keys
+            screen = self.screened_argmax
+            self.gpu_sampler.draw_from_candidates(screen.candidates, screen.keys, SAMPLED_KEY_SLOTS)
         if getattr(self, "output_norm", None) is not None:  # uploaded first: its norm now writes digits
             self._build_final_norm()
 
