@@ -40,31 +40,38 @@ fn before(a: vec2<u32>, b: vec2<u32>) -> bool {
     return a.y != NO_INDEX && (b.y == NO_INDEX || va > vb || (va == vb && a.y < b.y));
 }
 
-// Sorts sort_pairs so that `before` holds between neighbours. Called by all WG threads; each
-// stage is N / 2 compare-exchanges, PAIRS per thread, so no thread idles (i < l = i + j always).
-fn bitonic_sort(lid: u32) {
+// Sorts sort_pairs[0 .. width) (a power of two, 2 .. N) so that `before` holds between neighbours.
+// Called by all WG threads with the same width; each stage is width / 2 compare-exchanges, up to PAIRS
+// per thread (i < l = i + j always).
+fn bitonic_sort_width(lid: u32, width: u32) {
     var log_j = countTrailingZeros(FIRST_K) - 1u;
-    for (var k = FIRST_K; k <= N; k = k << 1u) {
+    for (var k = FIRST_K; k <= width; k = k << 1u) {
         log_j = log_j + 1u;  // log2(k); j runs k/2 .. 1
         for (var lj = log_j; lj > 0u; lj = lj - 1u) {
             let j = 1u << (lj - 1u);
 //#for t in PAIRS
             {
                 let p = lid + {{t}}u * WG;  // pair number: insert a 0 bit at j's position
-                let i = ((p >> (lj - 1u)) << lj) | (p & (j - 1u));
-                let l = i | j;
-                let a = sort_pairs[i];
-                let b = sort_pairs[l];
-                // (i & k) == 0: this block ends up in `before` order, else reversed (bitonic merge)
-                if (select(before(a, b), before(b, a), (i & k) == 0u)) {
-                    sort_pairs[i] = b;
-                    sort_pairs[l] = a;
+                if (p < width / 2u) {
+                    let i = ((p >> (lj - 1u)) << lj) | (p & (j - 1u));
+                    let l = i | j;
+                    let a = sort_pairs[i];
+                    let b = sort_pairs[l];
+                    // (i & k) == 0: this block ends up in `before` order, else reversed (bitonic merge)
+                    if (select(before(a, b), before(b, a), (i & k) == 0u)) {
+                        sort_pairs[i] = b;
+                        sort_pairs[l] = a;
+                    }
                 }
             }
 //#endfor
             workgroupBarrier();
         }
     }
+}
+
+fn bitonic_sort(lid: u32) {
+    bitonic_sort_width(lid, N);
 }
 
 //#if !PENALTY

@@ -26,13 +26,13 @@
 //           its best (value bits, index) to partials[PART_BASE + g] for argmax.wgsl's combine (NaN never
 //           wins; equal values keep the smaller index, whatever order the rows were kept in).
 //   TOPK:   tau = the TAU_RANK-th largest of the KEY_SLOTS order keys (low 16 bits cleared: a lower
-//           bound of it), found by every workgroup alike with two 8-bit radix rounds over the keys. Each
+//           bound of it), which lm_head_screen_tau.wgsl wrote to keys[KEY_SLOTS]. Each
 //           key is a different row's lower bound, so TAU_RANK rows reach tau, and a row below it is below
 //           the top TAU_RANK - (repetition-penalized rows) logits. The kept rows (and NaN bounds) go to the
 //           candidate list as (F16 logit bits, row): room for n_kept is taken with one atomicAdd. Fewer
 //           than TAU_RANK keys set (tau's key 0): every row is kept. The sampler then sees the F16 head's
 //           top logits, bit for bit.
-// Bindings: 0 table, 1 x, 2 upper [V] f32, 3 keys [KEY_SLOTS] u32, 4 partials (TOPK: candidates,
+// Bindings: 0 table, 1 x, 2 upper [V] f32, 3 keys [KEY_SLOTS (+ 1)] u32, 4 partials (TOPK: candidates,
 // _candidates.wgsl).
 // Dispatch (ceil(SHARD_ROWS / SLICE), 1, 1).
 
@@ -65,11 +65,6 @@ ${STEP_PARAMS}
 //#if TOPK
 //#include _candidates
 @group(0) @binding(4) var<storage, read_write> candidates: Candidates;
-const TAU_RANK: u32 = ${TAU_RANK};
-const RADIX_BINS: u32 = 256u;
-var<workgroup> hist: array<atomic<u32>, RADIX_BINS>;
-var<workgroup> hist_16: array<u32, 16>;  // sums of 16 neighbouring bins
-var<workgroup> select_wg: vec2<u32>;  // (key prefix so far, keys at or above it still needed)
 //#else
 @group(0) @binding(4) var<storage, read_write> partials: array<vec2<u32>>;
 //#endif
@@ -85,60 +80,7 @@ var<workgroup> n_kept_wg: u32;
 var<workgroup> key_at: atomic<u32>;
 //#endif
 
-// The float whose order key (head_screen's order_key) is `key`.
-fn from_order_key(key: u32) -> f32 {
-    return bitcast<f32>(select(~key, key ^ 0x80000000u, key >= 0x80000000u));
-}
-//#if TOPK
-
-// All threads: the TAU_RANK-th largest key with its low 16 bits cleared (at least TAU_RANK keys reach
-// it), by two rounds of an 8-bit histogram; each round's bin is found by thread 0 over 16 sums of 16.
-fn tau_key(lid: u32) -> u32 {
-    var prefix = 0u;
-    var need = TAU_RANK;
-    for (var round = 0u; round < 2u; round++) {
-        let shift = 24u - 8u * round;
-        let high = select(0u, 0xff000000u, round == 1u);  // the bits the prefix already fixes
-        for (var b = lid; b < RADIX_BINS; b += WG) {
-            atomicStore(&hist[b], 0u);
-        }
-        workgroupBarrier();
-        for (var i = lid; i < KEY_SLOTS; i += WG) {
-            let key = keys[i];
-            if ((key & high) == prefix) {
-                atomicAdd(&hist[(key >> shift) & 0xffu], 1u);
-            }
-        }
-        workgroupBarrier();
-        if (lid < 16u) {
-            var sum = 0u;
-            for (var j = 0u; j < 16u; j++) {
-                sum += atomicLoad(&hist[16u * lid + j]);
-            }
-            hist_16[lid] = sum;
-        }
-        workgroupBarrier();
-        if (lid == 0u) {  // the highest bin where the keys from the top reach `need`
-            var above = 0u;
-            var c = 15u;
-            while (c > 0u && above + hist_16[c] < need) {
-                above += hist_16[c];
-                c -= 1u;
-            }
-            var b = 16u * c + 15u;
-            while (b > 16u * c && above + atomicLoad(&hist[b]) < need) {
-                above += atomicLoad(&hist[b]);
-                b -= 1u;
-            }
-            select_wg = vec2<u32>(prefix | (b << shift), need - above);
-        }
-        let chosen = workgroupUniformLoad(&select_wg);
-        prefix = chosen.x;
-        need = chosen.y;
-    }
-    return prefix;
-}
-//#endif
+//#include _order_key
 //#else
 @group(0) @binding(2) var<storage, read_write> logits: array<f32>;
 //#endif
@@ -180,10 +122,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         atomicStore(&key_at, 0u);
 //#endif
     }
-//#if TOPK
-    let key = tau_key(lid);
-//#else
     workgroupBarrier();
+//#if TOPK
+    let key = keys[KEY_SLOTS];  // lm_head_screen_tau.wgsl: the TAU_RANK-th largest key (a lower bound)
+//#else
     for (var i = lid; i < KEY_SLOTS; i += WG) {
         atomicMax(&key_at, keys[i]);
     }

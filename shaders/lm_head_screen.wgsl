@@ -138,11 +138,7 @@ var<workgroup> n_slots_wg: u32;
 
 //#include _int8
 
-// A u32 that orders as the float does (negative floats below positive ones, -0 just below +0).
-fn order_key(v: f32) -> u32 {
-    let b = bitcast<u32>(v);
-    return select(b ^ 0x80000000u, ~b, b >= 0x80000000u);
-}
+//#include _order_key
 
 fn dot16(w: vec4<u32>, x: vec4<u32>) -> i32 {
     return dot4(w.x, x.x) + dot4(w.y, x.y) + dot4(w.z, x.z) + dot4(w.w, x.w);

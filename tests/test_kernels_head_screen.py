@@ -296,9 +296,11 @@ def test_the_candidates_are_the_rows_the_tau_rank_th_key_keeps(device):
         rows, logits = read_candidates(heads)
         assert len(set(rows.tolist())) == len(rows), trial
         assert (logits.view(np.uint32) == exact[rows].view(np.uint32)).all()
-        keys = heads.read(heads.screened.keys, np.uint32)  # still set: the sampler's draw clears them
+        words = heads.read(heads.screened.keys, np.uint32)  # still set: the sampler's draw clears them
+        keys, tau_key = words[:SAMPLED_KEY_SLOTS], words[SAMPLED_KEY_SLOTS]
         assert np.count_nonzero(keys) == min(SAMPLED_KEY_SLOTS, -(-v // SCREEN_ROWS))  # a key per screen workgroup
-        tau = from_order_key(np.sort(keys)[-TAU_RANK] & 0xFFFF0000)
+        assert tau_key == np.sort(keys)[-TAU_RANK] & 0xFFFF0000
+        tau = from_order_key(tau_key)
         upper = heads.read(heads.screened.upper, np.float32)
         assert set(rows.tolist()) == set(np.flatnonzero(~(upper < tau)).tolist()), trial
         order = np.lexsort((np.arange(v), -exact))  # by value, ties by index: the sampler's order
@@ -364,7 +366,7 @@ def sampled_tokens_agree(device, table: np.ndarray, seed: int, steps: int = 12) 
             counts.append(int(heads.read(count, np.uint32)[0]))
             ids = heads.read(heads.ids, np.uint32)
             drawn.append((int(ids[2]), int(ids[3])))
-            assert not heads.read(heads.screened.keys, np.uint32).any()
+            assert not heads.read(heads.screened.keys, np.uint32)[:SAMPLED_KEY_SLOTS].any()
             assert heads.read(heads.screened.candidates, np.uint32)[0] == 0
         assert all(a == b for a, b in drawn), drawn
         assert len({a for a, _ in drawn}) > 3  # real draws, not one token
@@ -387,3 +389,15 @@ def test_more_candidates_than_one_sort_are_drawn_from_in_chunks(device):
     table[:20] *= 1.02
     counts = sampled_tokens_agree(device, table.astype(np.float16), seed=113, steps=6)
     assert min(counts) > 2 * 1024, counts
+
+
+def test_more_tied_candidates_than_one_sort_are_drawn_from_in_chunks(device):
+    """1,200 equal rows at the top (the K-th largest logit tied 1,200 times, more than one sort holds):
+    the draw keeps the best K over chunks of the list (ties to the smaller row, the penalized rows
+    among them) and still draws the F16 head's tokens."""
+    rng = np.random.default_rng(14)
+    table = 0.3 * rng.standard_normal((3000, 128))
+    u = 3 * rng.standard_normal(128)
+    table[:1200], table[1200:2400] = u, -u  # one group or the other holds the top logits
+    counts = sampled_tokens_agree(device, table.astype(np.float16), seed=114, steps=6)
+    assert min(counts) >= 1200, counts

@@ -782,6 +782,7 @@ def test_every_variant_is_collected():
     assert any("RESCORE" in label for label in sources) and any("SCREENED" in label for label in sources)
     assert any("RESCORE" in label and "TOPK" in label for label in sources)
     assert any("sample_topk" in label and "CANDIDATES" in label for label in sources)
+    assert any("lm_head_screen_tau" in label for label in sources)
     assert any("rmsnorm" in label and "DIGITS" in label for label in sources)
 
 

@@ -352,15 +352,15 @@ class LMHead:
         key_slots: int,
         vocab_size: int,
         groups: list[int],
-        tau_rank: int = 0,
+        top_k: bool = False,
     ) -> list[tuple[gpu.Pipeline, gpu.BindGroup, int]]:
         """(pipeline, bindings, workgroups) per shard of lm_head.wgsl's RESCORE variant for
         kernels/head_screen.py: the logits of the rows an int8 screen kept, by this head's one-row
         arithmetic (its threads, chunks and slots; RESCORE_ROWS kept rows at a time), so they are the
         bits `record(recorder, 1)` would write. Shard i's `groups[i]` workgroups write their best from
         partials[sum(groups[:i])]; rows from `vocab_size` on are never kept (as Argmax scans).
-        `tau_rank` > 0: the TOPK variant, where `partials` is a candidate list (shaders/_candidates.wgsl)
-        that gets the rows reaching the `tau_rank`-th largest key."""
+        `top_k`: the TOPK variant, where `partials` is a candidate list (shaders/_candidates.wgsl) that
+        gets the rows reaching the key at keys[key_slots] (shaders/lm_head_screen_tau.wgsl)."""
         kernels, matrix, x, _, _, label, enables, shape_defines, _, _ = self._small_t_args
         if isinstance(matrix, Int8Matrix):
             raise EmbeddingShapeError(f"{label}: an int8 head has no exact logits to rescore")
@@ -370,13 +370,12 @@ class LMHead:
             pipeline = kernels.pipeline(
                 "lm_head",
                 enables=enables,
-                defines=shape_defines + ("RESCORE",) + (("TOPK",) if tau_rank else ()),
+                defines=shape_defines + ("RESCORE",) + (("TOPK",) if top_k else ()),
                 TOK=1,
                 SLICE=slice_rows,
                 KEY_SLOTS=key_slots,
                 PART_BASE=base,
                 VOCAB=vocab_size,
-                **({"TAU_RANK": tau_rank} if tau_rank else {}),
                 **constants,
             )
             bind = kernels.device.bind_group(pipeline, [buffer, x, upper, keys, partials], f"{label} rescore {i}")

@@ -44,6 +44,8 @@ SCREEN_WORKGROUP = 32  # with 2B-4T's 160 chunks a row, 5 whole chunks per threa
 DIGIT_STATS = 4  # f32 words the final norm writes next to the digits: s1, s2, A, B
 SCREEN_ROWS = 8  # int8 rows per screening workgroup: 128256 rows -> 16032 workgroups (H200: 4 rows 4% slower)
 RESCORE_SLICE = 256  # rows each rescoring workgroup scans for survivors
+# A sampled step keeps ~2,000 rows (2B-4T): smaller slices spread them over more workgroups
+CANDIDATE_SLICE = 256
 # Words a greedy step's screen spreads its atomic maxima over (so they do not queue on one address).
 KEY_SLOTS = 128
 # How many rows a sampled step's candidates are at least: the sampler's largest top-k plus its longest
@@ -52,6 +54,7 @@ TAU_RANK = GPU_TOP_K_MAX + GPU_PENALTY_WINDOW_MAX
 # Words a sampled step's screen spreads its maxima over, each a different row's lower bound: their
 # TAU_RANK-th largest bounds the candidates (more words, a tighter bound; H200: ~N rows kept for 2B-4T).
 SAMPLED_KEY_SLOTS = 1024
+TAU_WORKGROUP = 256  # threads of the one workgroup that finds that key
 QUANTIZE_WORKGROUP = 64
 # Heads from this size on are screened by default: the screen saves about half the head's read time,
 # a few microseconds below this (the bundled model's 4 MB head), for half its memory again.
@@ -122,7 +125,8 @@ class ScreenedArgmax:
         self.scales = buffer(4 * n_rows, "int8 row scales")
         self.norms = buffer(8 * n_rows, "int8 row residual and row norms")  # (n_rows, 2) f32
         self.upper = buffer(4 * n_rows, "upper bounds")  # (n_rows,) f32
-        self.keys = buffer(4 * SAMPLED_KEY_SLOTS, "lower-bound keys")  # (SAMPLED_KEY_SLOTS,) u32, zero between steps
+        # (SAMPLED_KEY_SLOTS,) u32, zero between steps, then a sampled step's tau key
+        self.keys = buffer(4 * (SAMPLED_KEY_SLOTS + 1), "lower-bound keys")
         self.candidates = buffer(8 + 8 * vocab_size, "sampling candidates")  # count, pad, (V,) vec2<u32>
         self.quantize_ops: list[tuple[gpu.Pipeline, gpu.BindGroup, int]] = []
         self.screen_ops: list[tuple[gpu.Pipeline, gpu.BindGroup, int]] = []
@@ -169,15 +173,17 @@ class ScreenedArgmax:
         self.rescore_ops = head.rescoring(
             self.upper, self.keys, self.partials, RESCORE_SLICE, KEY_SLOTS, vocab_size, rescore_groups
         )
+        tau = kernels.pipeline("lm_head_screen_tau", WG=TAU_WORKGROUP, KEY_SLOTS=SAMPLED_KEY_SLOTS, TAU_RANK=TAU_RANK)
+        self.tau_op = (tau, device.bind_group(tau, [self.keys], f"{label} tau"), 1)
         self.candidate_ops = head.rescoring(
             self.upper,
             self.keys,
             self.candidates,
-            RESCORE_SLICE,
+            CANDIDATE_SLICE,
             SAMPLED_KEY_SLOTS,
             vocab_size,
-            rescore_groups,
-            tau_rank=TAU_RANK,
+            [ceil_div(stop - start, CANDIDATE_SLICE) for start, stop, _ in matrix.shards],
+            top_k=True,
         )
         self.combine = kernels.pipeline(
             "argmax",
@@ -214,7 +220,7 @@ class ScreenedArgmax:
         sampler's draw clears both (`GPUSampler.draw_from_candidates`)."""
         if not self.prepared:
             raise RuntimeError(f"{self.label}: prepare() must record the int8 copy before the first step")
-        for pipeline, bind, groups in self.sampled_screen_ops + self.candidate_ops:
+        for pipeline, bind, groups in self.sampled_screen_ops + [self.tau_op] + self.candidate_ops:
             recorder.dispatch(pipeline, bind, groups)
 
     def release(self, device: gpu.Device) -> None:
