@@ -15,12 +15,15 @@
 //   SPANS:   spans of N logits of each row -> best K pairs (as sample_topk.wgsl, per row)
 //   MERGE:   groups of a previous level's lists of each row -> best K (SPANS and MERGE: LEVEL)
 //   FINAL:   one workgroup per row: sort its last <= N pairs, decide that row (see above)
+//   FINAL CANDIDATES: a draft-off step's one row after an int8 screen (kernels/head_screen.py): the
+//            best K of the screen's candidate list (_candidate_sort), decided as FINAL's row 0
 //   ACCEPT:  one thread: walk the rows' decisions, emit, advance the counter, append to the ring
 //
 // Bindings:  PENALTY: 0 logits (read_write) [rows, V], 1 params, 2 ring (read), 3 draft, 4 spec
 //            SPANS:   0 logits [rows, V], 1 lists_out [rows, GROUPS * K] vec2<u32>
 //            MERGE:   0 lists_in [rows, N_IN], 1 lists_out [rows, GROUPS * K]
 //            FINAL:   0 lists_in [rows, N_IN], 1 params, 2 ring (read), 3 draft, 4 spec, 5 decisions
+//            FINAL CANDIDATES: 0 candidates, 1 params, 2 ring (read), 3 spec, 4 decisions, 5 keys
 //            ACCEPT:  0 decisions (read), 1 params, 2 ring (read_write), 3 out
 // ring:      sample_topk.wgsl's state ([0] draw counter, [1] status, [2] ring length, [3] ring head,
 //            [4 ..] the ring of RING_MAX), then [4 + RING_MAX] drafted tokens proposed and
@@ -44,6 +47,19 @@ const V: u32 = ${V};
 @group(0) @binding(4) var<storage, read> spec: array<u32>;
 //#endif
 //#if FINAL
+//#if CANDIDATES
+//#include _candidates
+const KEY_SLOTS: u32 = ${KEY_SLOTS};
+const RING_MAX: u32 = ${RING_MAX};
+const RADIX_PER: u32 = ${RADIX_PER};
+@group(0) @binding(0) var<storage, read_write> candidates: Candidates;
+@group(0) @binding(1) var<uniform> params: SampleParams;
+@group(0) @binding(2) var<storage, read> state: array<u32>;
+@group(0) @binding(3) var<storage, read> spec: array<u32>;
+@group(0) @binding(4) var<storage, read_write> decisions: array<u32>;
+@group(0) @binding(5) var<storage, read_write> keys: array<u32>;
+//#include _candidate_sort
+//#else
 const N_IN: u32 = ${N_IN};
 @group(0) @binding(0) var<storage, read> lists_in: array<vec2<u32>>;
 @group(0) @binding(1) var<uniform> params: SampleParams;
@@ -51,6 +67,7 @@ const N_IN: u32 = ${N_IN};
 @group(0) @binding(3) var<storage, read> draft: array<u32>;
 @group(0) @binding(4) var<storage, read> spec: array<u32>;
 @group(0) @binding(5) var<storage, read_write> decisions: array<u32>;
+//#endif
 //#endif
 //#if ACCEPT
 const RING_MAX: u32 = ${RING_MAX};
@@ -109,6 +126,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //#endif
 
 //#if FINAL
+//#if CANDIDATES
+// A draft-off step's row through the screen: the same decision as FINAL's for row 0 of a one-row
+// step (draft_len 0: a token drawn from p with draw counter + 1), from the candidate list; then the
+// list is emptied and the screen's keys zeroed.
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) lid: u32) {
+    sort_candidates(lid);
+    let top = candidate_weights(lid);
+    for (var i = lid; i < KEY_SLOTS; i += WG) {  // the screened head's keys, for the next step's screen
+        keys[i] = 0u;
+    }
+    if (lid != 0u) {
+        return;
+    }
+    atomicStore(&candidates.count, 0u);  // every thread read it (sort_candidates) before the sort
+    let n_cand = count_candidates();
+    var flags = 2u;  // no valid logit: token 0
+    var token = 0u;
+    if (n_cand > 0u && top > 3.402823e38) {  // +inf: one-hot on the first +inf (CPU: argmax)
+        flags = 0u;
+        token = sort_pairs[0].y;
+    } else if (n_cand > 0u) {
+        flags = 0u;
+        let u = uniform_draw(params.seed_lo, params.seed_hi, state[0] + 1u);
+        token = sort_pairs[inverse_cdf(keep_count(n_cand), u)].y;
+    }
+    decisions[1] = flags;
+    decisions[2] = token;
+    decisions[0] = select(0u, OVER, spec[3] == 0u);  // no budget: past the reply's end
+}
+//#else
 var<workgroup> kept: u32;
 var<workgroup> residual_pick: atomic<u32>;
 
@@ -183,6 +231,7 @@ fn main(
         decisions[0] = select(draft_len, OVER, spec[3] == 0u);  // no budget: past the reply's end
     }
 }
+//#endif
 //#endif
 
 //#if ACCEPT

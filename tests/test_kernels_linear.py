@@ -48,6 +48,8 @@ from bitnet_web.kernels.linear import (  # noqa: E402
 )
 from bitnet_web.kernels.norm import NormShapeError, RMSNorm, RMSNormQuant  # noqa: E402
 from bitnet_web.kernels.sampling import GPUSampler  # noqa: E402
+from bitnet_web.kernels.spec_sampling import SpecSampleAccept  # noqa: E402
+from bitnet_web.kernels.speculative import GreedyAccept  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 EPS = 1e-5
@@ -759,7 +761,11 @@ def k1_shader_variants() -> dict[str, str]:
         table640 = F16Matrix.upload(dev, random_table(rng, 64, 640), "t640")
         LMHead(kernels, table640, big, big, step).small_t(3)
         for head_table in (table, table640):  # the screened head: quantize, screen, rescores, combine
-            ScreenedArgmax(kernels, LMHead(kernels, head_table, big, big, step), head_table, big, big, big, big, 64)
+            head = LMHead(kernels, head_table, big, big, step)
+            screen = ScreenedArgmax(kernels, head, head_table, big, big, big, big, 64)
+        # speculative steps: verify rows' sampling and acceptance, draft-off steps through the screen
+        SpecSampleAccept(kernels, big, big, big, big, 128256, 5).use_screen(screen)
+        GreedyAccept(kernels, big, big, big, big, 128256, 5).use_screen(screen)
         GPUSampler(kernels, big, big, 128256).draw_from_candidates(big, big, SAMPLED_KEY_SLOTS)  # every sampler pass
         Argmax(kernels, big, big, 128256)
         GPUBusy(kernels)
@@ -783,6 +789,7 @@ def test_every_variant_is_collected():
     assert any("RESCORE" in label and "TOPK" in label for label in sources)
     assert any("sample_topk" in label and "CANDIDATES" in label for label in sources)
     assert any("lm_head_screen_tau" in label for label in sources)
+    assert any("spec_sample" in label and "CANDIDATES" in label for label in sources)
     assert any("rmsnorm" in label and "DIGITS" in label for label in sources)
 
 

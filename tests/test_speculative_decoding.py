@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from bitnet_web.bench import speculation_policy_bench
+from bitnet_web.bench import NoDrafts, speculation_policy_bench
 from bitnet_web.engine import Engine, EngineError
 from bitnet_web.kernels.speculative import NO_BUDGET, STOP_IDS_MAX, GreedyAccept, SpecBuffers, SpecDraft
 from bitnet_web.model.speculation import NGRAM_MAX, SpeculationPolicy, accept_greedy, prompt_lookup_draft
@@ -666,5 +666,27 @@ def test_the_screened_head_picks_the_same_greedy_tokens(engine, tiny_path):
         screened.reset()
         list(screened.generate(tokens=PROMPT, settings=SamplerSettings(repetition_penalty=0.9, seed=1), max_tokens=8))
         assert not made
+        # speculative replies' draft-off steps (one row, no draft) through the screen: the same tokens as
+        # the F16 head's draft-off steps, greedy and sampled (the speculative sampler's own draws), with
+        # every step draft-off and with the policy's mix of verify and draft-off steps
+        saved = {e: e.speculation_policy for e in (engine, screened)}
+        try:
+            for policy in (NoDrafts, SpeculationPolicy):
+                for e in (engine, screened):
+                    e.speculation_policy = policy
+                for settings in (GREEDY, sampled):
+                    for prompt in prompts:
+                        made.clear()
+                        replies = []
+                        for e in (engine, screened):
+                            e.reset()
+                            list(e.generate(tokens=prompt, settings=settings, speculate=4, max_tokens=30))
+                            replies.append(list(e.generated_tokens))
+                        assert replies[0] == replies[1], (policy.__name__, settings.temperature, prompt[:3])
+                        if policy is NoDrafts and settings is sampled:
+                            assert made  # the screened engine's draft-off steps drew from its candidates
+        finally:
+            for e, policy in saved.items():
+                e.speculation_policy = policy
     finally:
         screened.close()

@@ -173,7 +173,13 @@ class ScreenedArgmax:
         self.rescore_ops = head.rescoring(
             self.upper, self.keys, self.partials, RESCORE_SLICE, KEY_SLOTS, vocab_size, rescore_groups
         )
-        tau = kernels.pipeline("lm_head_screen_tau", WG=TAU_WORKGROUP, KEY_SLOTS=SAMPLED_KEY_SLOTS, TAU_RANK=TAU_RANK)
+        tau = kernels.pipeline(
+            "lm_head_screen_tau",
+            WG=TAU_WORKGROUP,
+            KEY_SLOTS=SAMPLED_KEY_SLOTS,
+            TAU_RANK=TAU_RANK,
+            RADIX_PER=ceil_div(SAMPLED_KEY_SLOTS, TAU_WORKGROUP),
+        )
         self.tau_op = (tau, device.bind_group(tau, [self.keys], f"{label} tau"), 1)
         self.candidate_ops = head.rescoring(
             self.upper,
@@ -185,7 +191,16 @@ class ScreenedArgmax:
             [ceil_div(stop - start, CANDIDATE_SLICE) for start, stop, _ in matrix.shards],
             top_k=True,
         )
-        self.combine = kernels.pipeline(
+        self._combine_args = (kernels, enables, sg, vocab_size, sum(rescore_groups))
+        self.label = label
+        self.combine = self.combine_into(out_ids, slot)
+        self.prepared = False
+
+    def combine_into(self, out_ids: gpu.Buffer, slot: int) -> tuple[gpu.Pipeline, gpu.BindGroup, int]:
+        """A combine dispatch that writes the token to out_ids[slot] (`record(recorder, combine)`:
+        a speculative draft-off step's token goes to its acceptance's buffer)."""
+        kernels, enables, sg, vocab_size, groups = self._combine_args
+        combine = kernels.pipeline(
             "argmax",
             enables=enables,
             defines=sg + ("COMBINE", "SCREENED"),
@@ -194,11 +209,11 @@ class ScreenedArgmax:
             SLOT=slot,
             WG=ARGMAX_WORKGROUP,
             PER=ARGMAX_PER_THREAD,
-            GROUPS=sum(rescore_groups),
+            GROUPS=groups,
             KEY_SLOTS=KEY_SLOTS,
         )
-        self.combine_bind = device.bind_group(self.combine, [self.partials, out_ids, self.keys], f"{label} combine")
-        self.label, self.prepared = label, False
+        bind = kernels.device.bind_group(combine, [self.partials, out_ids, self.keys], f"{self.label} combine")
+        return combine, bind, 1
 
     def prepare(self, recorder: gpu.Recorder) -> None:
         """Record the int8 copy's making (once; the F16 head must be uploaded)."""
@@ -206,12 +221,13 @@ class ScreenedArgmax:
             recorder.dispatch(pipeline, bind, groups)
         self.prepared = True
 
-    def record(self, recorder: gpu.Recorder) -> None:
+    def record(self, recorder: gpu.Recorder, combine: tuple[gpu.Pipeline, gpu.BindGroup, int] | None = None) -> None:
+        """The greedy token, to out_ids[slot] (or where `combine`, from combine_into, writes it)."""
         if not self.prepared:  # an unmade copy would screen out the wrong rows: wrong tokens, silently
             raise RuntimeError(f"{self.label}: prepare() must record the int8 copy before the first step")
         for pipeline, bind, groups in self.screen_ops + self.rescore_ops:
             recorder.dispatch(pipeline, bind, groups)
-        recorder.dispatch(self.combine, self.combine_bind, 1)
+        recorder.dispatch(*(combine or self.combine))
 
     def record_candidates(self, recorder: gpu.Recorder) -> None:
         """The candidate list a top-k sampler needs (`candidates`, shaders/_candidates.wgsl): the F16

@@ -17,7 +17,8 @@ import numpy as np
 from .. import gpu
 from ..text.sampler import GPU_PENALTY_WINDOW_MAX, GPU_TOP_K_MAX, SamplerSettings
 from .common import KernelCache, ceil_div
-from .sampling import SORT_SHAPE, SORT_WIDTH, GPUSampler
+from .head_screen import SAMPLED_KEY_SLOTS, ScreenedArgmax
+from .sampling import CANDIDATES_PER_THREAD, SORT_SHAPE, SORT_WIDTH, GPUSampler
 
 MAX_ROWS = 9  # verify rows: the last token and up to 8 drafted ones
 
@@ -96,6 +97,32 @@ class SpecSampleAccept(GPUSampler):
         self.final = (final, bind)
         accept = kernels.pipeline("spec_sample", defines=("ACCEPT",), RING_MAX=GPU_PENALTY_WINDOW_MAX, **shape)
         self.accept = (accept, device.bind_group(accept, [decisions, self.params, self.state, out], f"{label} accept"))
+        self._screen_args = (kernels, state, decisions, label)
+        self.screen: ScreenedArgmax | None = None
+
+    def use_screen(self, screen: ScreenedArgmax) -> None:
+        """Draft-off steps (one row, no draft) may draw their token from `screen`'s candidates
+        (`record_screened`), for settings ScreenedSampling.serves."""
+        kernels, spec_state, decisions, label = self._screen_args
+        draw = kernels.pipeline(
+            "spec_sample",
+            defines=("FINAL", "CANDIDATES"),
+            KEY_SLOTS=SAMPLED_KEY_SLOTS,
+            RING_MAX=GPU_PENALTY_WINDOW_MAX,
+            RADIX_PER=CANDIDATES_PER_THREAD,
+            **SORT_SHAPE,
+        )
+        binds = [screen.candidates, self.params, self.state, spec_state, decisions, screen.keys]
+        self.screened_draw = (draw, kernels.device.bind_group(draw, binds, f"{label} draw from candidates"), 1)
+        self.screen = screen
+
+    def record_screened(self, recorder: gpu.Recorder) -> None:
+        """A draft-off step's decision through the screen (the step recorded the final norm's digits,
+        not logits): the same token as `record(recorder, 1)` over the F16 logits, for a repetition
+        penalty of at least 1. The draw empties the candidate list and clears the screen's keys."""
+        self.screen.record_candidates(recorder)
+        recorder.dispatch(*self.screened_draw)
+        recorder.dispatch(*self.accept, 1)
 
     def configure(self, settings: SamplerSettings, seed: int, first_draw: int, history: list[int] = ()) -> int:
         """As GPUSampler.configure; the next verify step's row r uses draws first_draw + 2r and + 2r + 1.

@@ -16,6 +16,7 @@ import numpy as np
 from .. import gpu
 from .common import KernelCache, StepParams, ceil_div, subgroups_available, wgsl_enables
 from .embedding import ARGMAX_PER_THREAD, ARGMAX_WORKGROUP
+from .head_screen import ScreenedArgmax
 
 SPECULATE_MAX = 8  # largest draft (verify rows = draft + 1)
 # The engine's largest draft on a hardware GPU when a request does not choose one (Engine.speculate_for).
@@ -179,6 +180,19 @@ class GreedyAccept:
         self.combine_bind = device.bind_group(self.combine, [self.partials, self.chosen], "verify argmax combine")
         self.accept_bind = device.bind_group(self.accept, [self.chosen, draft, state, out], "verify accept")
         self.max_rows = max_rows
+        self.screen: ScreenedArgmax | None = None
+
+    def use_screen(self, screen: ScreenedArgmax) -> None:
+        """Draft-off steps (one row, no draft) may take their token from `screen` (`record_screened`):
+        its combine writes the greedy token where spec_accept.wgsl reads row 0's argmax."""
+        self.screened_combine = screen.combine_into(self.chosen, 0)
+        self.screen = screen
+
+    def record_screened(self, recorder: gpu.Recorder) -> None:
+        """A draft-off step's acceptance through the screen (the step recorded the final norm's digits,
+        not logits): the same token as `record(recorder, 1)`."""
+        self.screen.record(recorder, self.screened_combine)
+        recorder.dispatch(self.accept, self.accept_bind, 1)
 
     def record(self, recorder: gpu.Recorder, n_rows: int) -> None:
         if not 0 < n_rows <= self.max_rows:

@@ -38,9 +38,17 @@ from .speculation import NGRAM_MAX, SpeculationPolicy, prompt_lookup_draft
 
 
 class Acceptance(Protocol):
-    """What decides a verify step's output on the GPU: writes out = [n_emitted, tokens...] (SpecBuffers)."""
+    """What decides a verify step's output on the GPU: writes out = [n_emitted, tokens...] (SpecBuffers).
+    A draft-off step (one row) may decide through an int8 screen instead of logits (`use_screen`, then
+    `record_screened`): GreedyAccept, SpecSampleAccept."""
+
+    screen: ScreenedArgmax | None
 
     def record(self, recorder: gpu.Recorder, n_rows: int) -> None: ...
+
+    def use_screen(self, screen: ScreenedArgmax) -> None: ...
+
+    def record_screened(self, recorder: gpu.Recorder) -> None: ...
 
 
 @dataclass
@@ -385,7 +393,8 @@ class GPUDecodeLoop:
                 first_token.copies.append((op.state, 4 * (op.RING_AT + window - 1)))
         else:
             op.configure(settings, seed, first_draw, history)
-        return self.decode_speculative(first_token, k, limit, op, policy, stop_ids)
+        screened = ScreenedSampling.serves(settings)  # a penalty below 1 keeps the F16 head
+        return self.decode_speculative(first_token, k, limit, op, policy, stop_ids, screened)
 
     def _record_verify_steps(
         self,
@@ -398,6 +407,7 @@ class GPUDecodeLoop:
         live_rows: float | None = None,
         first_copies: Sequence[tuple[gpu.Buffer, int]] = (),
         rec: gpu.Recorder | None = None,
+        screened: bool = False,
     ) -> gpu.Recorder:
         """`n_steps` steps of `rows` rows each (k + 1: verify steps of drafts of k tokens; 1: draft-off
         steps) in one recorder. Step j drafts on the GPU (which also sets its StepParams), runs its
@@ -407,19 +417,24 @@ class GPUDecodeLoop:
         dispatches enough splits for it. `live_rows`: the rows a step is expected to keep (draft + 1),
         which picks the BitLinears' kernels (NormTernaryLinear.record). `first_copies`: where token_ids[0]
         (a FirstToken) is copied before the first step (FirstToken.copies). `rec`: record into this one
-        (a profiled recorder) instead of a new one."""
+        (a profiled recorder) instead of a new one. `screened`: draft-off steps take their token through
+        the screen `accept` uses (`use_screen`), from the final norm's digits instead of logits."""
         ops = self._speculation_ops(k)
         draft = ops.draft if rows > 1 else ops.draft_off
         self.step.reset_slot()  # queue order: after the submits before this one
         rec = rec or self.device.begin()
         for buffer, offset in first_copies:
             rec.copy(self.token_ids, 0, buffer, offset, 4)
+        through_screen = screened and rows == 1
         for j in range(n_steps):
             draft.record(rec)  # also writes the step's StepParams
-            self._record_step(
-                rows, all_logits=True, rec=rec, pos=pos_bound + j * rows, params_on_gpu=True, live_rows=live_rows
-            )
-            accept.record(rec, rows)
+            pos = pos_bound + j * rows
+            if through_screen:
+                self._record_step(1, all_logits=False, rec=rec, pos=pos, params_on_gpu=True, logits=False)
+                accept.record_screened(rec)
+            else:
+                self._record_step(rows, all_logits=True, rec=rec, pos=pos, params_on_gpu=True, live_rows=live_rows)
+                accept.record(rec, rows)
             ops.log.record(rec)
         ops.log.copy_log(rec, staging, n_steps)
         return rec
@@ -432,6 +447,7 @@ class GPUDecodeLoop:
         accept: Acceptance | None = None,
         policy: SpeculationPolicy | None = None,
         stop_ids: Sequence[int] = (),
+        screened: bool = True,
     ) -> AsyncIterator[int]:
         """Greedy decoding, `first_token` first fed, with steps that verify a prompt-lookup draft of up
         to `k` tokens (model/speculation.py's rules, run on the GPU): the same tokens as decode_greedy,
@@ -472,6 +488,12 @@ class GPUDecodeLoop:
         self.draft_length_counts = [0] * (k + 1)
         ops = self._speculation_ops(k)  # a bad k fails here, before any step
         accept = accept or ops.greedy
+        # draft-off steps take their token through the int8 screen where the model has one (and
+        # `screened`: the caller's settings allow it); verify steps' rows read the F16 head's logits
+        screen = self.screened_argmax if screened else None
+        if screen is not None and accept.screen is not screen:
+            accept.use_screen(screen)
+        screened_off = screen is not None
         first_pending = first_token if isinstance(first_token, FirstToken) else None
         known = [] if first_pending else [first_token]  # the first token, once the host knows it
         if policy is not None and known:
@@ -534,7 +556,8 @@ class GPUDecodeLoop:
             if self.kv_cache.ensure_capacity(bound + n * rows):
                 ops.buffers.set_kv_capacity(self.kv_cache.capacity)
             copies = first_copies if launched == 0 else ()
-            rec = self._record_verify_steps(k, n, rows, ring[launched % len(ring)], bound, accept, live, copies)
+            staging = ring[launched % len(ring)]
+            rec = self._record_verify_steps(k, n, rows, staging, bound, accept, live, copies, screened=screened_off)
             rec.finish()
             self.encode_seconds += time.perf_counter() - encode_start
             return rec
