@@ -349,6 +349,8 @@ class GPUDecodeLoop:
             greedy = GreedyAccept(
                 self.kernels, self.logits, buffers.draft, buffers.state, buffers.out, self.config.vocab_size, k + 1
             )
+            if self.screened_argmax is not None:  # draft-off steps' screened kernels, not compiled mid-reply
+                greedy.use_screen(self.screened_argmax)
             log = VerifyStepLog(self.kernels, buffers.out, buffers.state, self.step, k, MAX_STEPS_PER_SUBMIT)
             self._buffers.extend(buffers.buffers + greedy.buffers + [log.log])
             ops = self._speculation[k] = SpeculationOps(buffers, draft, draft_off, greedy, log)
@@ -363,6 +365,8 @@ class GPUDecodeLoop:
             buffers = self.speculation_buffers(k)
             vocab = self.config.vocab_size
             op = SpecSampleAccept(self.kernels, self.logits, buffers.draft, buffers.state, buffers.out, vocab, k + 1)
+            if self.screened_argmax is not None:
+                op.use_screen(self.screened_argmax)
             self._buffers.extend(op.buffers)
             self._spec_samplers[k] = op
         return op
