@@ -44,8 +44,6 @@ SCREEN_WORKGROUP = 32  # with 2B-4T's 160 chunks a row, 5 whole chunks per threa
 DIGIT_STATS = 4  # f32 words the final norm writes next to the digits: s1, s2, A, B
 SCREEN_ROWS = 8  # int8 rows per screening workgroup: 128256 rows -> 16032 workgroups (H200: 4 rows 4% slower)
 RESCORE_SLICE = 256  # rows each rescoring workgroup scans for survivors
-# A sampled step keeps ~2,000 rows (2B-4T): smaller slices spread them over more workgroups
-CANDIDATE_SLICE = 256
 # Words a greedy step's screen spreads its atomic maxima over (so they do not queue on one address).
 KEY_SLOTS = 128
 # How many rows a sampled step's candidates are at least: the sampler's largest top-k plus its longest
@@ -185,10 +183,10 @@ class ScreenedArgmax:
             self.upper,
             self.keys,
             self.candidates,
-            CANDIDATE_SLICE,
+            RESCORE_SLICE,  # H200: slices of 32-128 rows no faster for a sampled step's ~2,000 kept rows
             SAMPLED_KEY_SLOTS,
             vocab_size,
-            [ceil_div(stop - start, CANDIDATE_SLICE) for start, stop, _ in matrix.shards],
+            rescore_groups,
             top_k=True,
         )
         self._combine_args = (kernels, enables, sg, vocab_size, sum(rescore_groups))
