@@ -2,7 +2,7 @@
 // (_candidates.wgsl, written by lm_head.wgsl RESCORE TOPK), the repetition penalty applied, sorted
 // into sort_pairs[0 .. K) for a draw (sample_topk.wgsl FINAL CANDIDATES, spec_sample.wgsl CANDIDATES).
 // The including kernel includes _topk_sort and _candidates and declares `candidates`, `params` and
-// `state` (sample_topk.wgsl's layout: [2] ring length, ring from RING_AT), RING_MAX and RADIX_PER.
+// `state` (sample_topk.wgsl's layout: [2] ring length, ring from RING_AT) and RING_MAX.
 
 //#include _order_key
 //#include _radix_select
@@ -73,16 +73,8 @@ fn sort_candidates(lid: u32) {
         atomicOr(&ring_bloom[(id >> 5u) % BLOOM_WORDS], 1u << (id & 31u));
     }
     let threshold = radix_select(lid, shape.x, K, 4u);  // its first barrier: the filter is complete
-    if (shape.x <= RADIX_PER * WG) {  // loads issued together
-//#for t in RADIX_PER
-        if (lid + {{t}}u * WG < shape.x) {
-            pick(candidate(lid + {{t}}u * WG), threshold);
-        }
-//#endfor
-    } else {
-        for (var i = lid; i < shape.x; i += WG) {
-            pick(candidate(i), threshold);
-        }
+    for (var i = lid; i < shape.x; i += WG) {
+        pick(candidate(i), threshold);
     }
     workgroupBarrier();
     if (lid == 0u) {
@@ -94,7 +86,7 @@ fn sort_candidates(lid: u32) {
 //#for t in PER
         {
             let i = lid + {{t}}u * WG;
-            if (i >= picked && i < width) {
+            if (i >= picked && i < max(width, K)) {  // fewer than K picked: the draw sees none past them
                 sort_pairs[i] = vec2<u32>(bitcast<u32>(LOWEST), NO_INDEX);
             }
         }

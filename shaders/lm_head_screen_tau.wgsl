@@ -9,7 +9,6 @@
 const WG: u32 = ${WG};
 const KEY_SLOTS: u32 = ${KEY_SLOTS};
 const TAU_RANK: u32 = ${TAU_RANK};
-const RADIX_PER: u32 = ${RADIX_PER};  // KEY_SLOTS / WG: every key in registers
 
 @group(0) @binding(0) var<storage, read_write> keys: array<u32>;
 

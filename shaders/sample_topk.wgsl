@@ -55,7 +55,6 @@ const SLOT: u32 = ${SLOT};
 //#include _candidates
 const KEY_SLOTS: u32 = ${KEY_SLOTS};
 const RING_MAX: u32 = ${RING_MAX};
-const RADIX_PER: u32 = ${RADIX_PER};  // candidates per thread read once (more: read again each round)
 @group(0) @binding(0) var<storage, read_write> candidates: Candidates;
 @group(0) @binding(4) var<storage, read_write> keys: array<u32>;
 //#else

@@ -51,7 +51,6 @@ const V: u32 = ${V};
 //#include _candidates
 const KEY_SLOTS: u32 = ${KEY_SLOTS};
 const RING_MAX: u32 = ${RING_MAX};
-const RADIX_PER: u32 = ${RADIX_PER};
 @group(0) @binding(0) var<storage, read_write> candidates: Candidates;
 @group(0) @binding(1) var<uniform> params: SampleParams;
 @group(0) @binding(2) var<storage, read> state: array<u32>;

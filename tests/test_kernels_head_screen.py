@@ -27,7 +27,7 @@ from bitnet_web.kernels.head_screen import (
     float_slack,
 )
 from bitnet_web.kernels.norm import RMSNorm
-from bitnet_web.kernels.sampling import CANDIDATES_PER_THREAD, SAMPLE_WORKGROUP, GPUSampler
+from bitnet_web.kernels.sampling import SORT_WIDTH, GPUSampler
 from bitnet_web.text.sampler import SamplerSettings
 
 pytestmark = pytest.mark.gpu
@@ -380,24 +380,46 @@ def test_sampled_steps_through_the_screen_draw_the_f16_heads_tokens(device):
     assert max(counts) <= 1024 - 64  # one sorting chunk
 
 
-def test_more_candidates_than_the_draw_keeps_in_registers(device):
-    """Rows so alike that the screen keeps nearly all of them, more than the draw's threads hold in
-    registers: its radix select reads them again each round, and still draws the F16 head's tokens."""
+def test_candidates_many_times_one_sort_are_drawn_from_alike(device):
+    """Rows so alike that the screen keeps nearly all of them, several times what one sort holds: the
+    draw's radix select still picks the best K, and draws the F16 head's tokens."""
     rng = np.random.default_rng(13)
     base = rng.standard_normal((1, 128))
     table = base + 0.01 * rng.standard_normal((5000, 128))
     table[:20] *= 1.02
     counts = sampled_tokens_agree(device, table.astype(np.float16), seed=113, steps=6)
-    assert min(counts) > CANDIDATES_PER_THREAD * SAMPLE_WORKGROUP, counts
+    assert min(counts) > 4 * SORT_WIDTH, counts
 
 
-def test_more_tied_candidates_than_one_sort_are_drawn_from_in_chunks(device):
-    """1,200 equal rows at the top (the K-th largest logit tied 1,200 times, more than one sort holds):
-    the draw keeps the best K over chunks of the list (ties to the smaller row, the penalized rows
-    among them) and still draws the F16 head's tokens."""
+@pytest.mark.parametrize("tied", [300, 1200])
+def test_tied_candidates_past_the_rank_sort_are_drawn_alike(device, tied):
+    """`tied` equal rows at the top (the K-th largest logit tied that often): more than the rank sort
+    places (300: one bitonic sort), more than one sort holds (1,200: the best K over chunks of the
+    list); ties go to the smaller row, the penalized rows among them, and the draws are still the F16
+    head's."""
     rng = np.random.default_rng(14)
     table = 0.3 * rng.standard_normal((3000, 128))
     u = 3 * rng.standard_normal(128)
-    table[:1200], table[1200:2400] = u, -u  # one group or the other holds the top logits
+    table[:tied], table[tied : 2 * tied] = u, -u  # one group or the other holds the top logits
     counts = sampled_tokens_agree(device, table.astype(np.float16), seed=114, steps=6)
-    assert min(counts) >= 1200, counts
+    assert min(counts) >= tied, counts
+
+
+def test_sampled_steps_over_several_shards_draw_the_f16_heads_tokens():
+    """A head in five row shards: every shard's rescore lists its rows (ids past its start) in the
+    one candidate list, and the draws are the F16 head's."""
+    device = open_device_or_skip(max_binding_size=64 * 1024)  # 128 columns -> 256 F16 rows per shard
+    try:
+        table = np.random.default_rng(15).standard_normal((1100, 128)) * 0.3
+        table[:20] *= 2
+        counts = sampled_tokens_agree(device, table.astype(np.float16), seed=115, steps=6)
+        assert min(counts) >= TAU_RANK, counts
+    finally:
+        device.destroy()
+
+
+def test_a_vocabulary_smaller_than_the_top_k_is_drawn_alike(device):
+    """20 rows, top-k 40 and 64: fewer candidates than the draw keeps, and no place past them counts."""
+    table = np.random.default_rng(16).standard_normal((20, 128)) * 0.3
+    counts = sampled_tokens_agree(device, table.astype(np.float16), seed=116, steps=6)
+    assert max(counts) == 20, counts

@@ -176,7 +176,6 @@ class ScreenedArgmax:
             WG=TAU_WORKGROUP,
             KEY_SLOTS=SAMPLED_KEY_SLOTS,
             TAU_RANK=TAU_RANK,
-            RADIX_PER=ceil_div(SAMPLED_KEY_SLOTS, TAU_WORKGROUP),
         )
         self.tau_op = (tau, device.bind_group(tau, [self.keys], f"{label} tau"), 1)
         self.candidate_ops = head.rescoring(

@@ -18,8 +18,6 @@ from .common import KernelCache, ceil_div, check_token_pick
 
 SORT_WIDTH = 1024  # pairs sorted per workgroup (8 KB of workgroup memory)
 SAMPLE_WORKGROUP = 256  # >= GPU_TOP_K_MAX: the draw gives each candidate one thread
-# A screened draw keeps up to this many candidates a thread in registers (2B-4T lists ~2,000 in all)
-CANDIDATES_PER_THREAD = 16
 # The _topk_sort snippet's constants, shared by sample_topk.wgsl and spec_sample.wgsl
 SORT_SHAPE = dict(
     WG=SAMPLE_WORKGROUP,
@@ -95,7 +93,6 @@ class GPUSampler:
             SLOT=slot,
             KEY_SLOTS=key_slots,
             RING_MAX=GPU_PENALTY_WINDOW_MAX,
-            RADIX_PER=CANDIDATES_PER_THREAD,
             **SORT_SHAPE,
         )
         bind = kernels.device.bind_group(

@@ -18,7 +18,7 @@ from .. import gpu
 from ..text.sampler import GPU_PENALTY_WINDOW_MAX, GPU_TOP_K_MAX, SamplerSettings
 from .common import KernelCache, ceil_div
 from .head_screen import SAMPLED_KEY_SLOTS, ScreenedArgmax
-from .sampling import CANDIDATES_PER_THREAD, SORT_SHAPE, SORT_WIDTH, GPUSampler
+from .sampling import SORT_SHAPE, SORT_WIDTH, GPUSampler
 
 MAX_ROWS = 9  # verify rows: the last token and up to 8 drafted ones
 
@@ -109,7 +109,6 @@ class SpecSampleAccept(GPUSampler):
             defines=("FINAL", "CANDIDATES"),
             KEY_SLOTS=SAMPLED_KEY_SLOTS,
             RING_MAX=GPU_PENALTY_WINDOW_MAX,
-            RADIX_PER=CANDIDATES_PER_THREAD,
             **SORT_SHAPE,
         )
         binds = [screen.candidates, self.params, self.state, spec_state, decisions, screen.keys]
