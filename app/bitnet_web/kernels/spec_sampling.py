@@ -99,6 +99,7 @@ class SpecSampleAccept(GPUSampler):
         self.accept = (accept, device.bind_group(accept, [decisions, self.params, self.state, out], f"{label} accept"))
         self._screen_args = (kernels, state, decisions, label)
         self.screen: ScreenedArgmax | None = None
+        self.screened_draw: tuple[gpu.Pipeline, gpu.BindGroup, int] | None = None  # use_screen builds it
 
     def use_screen(self, screen: ScreenedArgmax) -> None:
         """Draft-off steps (one row, no draft) may draw their token from `screen`'s candidates

@@ -181,6 +181,7 @@ class GreedyAccept:
         self.accept_bind = device.bind_group(self.accept, [self.chosen, draft, state, out], "verify accept")
         self.max_rows = max_rows
         self.screen: ScreenedArgmax | None = None
+        self.screened_combine: tuple[gpu.Pipeline, gpu.BindGroup, int] | None = None  # use_screen builds it
 
     def use_screen(self, screen: ScreenedArgmax) -> None:
         """Draft-off steps (one row, no draft) may take their token from `screen` (`record_screened`):

@@ -486,6 +486,9 @@ class GPUDecodeLoop:
         `verify_steps` those steps (`draft_length_counts[d]`: those with a draft of d tokens),
         `plain_steps` the tokens of draft-off steps, `idle_steps` the steps read back that the GPU ran
         past the reply's end, `launched_steps` the steps submitted (read or not).
+
+        `screened`: draft-off steps take their token through the model's int8 screen where it has one
+        (the same token; decode_speculative_sampled passes False for a repetition penalty below 1).
         """
         self.draft_proposed = self.draft_accepted = self.verify_steps = self.plain_steps = self.idle_steps = 0
         self.launched_steps = 0
@@ -497,7 +500,7 @@ class GPUDecodeLoop:
         screen = self.screened_argmax if screened else None
         if screen is not None and accept.screen is not screen:
             accept.use_screen(screen)
-        screened_off = screen is not None
+        draft_off_screened = screen is not None
         first_pending = first_token if isinstance(first_token, FirstToken) else None
         known = [] if first_pending else [first_token]  # the first token, once the host knows it
         if policy is not None and known:
@@ -561,7 +564,9 @@ class GPUDecodeLoop:
                 ops.buffers.set_kv_capacity(self.kv_cache.capacity)
             copies = first_copies if launched == 0 else ()
             staging = ring[launched % len(ring)]
-            rec = self._record_verify_steps(k, n, rows, staging, bound, accept, live, copies, screened=screened_off)
+            rec = self._record_verify_steps(
+                k, n, rows, staging, bound, accept, live, copies, screened=draft_off_screened
+            )
             rec.finish()
             self.encode_seconds += time.perf_counter() - encode_start
             return rec
