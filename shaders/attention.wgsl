@@ -18,9 +18,9 @@
 // columns i * VPL .. i * VPL + VPL - 1 of the head, so a row is one coalesced load of the group; each
 // of the NLG lane groups takes LANE_ROWS rows per step (row = step base + u * NLG + group), sums its
 // lanes' partial scores by xor shuffles (every lane ends with the same sum) and keeps its own online
-// softmax and accumulators in registers. After the walk the groups' (m, l, acc) are merged pairwise
-// through workgroup memory in a fixed order, so a token's result depends on its position only, as
-// for the tile walk.
+// softmax and accumulators in registers. After the walk every group writes its (m, l, acc) to
+// workgroup memory and, after one barrier, one invocation per (query head, column) merges them in
+// group order, so a token's result depends on its position only, as for the tile walk.
 // Why this shape (measured on an H100 through wgpu/naga): one workgroup streams only ~30 GB/s from
 // L2, so every K/V element is loaded from memory once per workgroup and long contexts are split over
 // many workgroups; the driver does not unroll naga's loops and each iteration waits for its loads
@@ -131,9 +131,11 @@ const VPL: u32 = ${LANE_VECS};          // vec4 columns per lane: C4 / LANES
 const NLG: u32 = ${LANE_GROUPS};        // lane groups walking rows (a power of two <= WG / LANES)
 const LANE_ROWS: u32 = ${LANE_ROWS};    // rows per lane group and step
 const STEP_ROWS: u32 = NLG * LANE_ROWS;
-// Partials of the upper half of the lane groups during a merge round: (m, l) here, acc in `ks`
-// ((NLG / 2) * G * C4 vec4 fit there: Attention checks it).
-var<workgroup> merge_ml: array<vec2<f32>, max(NLG / 2u * G, 1u)>;
+// The lane groups' partials for the merge: (m, l) here, acc in `ks` then `vs` (merge_store).
+var<workgroup> merge_ml: array<vec2<f32>, NLG * G>;
+const KS_LEN: u32 = TILE * KS_ROW;
+const_assert NLG * G * C4 <= KS_LEN + TILE * C4;  // kernels/attention.py lane_shape keeps NLG within it
+const_assert G * C4 <= WG;  // one merging invocation per (query head, column)
 var<workgroup> lanes_ok_wg: u32;
 //#if ROPE
 var<workgroup> new_kv: array<KVWord, 2u * C4>;  // ROPE's row pos of this KV head: K, then V
@@ -542,6 +544,22 @@ struct LaneLoads {
 //#endfor
 };
 
+// Element i of the lane merge's acc partials [NLG, G, C4], spread over the K and V tiles' memory.
+fn merge_store(i: u32, v: vec4<f32>) {
+    if (i < KS_LEN) {
+        ks[i] = v;
+    } else {
+        vs[i - KS_LEN] = v;
+    }
+}
+
+fn merge_load(i: u32) -> vec4<f32> {
+    if (i < KS_LEN) {
+        return ks[i];
+    }
+    return vs[i - KS_LEN];
+}
+
 // Last row this workgroup attends over.
 fn lane_last_row(w: Work) -> u32 {
     return min(w.tile_end * TILE, w.kv_len) - 1u;
@@ -670,64 +688,52 @@ fn attend_lanes(tid: u32, wid: vec3<u32>, w: Work, first: LaneLoads) {
         cur = next;
     }
 
-    // Merge the lane groups: in each round the upper half hands its partials to the lower half.
-    for (var half = NLG / 2u; half > 0u; half = half / 2u) {
-        if (lg >= half && lg < 2u * half) {
-            let slot = lg - half;
+    // Merge the lane groups in one round: every walking group writes its partials ((m, l) to merge_ml,
+    // acc to the tiles' memory, which the lane walk does not use), then invocation i < G * C4 merges
+    // column i % C4 of query head i / C4 over the groups, in group order.
+    if (walks) {
 //#for g in GQ
-            if (lane == 0u) {
-                merge_ml[slot * G + {{g}}u] = vec2<f32>(m{{g}}, l{{g}});
-            }
-//#for j in LANE_VECS
-            ks[(slot * G + {{g}}u) * C4 + c0 + {{j}}u] = acc{{g}}_{{j}};
-//#endfor
-//#endfor
+        if (lane == 0u) {
+            merge_ml[lg * G + {{g}}u] = vec2<f32>(m{{g}}, l{{g}});
         }
-        workgroupBarrier();
-        if (lg < half) {
-//#for g in GQ
-            {
-                let other = merge_ml[lg * G + {{g}}u];
-                let mx = max(m{{g}}, other.x);
-                let a = exp(m{{g}} - mx);
-                let b = exp(other.x - mx);
-                m{{g}} = mx;
-                l{{g}} = l{{g}} * a + other.y * b;
 //#for j in LANE_VECS
-                acc{{g}}_{{j}} = acc{{g}}_{{j}} * a + ks[(lg * G + {{g}}u) * C4 + c0 + {{j}}u] * b;
+        merge_store((lg * G + {{g}}u) * C4 + c0 + {{j}}u, acc{{g}}_{{j}});
 //#endfor
-            }
 //#endfor
-        }
-        workgroupBarrier();
     }
-
-    if (lg == 0u) {
-        let t = w.t0;
-//#for g in GQ
+    workgroupBarrier();
+    if (tid < G * C4) {
+        let g = tid / C4;
+        let col = tid % C4;
+        var mx = NEG;
+//#for i in LANE_GROUPS
+        mx = max(mx, merge_ml[{{i}}u * G + g].x);
+//#endfor
+        var l = 0.0;
+        var acc = vec4<f32>(0.0);
+//#for i in LANE_GROUPS
         {
-            let qh = kvh * G + {{g}}u;
-            if (SPLIT && !w.whole) {
-                let slot = (t * HQ + qh) * MAX_SPLITS + wid.x;
-//#for j in LANE_VECS
-                out[slot * C4 + c0 + {{j}}u] = acc{{g}}_{{j}};
-//#endfor
-                if (lane == 0u) {
-                    stats[slot] = vec2<f32>(m{{g}}, l{{g}});
-                }
-            } else if (SPLIT) {
-//#if DIRECT_OUT
-//#for j in LANE_VECS
-                direct_out[t * Q_ROW4 + qh * C4 + c0 + {{j}}u] = acc{{g}}_{{j}} / l{{g}};
-//#endfor
-//#endif
-            } else {
-//#for j in LANE_VECS
-                out[t * Q_ROW4 + qh * C4 + c0 + {{j}}u] = acc{{g}}_{{j}} / l{{g}};
-//#endfor
-            }
+            let ml = merge_ml[{{i}}u * G + g];
+            let p = exp(ml.x - mx);  // a group that saw no row: m = NEG, l = 0, acc = 0
+            l += p * ml.y;
+            acc += p * merge_load(({{i}}u * G + g) * C4 + col);
         }
 //#endfor
+        let t = w.t0;
+        let qh = kvh * G + g;
+        if (SPLIT && !w.whole) {
+            let slot = (t * HQ + qh) * MAX_SPLITS + wid.x;
+            out[slot * C4 + col] = acc;
+            if (col == 0u) {
+                stats[slot] = vec2<f32>(mx, l);
+            }
+        } else if (SPLIT) {
+//#if DIRECT_OUT
+            direct_out[t * Q_ROW4 + qh * C4 + col] = acc / l;
+//#endif
+        } else {
+            out[t * Q_ROW4 + qh * C4 + col] = acc / l;
+        }
     }
 }
 //#endif

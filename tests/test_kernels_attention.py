@@ -266,7 +266,8 @@ def test_attention_matches_reference(device, kernels, n_heads, n_kv_heads, head_
 @pytest.mark.parametrize("cpu, subgroup_min_size", [(False, None), (True, None), (False, 16), (False, 4), (True, 64)])
 def test_lane_shape_fits(head_dim, group, cpu, subgroup_min_size):
     """The lane walk's constants: lanes a power of two within the head, the subgroup's known minimum and
-    the adapter's cap; each lane a whole number of vec4; the merge's partials within the K tile's memory."""
+    the adapter's cap; each lane a whole number of vec4; every group's merge partials within the K and V
+    tiles' memory, and as many groups as fit."""
     if group > max_query_heads_per_kv(head_dim):
         pytest.skip("more query heads per KV head than one workgroup serves")
     shape = lane_shape(head_dim, group, cpu, subgroup_min_size=subgroup_min_size)
@@ -276,8 +277,9 @@ def test_lane_shape_fits(head_dim, group, cpu, subgroup_min_size):
     assert shape["LANE_VECS"] * lanes == c4 and 1 << shape["LANE_LEVELS"] == lanes
     groups = shape["LANE_GROUPS"]
     assert groups & (groups - 1) == 0 and groups * lanes <= WORKGROUP
-    assert groups // 2 * group * c4 <= tile_rows(head_dim) * (c4 + 1)
-    assert groups == WORKGROUP // lanes or groups * group * c4 > tile_rows(head_dim) * (c4 + 1)
+    tiles = tile_rows(head_dim) * (2 * c4 + 1)  # the merge's partials in the K and V tiles' memory
+    assert groups * group * c4 <= tiles
+    assert groups == WORKGROUP // lanes or 2 * groups * group * c4 > tiles
 
 
 @pytest.mark.parametrize("n_heads, n_kv_heads, head_dim", [(4, 4, 64), (10, 2, 128), (8, 2, 64), (4, 2, 256)])

@@ -70,7 +70,7 @@ def lane_shape(
     head_dim: int, group: int, cpu: bool, lane_rows: int | None = None, subgroup_min_size: int | None = None
 ) -> dict[str, int]:
     """The lane walk's constants: LANES invocations per row (each VPL vec4 columns), NLG lane groups
-    (as many as the workgroup holds, fewer where half of their partials would not fit the K tile's
+    (as many as the workgroup holds, fewer where their partials would not fit the K and V tiles'
     workgroup memory, which the final merge borrows), LANE_ROWS rows per group and step.
 
     LANES is at most the device's smallest subgroup where it is known, so every pipeline takes the lane
@@ -79,8 +79,8 @@ def lane_shape(
     c4 = head_dim // 4
     lanes = min(LANES_CPU if cpu else LANES_GPU, c4, subgroup_min_size or c4)
     groups = WORKGROUP // lanes
-    ks_vec4 = tile_rows(head_dim) * (c4 + 1)
-    while groups > 1 and groups // 2 * group * c4 > ks_vec4:
+    tiles_vec4 = tile_rows(head_dim) * (2 * c4 + 1)  # ks [TILE, C4 + 1] and vs [TILE, C4]
+    while groups > 1 and groups * group * c4 > tiles_vec4:
         groups //= 2
     return dict(
         LANES=lanes,
