@@ -1,8 +1,9 @@
 // Snippet (//#include _candidate_sort): the best K of a screened step's candidate list
 // (_candidates.wgsl, written by lm_head.wgsl RESCORE TOPK), the repetition penalty applied, sorted
 // into sort_pairs[0 .. K) for a draw (sample_topk.wgsl FINAL CANDIDATES, spec_sample.wgsl CANDIDATES).
-// The including kernel includes _topk_sort and _candidates and declares `candidates`, `params` and
-// `state` (sample_topk.wgsl's layout: [2] ring length, ring from RING_AT) and RING_MAX.
+// The including kernel includes _topk_sort and _candidates and declares `candidates`, `params`,
+// `state` (sample_topk.wgsl's layout: [2] ring length, ring from RING_AT), `keys` (the screen's
+// lower-bound keys), RING_MAX and KEY_SLOTS.
 
 //#include _order_key
 //#include _radix_select
@@ -118,5 +119,16 @@ fn sort_candidates(lid: u32) {
         if (next >= shape.x) {
             break;
         }
+    }
+}
+
+// All threads, once the list's count has been read (sort_candidates): the screen's state made ready for
+// the next step, its KEY_SLOTS lower-bound keys zeroed and (thread 0) its candidate list emptied.
+fn release_screen(lid: u32) {
+    for (var i = lid; i < KEY_SLOTS; i += WG) {
+        keys[i] = 0u;
+    }
+    if (lid == 0u) {
+        atomicStore(&candidates.count, 0u);
     }
 }

@@ -135,16 +135,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // Candidate weights in parallel (thread c: candidate c), then thread 0 walks the <= K prefix sums.
     let top = candidate_weights(lid);
 //#if CANDIDATES
-    for (var i = lid; i < KEY_SLOTS; i += WG) {  // the screened head's keys, for the next step's screen
-        keys[i] = 0u;
-    }
+    release_screen(lid);
 //#endif
     if (lid != 0u) {
         return;
     }
-//#if CANDIDATES
-    atomicStore(&candidates.count, 0u);  // every thread read it (sort_candidates) before the sort
-//#endif
     let draw = state[0];
     state[0] = draw + 1u;
     let chosen = draw_token(draw, top);

@@ -133,13 +133,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 fn main(@builtin(local_invocation_index) lid: u32) {
     sort_candidates(lid);
     let top = candidate_weights(lid);
-    for (var i = lid; i < KEY_SLOTS; i += WG) {  // the screened head's keys, for the next step's screen
-        keys[i] = 0u;
-    }
+    release_screen(lid);
     if (lid != 0u) {
         return;
     }
-    atomicStore(&candidates.count, 0u);  // every thread read it (sort_candidates) before the sort
     let n_cand = count_candidates();
     var flags = 2u;  // no valid logit: token 0
     var token = 0u;

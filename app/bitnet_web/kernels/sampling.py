@@ -28,6 +28,12 @@ SORT_SHAPE = dict(
 )
 
 
+def candidate_draw_constants(key_slots: int) -> dict[str, int]:
+    """The constants of a draw from a screen's candidate list (FINAL CANDIDATES of sample_topk.wgsl and
+    spec_sample.wgsl, _candidate_sort.wgsl): the screen's key slots, the penalty ring's room, the sort."""
+    return dict(KEY_SLOTS=key_slots, RING_MAX=GPU_PENALTY_WINDOW_MAX, **SORT_SHAPE)
+
+
 class GPUSampler:
     """out_ids[slot] = a token drawn from logits[row] under `settings` (set with `configure`)."""
 
@@ -88,12 +94,7 @@ class GPUSampler:
         which must be clear for the next step's screen)."""
         kernels, out_ids, slot, label = self._draw_args
         final = kernels.pipeline(
-            "sample_topk",
-            defines=("FINAL", "CANDIDATES"),
-            SLOT=slot,
-            KEY_SLOTS=key_slots,
-            RING_MAX=GPU_PENALTY_WINDOW_MAX,
-            **SORT_SHAPE,
+            "sample_topk", defines=("FINAL", "CANDIDATES"), SLOT=slot, **candidate_draw_constants(key_slots)
         )
         bind = kernels.device.bind_group(
             final, [candidates, self.params, self.state, out_ids, keys], f"{label} draw from candidates"

@@ -18,7 +18,7 @@ from .. import gpu
 from ..text.sampler import GPU_PENALTY_WINDOW_MAX, GPU_TOP_K_MAX, SamplerSettings
 from .common import KernelCache, ceil_div
 from .head_screen import SAMPLED_KEY_SLOTS, ScreenedArgmax
-from .sampling import SORT_SHAPE, SORT_WIDTH, GPUSampler
+from .sampling import SORT_SHAPE, SORT_WIDTH, GPUSampler, candidate_draw_constants
 
 MAX_ROWS = 9  # verify rows: the last token and up to 8 drafted ones
 
@@ -106,11 +106,7 @@ class SpecSampleAccept(GPUSampler):
         (`record_screened`), for settings ScreenedSampling.serves."""
         kernels, spec_state, decisions, label = self._screen_args
         draw = kernels.pipeline(
-            "spec_sample",
-            defines=("FINAL", "CANDIDATES"),
-            KEY_SLOTS=SAMPLED_KEY_SLOTS,
-            RING_MAX=GPU_PENALTY_WINDOW_MAX,
-            **SORT_SHAPE,
+            "spec_sample", defines=("FINAL", "CANDIDATES"), **candidate_draw_constants(SAMPLED_KEY_SLOTS)
         )
         binds = [screen.candidates, self.params, self.state, spec_state, decisions, screen.keys]
         self.screened_draw = (draw, kernels.device.bind_group(draw, binds, f"{label} draw from candidates"), 1)
