@@ -34,16 +34,16 @@ from bitnet_web.kernels.embedding import (  # noqa: E402
 )
 from bitnet_web.kernels.head_screen import SAMPLED_KEY_SLOTS, ScreenedArgmax  # noqa: E402
 from bitnet_web.kernels.linear import (  # noqa: E402
+    NORM_GEMV_LARGE_ROWS,
     NORM_GEMV_ROWS,
     NORM_GEMV_SMALL_WEIGHTS,
-    NORM_GEMV_VERIFY_ROWS,
     NormTernaryLinear,
     TernaryLinear,
     TernaryMatrix,
     TernaryShapeError,
     norm_gemv_group_threads,
     norm_gemv_row_groups,
-    norm_gemv_verify_rows,
+    norm_gemv_rows,
     pack_ternary_rows,
 )
 from bitnet_web.kernels.norm import NormShapeError, RMSNorm, RMSNormQuant  # noqa: E402
@@ -1257,11 +1257,11 @@ def test_row_groups_follow_the_row_length():
     assert (norm_gemv_row_groups(3840), norm_gemv_row_groups(13824), norm_gemv_row_groups(2560, 128)) == (2, 4, 2)
 
 
-def test_verify_rows_follow_the_matrix_size():
-    """Verify steps take fewer weight rows per group (more workgroups) for small matrices: the 2B-4T
-    qkv (3840 x 2560) and wo take the decode kernel's 8, gate_up (13824 x 2560) and down (2560 x 6912)
-    16, as measured (docs/performance.md, session 13); the boundary is inclusive."""
-    assert norm_gemv_verify_rows(3840, 2560) == norm_gemv_verify_rows(2560, 2560) == NORM_GEMV_ROWS
-    assert norm_gemv_verify_rows(13824, 2560) == norm_gemv_verify_rows(2560, 6912) == NORM_GEMV_VERIFY_ROWS
-    assert norm_gemv_verify_rows(NORM_GEMV_SMALL_WEIGHTS // 1000, 1000) == NORM_GEMV_ROWS
-    assert norm_gemv_verify_rows(NORM_GEMV_SMALL_WEIGHTS // 1000 + 1, 1000) == NORM_GEMV_VERIFY_ROWS
+def test_fused_gemv_rows_follow_the_matrix_size():
+    """Small matrices take fewer weight rows per group (more workgroups): the 2B-4T qkv (3840 x 2560)
+    and wo take 8, gate_up (13824 x 2560) and down (2560 x 6912) 16, for decode and verify rows alike, as
+    measured (docs/performance.md, sessions 13 and 27); the boundary is inclusive."""
+    assert norm_gemv_rows(3840, 2560) == norm_gemv_rows(2560, 2560) == NORM_GEMV_ROWS
+    assert norm_gemv_rows(13824, 2560) == norm_gemv_rows(2560, 6912) == NORM_GEMV_LARGE_ROWS
+    assert norm_gemv_rows(NORM_GEMV_SMALL_WEIGHTS // 1000, 1000) == NORM_GEMV_ROWS
+    assert norm_gemv_rows(NORM_GEMV_SMALL_WEIGHTS // 1000 + 1, 1000) == NORM_GEMV_LARGE_ROWS

@@ -504,7 +504,7 @@ def bench_ablation(args: argparse.Namespace) -> None:
 def bench_gemv_sweep(args: argparse.Namespace) -> None:
     """Whole synthetic-model steps over T = 1, 3, 5 rows for several tilings of the fused norm + GEMV
     kernel (`ternary_gemv_norm.wgsl`): weight rows per row group at every T, and row groups per workgroup
-    for matrices under / over 8192 rows (kernels/linear.py NORM_GEMV_ROWS and NORM_GEMV_VERIFY_ROWS,
+    for matrices under / over 8192 rows (kernels/linear.py norm_gemv_rows,
     norm_gemv_row_groups), as ROWSxGROUPSxGROUPS_BIG; or only the decode kernel's rows for each
     2B-4T matrix, dQKV/WO/GATE_UP/DOWN (verify rows and row groups as they are), or only the verify
     rows, vQKV/WO/GATE_UP/DOWN; "default" runs the

@@ -362,21 +362,21 @@ class TernaryLinear:
 
 
 # Fused GEMV with its input norm: weight rows per row group, for one token row (decode) and for the 2..
-# SMALL_T_MAX rows of a verify step. Every workgroup redoes the norm of its input row (reading it from
-# L2): more rows per workgroup amortize that, fewer spread a decode step's dot products over more
-# workgroups; whole 2B-4T steps on the H100 were fastest with 8 for one row, and for several with 8
-# for matrices of up to NORM_GEMV_SMALL_WEIGHTS weights (qkv, wo: few workgroups) and 16 for larger
-# ones (`tools/bench_kernels.py --gemv-sweep`, docs/performance.md). The row count leaves the norm's
-# arithmetic alone (it depends on the row groups and threads only), so a verify row still computes
-# bit for bit what its decode step does.
+# SMALL_T_MAX rows of a verify step alike. Every workgroup redoes the norm of its input row (reading it
+# from L2): more rows per workgroup amortize that, fewer spread the dot products over more workgroups.
+# Whole 2B-4T steps were fastest with 8 for matrices of up to NORM_GEMV_SMALL_WEIGHTS weights (qkv, wo)
+# and 16 for larger ones (gate_up, down): verify steps on the H100 (session 13), decode steps on the
+# H200 (2.8% shorter than with 8, session 27; 32 was slower; `tools/bench_kernels.py --gemv-sweep`,
+# docs/performance.md). The row count leaves the norm's arithmetic alone (it depends on the row groups
+# and threads only), so a verify row still computes bit for bit what its decode step does.
 NORM_GEMV_ROWS = 8
-NORM_GEMV_VERIFY_ROWS = 16
+NORM_GEMV_LARGE_ROWS = 16
 NORM_GEMV_SMALL_WEIGHTS = 10_000_000
 
 
-def norm_gemv_verify_rows(n_rows: int, n_cols: int) -> int:
-    """Weight rows per row group of the fused GEMV for the rows of a verify step."""
-    return NORM_GEMV_ROWS if n_rows * n_cols <= NORM_GEMV_SMALL_WEIGHTS else NORM_GEMV_VERIFY_ROWS
+def norm_gemv_rows(n_rows: int, n_cols: int) -> int:
+    """Weight rows per row group of the fused GEMV for an n_rows x n_cols matrix."""
+    return NORM_GEMV_ROWS if n_rows * n_cols <= NORM_GEMV_SMALL_WEIGHTS else NORM_GEMV_LARGE_ROWS
 
 
 # How NormTernaryLinear runs 2..SMALL_T_MAX rows (a speculative verify step) on a GPU; read when an
@@ -436,7 +436,7 @@ class NormTernaryLinear:
     weight comes from memory once and the other rows' reads mostly hit L2 (docs/performance.md).
     Longer prefill: `RMSNormQuant` into x_q / x_scale, then the tiled GEMM, as the two ops would.
     Constructor arguments are those of RMSNormQuant and TernaryLinear together; `rows` weight rows
-    per row group for one token row and `verify_rows` (default `norm_gemv_verify_rows`) for more,
+    per row group for one token row and `verify_rows` for more (both by default `norm_gemv_rows`),
     `row_groups` (1, 2 or 4; default by size) groups per workgroup, `workgroup_size`
     threads per group, `mean_width` the true width of zero-padded input rows (see RMSNormQuant).
     """
@@ -455,7 +455,7 @@ class NormTernaryLinear:
         epilogue: str = "store",
         label: str | None = None,
         use_dot4: bool | None = None,
-        rows: int = NORM_GEMV_ROWS,
+        rows: int | None = None,
         workgroup_size: int | None = None,
         row_groups: int | None = None,
         mean_width: int | None = None,
@@ -472,7 +472,8 @@ class NormTernaryLinear:
         self.linear = TernaryLinear(kernels, weights, x_q, x_scale, out, step, epilogue, label, use_dot4=use_dot4)
         if x.nbytes < 4 * k:
             raise TernaryShapeError(f"{op}: x ({x.nbytes} bytes) holds less than one row of {k} f32")
-        verify_rows = verify_rows or norm_gemv_verify_rows(weights.n_rows, k)
+        rows = rows or norm_gemv_rows(weights.n_rows, k)
+        verify_rows = verify_rows or norm_gemv_rows(weights.n_rows, k)
         for r in (rows, verify_rows):
             if gw < chunks or gw < r or r % 2 or r <= 0 or row_groups not in (1, 2, 4):
                 raise TernaryShapeError(
