@@ -18,8 +18,8 @@
 //                     1 out_ids   [>= SLOT + 1] u32
 //
 // SCREENED (COMBINE only): the partials are GROUPS rescoring workgroups' of the screened head
-// (lm_head.wgsl RESCORE), and the combine also clears the screen's KEY_SLOTS keys (binding 2) for
-// the next step's screen (lm_head_screen.wgsl).
+// (lm_head.wgsl RESCORE), and the combine also clears its row's KEY_SLOTS keys (binding 2) for the
+// next step's screen (lm_head_screen.wgsl).
 //
 // Dispatch: default (GROUPS, 1, 1) with GROUPS = ceil(V / SPAN), SPAN = WG * PER; then COMBINE (1, 1, 1).
 // Several rows at once (speculative verify steps): default (GROUPS, R, 1) scans rows ROW .. ROW + R - 1
@@ -149,7 +149,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     }
 //#if SCREENED
     for (var i = lid; i < KEY_SLOTS; i += WG) {
-        keys[i] = 0u;
+        keys[wid.x * KEY_SLOTS + i] = 0u;
     }
 //#endif
 //#endif

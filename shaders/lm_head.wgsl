@@ -32,9 +32,10 @@
 //           candidate list as (F16 logit bits, row): room for n_kept is taken with one atomicAdd. Fewer
 //           than TAU_RANK keys set (tau's key 0): every row is kept. The sampler then sees the F16 head's
 //           top logits, bit for bit.
-// Bindings: 0 table, 1 x, 2 upper [V] f32, 3 keys [KEY_SLOTS (+ 1)] u32, 4 partials (TOPK: candidates,
-// _candidates.wgsl).
-// Dispatch (ceil(SHARD_ROWS / SLICE), 1, 1).
+// Token row t = workgroup_id.y (greedy: a verify step's rows, each with its own bounds and keys).
+// Bindings: 0 table, 1 x [T, D/4], 2 upper [T, VOCAB] f32, 3 keys [T, KEY_SLOTS] u32 (TOPK: one row,
+// KEY_SLOTS + 1), 4 partials [T, PART_ROW] (TOPK: candidates, _candidates.wgsl).
+// Dispatch (ceil(SHARD_ROWS / SLICE), T, 1).
 
 const D8: u32 = ${D8};  // 16-byte chunks per row
 const SHARD_ROWS: u32 = ${SHARD_ROWS};
@@ -71,6 +72,7 @@ ${STEP_PARAMS}
 const SLICE: u32 = ${SLICE};
 const KEY_SLOTS: u32 = ${KEY_SLOTS};
 const PART_BASE: u32 = ${PART_BASE};
+const PART_ROW: u32 = ${PART_ROW};  // partials per token row (every shard's rescoring workgroups)
 const VOCAB: u32 = ${VOCAB};  // rows from here on are never kept
 const NO_INDEX: u32 = 0xffffffffu;
 var<workgroup> kept: array<u32, SLICE>;
@@ -112,7 +114,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#if MULTI
     let n_tokens = params.n_tokens;
 //#else
+//#if RESCORE
+    let n_tokens = wid.y + 1u;  // token row wid.y (a verify step's; its keys say what to keep)
+//#else
     let n_tokens = 1u;
+//#endif
 //#endif
     let t0 = wid.y * TOK;
 //#if RESCORE
@@ -127,7 +133,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let key = keys[KEY_SLOTS];  // lm_head_screen_tau.wgsl: the TAU_RANK-th largest key (a lower bound)
 //#else
     for (var i = lid; i < KEY_SLOTS; i += WG) {
-        atomicMax(&key_at, keys[i]);
+        atomicMax(&key_at, keys[t0 * KEY_SLOTS + i]);
     }
     workgroupBarrier();
     let key = atomicLoad(&key_at);
@@ -138,11 +144,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         let row = g * SLICE + i;
         if (row < SHARD_ROWS && START + row < VOCAB) {
 //#if TOPK
-            if (!bounded || !(upper[START + row] < tau)) {
+            if (!bounded || !(upper[t0 * VOCAB + START + row] < tau)) {
                 kept[atomicAdd(&n_kept_at, 1u)] = row;
             }
 //#else
-            if (bounded && upper[START + row] >= tau) {
+            if (bounded && upper[t0 * VOCAB + START + row] >= tau) {
                 kept[atomicAdd(&n_kept_at, 1u)] = row;
             }
 //#endif
@@ -290,7 +296,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     }
 //#if !TOPK
     if (lid == 0u) {
-        partials[PART_BASE + g] = vec2<u32>(bitcast<u32>(best_v), best_i);
+        partials[t0 * PART_ROW + PART_BASE + g] = vec2<u32>(bitcast<u32>(best_v), best_i);
     }
 //#endif
 //#else

@@ -22,12 +22,16 @@
 // address). Rows from VOCAB on are left out. The argmax's row has upper >= every lower bound, so
 // lm_head.wgsl RESCORE keeps every row whose upper bound reaches the largest key. NaN bounds count
 // for nothing. WHOLE: D16 is a multiple of WG (no clamps or zero selects).
-//   Bindings: 0 table_i8, 1 scales, 2 norms, 3 digits [2, D16] vec4<u32> (q1, then q2), 4 stats [4]
-//   f32 (s1, s2, A, B), 5 upper [V] f32, 6 keys [KEY_SLOTS] atomic<u32> (zero before the step:
-//   argmax.wgsl's SCREENED combine clears them).
-//   Mapping: ROWS rows per workgroup, thread lid takes chunks lid, lid + WG, ..., every load issued
-//   first (the rows' scales and norms too, so none waits behind the sums); integer partials are summed exactly (subgroupAdd, then one slot per subgroup, or per
-//   thread without subgroups). Dispatch (ceil(SHARD_ROWS / ROWS), 1, 1).
+// TOKENS > 1: a verify step's token rows, each with its own digits, bounds and keys; the weights are
+// read once for all of them. BOUNDED: StepParams' n_tokens bounds the rows (a shorter draft's rows
+// cost nothing and set no keys, so the rescore keeps nothing there).
+//   Bindings: 0 table_i8, 1 scales, 2 norms, 3 digits [TOKENS, 2, D16] vec4<u32> (a row's q1, then q2),
+//   4 stats [TOKENS, 4] f32 (s1, s2, A, B), 5 upper [TOKENS, VOCAB] f32, 6 keys [TOKENS, KEY_SLOTS]
+//   atomic<u32> (zero before the step: argmax.wgsl's SCREENED combine clears them), 7 params (BOUNDED).
+//   Mapping: ROWS rows per workgroup, thread lid takes chunks lid, lid + WG, ..., every weight load
+//   issued first (the rows' scales and norms too, so none waits behind the sums); integer partials are
+//   summed exactly (subgroupAdd, then one slot per subgroup, or per thread without subgroups); thread t
+//   turns token row t's sums into bounds. Dispatch (ceil(SHARD_ROWS / ROWS), 1, 1).
 
 const D16: u32 = ${D16};  // 16-byte int8 chunks per row (D8 = 2 * D16 F16 chunks)
 const SHARD_ROWS: u32 = ${SHARD_ROWS};
@@ -119,11 +123,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 }
 //#else
 const ROWS: u32 = ${ROWS};
+const TOKENS: u32 = ${TOKENS};  // token rows (a verify step's; 1 for a decode step)
 const SLOTS: u32 = ${SLOTS};  // reduction slots: WG / (smallest subgroup size), or WG
 const ITERS: u32 = ${ITERS};  // ceil(D16 / WG)
 const KEY_SLOTS: u32 = ${KEY_SLOTS};
 const VOCAB: u32 = ${VOCAB};  // rows from here on are left out (never the argmax)
 const SLACK: f32 = ${SLACK};
+//#if BOUNDED
+${STEP_PARAMS}
+//#endif
 
 @group(0) @binding(0) var<storage, read> table_i8: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> scales: array<f32>;
@@ -132,8 +140,11 @@ const SLACK: f32 = ${SLACK};
 @group(0) @binding(4) var<storage, read> stats: array<f32>;
 @group(0) @binding(5) var<storage, read_write> upper: array<f32>;
 @group(0) @binding(6) var<storage, read_write> keys: array<atomic<u32>>;
+//#if BOUNDED
+@group(0) @binding(7) var<uniform> params: StepParams;
+//#endif
 
-var<workgroup> red: array<i32, 2u * ROWS * SLOTS>;  // [(2 r + digit) * SLOTS + slot]
+var<workgroup> red: array<i32, 2u * TOKENS * ROWS * SLOTS>;  // [((t ROWS + r) 2 + digit) SLOTS + slot]
 var<workgroup> n_slots_wg: u32;
 
 //#include _int8
@@ -153,6 +164,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#endif
 ) {
     let g = wid.x;
+//#if BOUNDED
+    let n_tokens = min(params.n_tokens, TOKENS);
+//#else
+    let n_tokens = TOKENS;
+//#endif
 //#if SUBGROUPS
     if (lid == 0u) {
         n_slots_wg = (WG + sg_size - 1u) / sg_size;
@@ -178,47 +194,56 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let sc{{r}} = scales[at{{r}}];
     let nm{{r}} = norms[at{{r}}];
 //#endfor
-    let st = vec4<f32>(stats[0], stats[1], stats[2], stats[3]);
+    let ts = min(lid, TOKENS - 1u);  // the token row whose bounds this thread writes (lid < n_tokens)
+    let st = vec4<f32>(stats[4u * ts], stats[4u * ts + 1u], stats[4u * ts + 2u], stats[4u * ts + 3u]);
+//#if SUBGROUPS
+    let n_slots = workgroupUniformLoad(&n_slots_wg);
+//#else
+    let n_slots = WG;
+//#endif
+//#for t in TOKENS
+    if ({{t}}u < n_tokens) {  // uniform
 //#for it in ITERS
 //#if WHOLE
-    let p{{it}} = digits[cc{{it}}];
-    let q{{it}} = digits[D16 + cc{{it}}];
+        let p{{t}}_{{it}} = digits[2u * {{t}}u * D16 + cc{{it}}];
+        let q{{t}}_{{it}} = digits[(2u * {{t}}u + 1u) * D16 + cc{{it}}];
 //#else
-    let p{{it}} = select(vec4<u32>(0u), digits[cc{{it}}], c{{it}} < D16);
-    let q{{it}} = select(vec4<u32>(0u), digits[D16 + cc{{it}}], c{{it}} < D16);
+        let p{{t}}_{{it}} = select(vec4<u32>(0u), digits[2u * {{t}}u * D16 + cc{{it}}], c{{it}} < D16);
+        let q{{t}}_{{it}} = select(vec4<u32>(0u), digits[(2u * {{t}}u + 1u) * D16 + cc{{it}}], c{{it}} < D16);
 //#endif
 //#endfor
 //#for r in ROWS
-    var a{{r}} = 0i;
-    var b{{r}} = 0i;
+        var a{{t}}_{{r}} = 0i;
+        var b{{t}}_{{r}} = 0i;
 //#endfor
 //#for it in ITERS
 //#for r in ROWS
-    a{{r}} += dot16(w{{it}}_{{r}}, p{{it}});
-    b{{r}} += dot16(w{{it}}_{{r}}, q{{it}});
+        a{{t}}_{{r}} += dot16(w{{it}}_{{r}}, p{{t}}_{{it}});
+        b{{t}}_{{r}} += dot16(w{{it}}_{{r}}, q{{t}}_{{it}});
 //#endfor
 //#endfor
 //#if SUBGROUPS
-    let n_slots = workgroupUniformLoad(&n_slots_wg);
 //#for r in ROWS
-    let sa{{r}} = subgroupAdd(a{{r}});
-    let sb{{r}} = subgroupAdd(b{{r}});
+        let sa{{t}}_{{r}} = subgroupAdd(a{{t}}_{{r}});
+        let sb{{t}}_{{r}} = subgroupAdd(b{{t}}_{{r}});
 //#endfor
-    if (sg_lane == 0u) {
+        if (sg_lane == 0u) {
 //#for r in ROWS
-        red[(2u * {{r}}u) * SLOTS + slot] = sa{{r}};
-        red[(2u * {{r}}u + 1u) * SLOTS + slot] = sb{{r}};
+            red[(2u * ({{t}}u * ROWS + {{r}}u)) * SLOTS + slot] = sa{{t}}_{{r}};
+            red[(2u * ({{t}}u * ROWS + {{r}}u) + 1u) * SLOTS + slot] = sb{{t}}_{{r}};
 //#endfor
-    }
+        }
 //#else
-    let n_slots = WG;
 //#for r in ROWS
-    red[(2u * {{r}}u) * SLOTS + lid] = a{{r}};
-    red[(2u * {{r}}u + 1u) * SLOTS + lid] = b{{r}};
+        red[(2u * ({{t}}u * ROWS + {{r}}u)) * SLOTS + lid] = a{{t}}_{{r}};
+        red[(2u * ({{t}}u * ROWS + {{r}}u) + 1u) * SLOTS + lid] = b{{t}}_{{r}};
 //#endfor
 //#endif
+    }
+//#endfor
     workgroupBarrier();
-    if (lid == 0u) {
+    if (lid < n_tokens) {  // thread t: token row t's bounds
+        let t = lid;
         let rest = st.w + SLACK * (st.z + st.w);  // B + SLACK (A + B)
         var best = 0u;  // no bound yet (0 is below every float's key)
 //#for r in ROWS
@@ -227,14 +252,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             var ta = 0i;
             var tb = 0i;
             for (var i = 0u; i < n_slots; i++) {
-                ta += red[(2u * {{r}}u) * SLOTS + i];
-                tb += red[(2u * {{r}}u + 1u) * SLOTS + i];
+                ta += red[(2u * (t * ROWS + {{r}}u)) * SLOTS + i];
+                tb += red[(2u * (t * ROWS + {{r}}u) + 1u) * SLOTS + i];
             }
             let z = sc{{r}} * (st.x * f32(ta) + st.y * f32(tb));
             let e = (nm{{r}}.x * st.z + nm{{r}}.y * rest) * 1.01;
             let lower = z - e;
             if (row < SHARD_ROWS && START + row < VOCAB) {
-                upper[START + row] = z + e;
+                upper[t * VOCAB + START + row] = z + e;
                 if (lower == lower) {
                     best = max(best, order_key(lower));
                 }
@@ -242,7 +267,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         }
 //#endfor
         if (best != 0u) {
-            atomicMax(&keys[g % KEY_SLOTS], best);
+            atomicMax(&keys[t * KEY_SLOTS + g % KEY_SLOTS], best);
         }
     }
 }

@@ -8,12 +8,13 @@
 //   2 weight  [W/4] vec4<f32>      RMSNorm weight
 //   3 y       [T, W/4] vec4<f32>   output rows
 //   DIGITS only (the screened LM head's input, kernels/head_screen.py):
-//   4 digits  [2, W/4] u32         y in two int8 digits, y ~ s1 * q1 + s2 * q2: q1 words, then q2
-//   5 stats   [4] f32              s1, s2, ||s1 q1 + s2 q2||, ||y - s1 q1 - s2 q2||
+//   4 digits  [T, 2, W/4] u32      y in two int8 digits, y ~ s1 * q1 + s2 * q2: a row's q1 words, then q2
+//   5 stats   [T, 4] f32           s1, s2, ||s1 q1 + s2 q2||, ||y - s1 q1 - s2 q2|| of each row
 //
 // Mapping: one workgroup of WG threads per row, vec4 items lid + i*WG (i < ITEMS).
 // LAST_ONLY: a single workgroup normalizes row n_tokens - 1 into row 0 of y (decode and the
-// last prompt token need only that row's logits). DIGITS (with LAST_ONLY): s1 = max|y| / 127,
+// last prompt token need only that row's logits). DIGITS (decode steps' LAST_ONLY row, or every row
+// of a verify step): s1 = max|y| / 127,
 // q1 = round(y / s1), and the remainder (|y - s1 q1| <= s1 / 2) in steps of s2 = s1 / 254, so q2 is
 // in -127..127 too; the residual after both is at most s2 / 2 an element. max|y| comes from the
 // same reduction as the sum of squares (y = x * r * weight with one r > 0 for the row).
@@ -95,8 +96,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let yd{{i}} = s1 * q1_{{i}} + s2 * q2_{{i}};
     let rd{{i}} = y{{i}} - yd{{i}};
     if (c{{i}} < W4) {
-        digits[c{{i}}] = pack_i8(q1_{{i}});
-        digits[W4 + c{{i}}] = pack_i8(q2_{{i}});
+        digits[2u * t_out * W4 + c{{i}}] = pack_i8(q1_{{i}});
+        digits[(2u * t_out + 1u) * W4 + c{{i}}] = pack_i8(q2_{{i}});
         aa += dot(yd{{i}}, yd{{i}});
         bb += dot(rd{{i}}, rd{{i}});
     }
@@ -110,10 +111,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let norms = reduce_sum_pair(aa, bb, lid);
 //#endif
     if (lid == 0u) {
-        stats[0] = s1;
-        stats[1] = s2;
-        stats[2] = sqrt(norms.x);
-        stats[3] = sqrt(norms.y);
+        stats[4u * t_out] = s1;
+        stats[4u * t_out + 1u] = s2;
+        stats[4u * t_out + 2u] = sqrt(norms.x);
+        stats[4u * t_out + 3u] = sqrt(norms.y);
     }
 //#endif
 }

@@ -630,7 +630,7 @@ def test_the_default_draft_size_is_built_at_load(tiny_path, monkeypatch):
 def test_the_screened_head_picks_the_same_greedy_tokens(engine, tiny_path):
     """Greedy replies through the int8-screened head (kernels/head_screen.py, forced on: a CPU adapter
     leaves it off by default) equal the F16 head's, plain and with every step verifying a draft (whose
-    verify rows still run the F16 head)."""
+    verify rows go through the screen too, all rows at once)."""
     assert engine.model.screened_argmax is None  # the module's engine: lavapipe, a small head
     screened = Engine(prefill_chunk=PREFILL_CHUNK, screened_head=True)
     try:
@@ -642,11 +642,16 @@ def test_the_screened_head_picks_the_same_greedy_tokens(engine, tiny_path):
         assert model.decode_bytes_per_token == model.weight_bytes_per_token - 2 * head.n_rows * head.n_cols + int8_copy
         assert engine.model.decode_bytes_per_token == engine.model.weight_bytes_per_token
         prompts = [PROMPT, [7, 8, 9, 10, 7, 8, 9, 10, 7, 8], list(range(100, 140))]
+        greedy = model._speculation_ops(4).greedy
+        assert greedy.verify_screen is not None
+        verified, record_rows = [], greedy.record_rows_screened
+        greedy.record_rows_screened = lambda rec, n: verified.append(n) or record_rows(rec, n)
         for prompt in prompts:
             plain = generate(engine, prompt, 0, max_tokens=40)
             assert generate(screened, prompt, 0, max_tokens=40) == plain
             with fixed_k(screened):
                 assert generate(screened, prompt, 4, max_tokens=40) == plain
+        assert verified and set(verified) == {5}
         # sampled decode steps through the screen (its candidates, then one draw) draw the same tokens;
         # a penalty below 1 takes the F16 head
         screen, made = screened.model.screened_argmax, []

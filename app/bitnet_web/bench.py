@@ -496,10 +496,11 @@ async def measure_async(
     # 1980 MHz): without this warm-up the first prefill figures measure the clock ramp, not the kernels.
     progress.step("warm-up")
     warm_until = time.perf_counter() + (0.3 if quick else 1.5)
+    warm_ids = prompt(128)  # drawn once: the prompts after it do not depend on how many warm-ups ran
     while time.perf_counter() < warm_until:
         model.truncate(0)
         t0 = time.perf_counter()
-        await model.prefill(prompt(128))
+        await model.prefill(warm_ids)
         progress.prefill_s_per_token = (time.perf_counter() - t0) / 128
     # Two decode steps give the speed for the estimate before the long measurements start.
     progress.decode_s_per_token = (await decode_greedy_benchmark(model, 2))["ms_per_token"] / 1000

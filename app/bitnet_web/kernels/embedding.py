@@ -358,7 +358,8 @@ class LMHead:
         kernels/head_screen.py: the logits of the rows an int8 screen kept, by this head's one-row
         arithmetic (its threads, chunks and slots; RESCORE_ROWS kept rows at a time), so they are the
         bits `record(recorder, 1)` would write. Shard i's `groups[i]` workgroups write their best from
-        partials[sum(groups[:i])]; rows from `vocab_size` on are never kept (as Argmax scans).
+        partials[sum(groups[:i])] (token row t, dispatched as the y dimension: from t * sum(groups),
+        reading its row of x, upper and keys); rows from `vocab_size` on are never kept (as Argmax scans).
         `top_k`: the TOPK variant, where `partials` is a candidate list (shaders/_candidates.wgsl) that
         gets the rows reaching the key at keys[key_slots] (shaders/lm_head_screen_tau.wgsl)."""
         kernels, matrix, x, _, _, label, enables, shape_defines, _, _ = self._small_t_args
@@ -375,6 +376,7 @@ class LMHead:
                 SLICE=slice_rows,
                 KEY_SLOTS=key_slots,
                 PART_BASE=base,
+                PART_ROW=sum(groups),
                 VOCAB=vocab_size,
                 **constants,
             )

@@ -98,9 +98,10 @@ class RMSNorm:
 
     `mean_width` as in RMSNormQuant. `record(..., last_only=True)` normalizes only row n_tokens-1 (read
     from StepParams) into row 0 of `y`, which is what the LM head needs when only the next token's logits are wanted.
-    `digits=(digits, stats)`: buffers for that row as two int8 digits ([2, width/4] u32) and their
-    scales and norms ([4] f32), written by `record(..., last_only=True, digits=True)` (the screened
-    head's input, kernels/head_screen.py; shaders/rmsnorm.wgsl DIGITS).
+    `digits=(digits, stats)`: buffers for the normed rows as two int8 digits ([rows, 2, width/4] u32)
+    and their scales and norms ([rows, 4] f32), written by `record(..., digits=True)`: for the last row
+    into row 0 with `last_only` (a decode step), else for every row (a verify step's; as many rows as
+    the buffers hold). The screened head's input (kernels/head_screen.py; shaders/rmsnorm.wgsl DIGITS).
     """
 
     def __init__(
@@ -134,22 +135,36 @@ class RMSNorm:
         self.bind_group_all = device.bind_group(self.pipeline_all, buffers, label)
         self.bind_group_last = device.bind_group(self.pipeline_last, buffers, label + " (last row)")
         self.digits_op: tuple[gpu.Pipeline, gpu.BindGroup] | None = None
+        self.digits_all_op: tuple[gpu.Pipeline, gpu.BindGroup] | None = None
+        self.digit_rows = 0
         if digits is not None:
-            if digits[0].nbytes < 2 * width or digits[1].nbytes < 16:
+            self.digit_rows = min(digits[0].nbytes // (2 * width), digits[1].nbytes // 16)
+            if self.digit_rows < 1:
                 raise NormShapeError(
                     f"{op}: digit buffers of {digits[0].nbytes} and {digits[1].nbytes} bytes, expected "
-                    f"{2 * width} and 16"
+                    f"at least {2 * width} and 16"
                 )
-            with_digits = kernels.pipeline(
-                "rmsnorm", enables=enables, defines=base + ("LAST_ONLY", "DIGITS"), **constants
-            )
-            self.digits_op = (with_digits, device.bind_group(with_digits, buffers + list(digits), label + " (digits)"))
+            for rows, ops in (("LAST_ONLY",), "digits_op"), ((), "digits_all_op"):
+                with_digits = kernels.pipeline(
+                    "rmsnorm", enables=enables, defines=base + rows + ("DIGITS",), **constants
+                )
+                bind = device.bind_group(
+                    with_digits, buffers + list(digits), f"{label} (digits{', last row' * bool(rows)})"
+                )
+                setattr(self, ops, (with_digits, bind))
 
     def record(self, recorder: gpu.Recorder, n_tokens: int, last_only: bool = False, digits: bool = False) -> None:
         if digits:
-            if self.digits_op is None or not last_only:
-                raise ValueError(f"{self.pipeline_last.label}: digits need last_only and digit buffers")
-            recorder.dispatch(*self.digits_op, 1)
+            if self.digits_op is None:
+                raise ValueError(f"{self.pipeline_last.label}: digits need digit buffers")
+            if last_only:
+                recorder.dispatch(*self.digits_op, 1)
+                return
+            if n_tokens > self.digit_rows:
+                raise ValueError(
+                    f"{self.pipeline_all.label}: digits for {n_tokens} rows, buffers for {self.digit_rows}"
+                )
+            recorder.dispatch(*self.digits_all_op, n_tokens)
         elif last_only:
             recorder.dispatch(self.pipeline_last, self.bind_group_last, 1)
         else:

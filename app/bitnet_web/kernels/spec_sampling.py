@@ -100,6 +100,7 @@ class SpecSampleAccept(GPUSampler):
         self._screen_args = (kernels, state, decisions, label)
         self.screen: ScreenedArgmax | None = None
         self.screened_draw: tuple[gpu.Pipeline, gpu.BindGroup, int] | None = None  # use_screen builds it
+        self.verify_screen = None  # verify rows are drawn from the F16 head's logits (p(x) of every row)
 
     def use_screen(self, screen: ScreenedArgmax) -> None:
         """Draft-off steps (one row, no draft) may draw their token from `screen`'s candidates

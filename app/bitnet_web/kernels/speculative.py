@@ -16,7 +16,7 @@ import numpy as np
 from .. import gpu
 from .common import KernelCache, StepParams, ceil_div, subgroups_available, wgsl_enables
 from .embedding import ARGMAX_PER_THREAD, ARGMAX_WORKGROUP
-from .head_screen import ScreenedArgmax
+from .head_screen import ScreenedArgmax, ScreenedVerifyArgmax
 
 SPECULATE_MAX = 8  # largest draft (verify rows = draft + 1)
 # The engine's largest draft on a hardware GPU when a request does not choose one (Engine.speculate_for).
@@ -182,6 +182,7 @@ class GreedyAccept:
         self.max_rows = max_rows
         self.screen: ScreenedArgmax | None = None
         self.screened_combine: tuple[gpu.Pipeline, gpu.BindGroup, int] | None = None  # use_screen builds it
+        self.verify_screen: ScreenedVerifyArgmax | None = None  # use_verify_screen sets it
 
     def use_screen(self, screen: ScreenedArgmax) -> None:
         """Draft-off steps (one row, no draft) may take their token from `screen` (`record_screened`):
@@ -193,6 +194,21 @@ class GreedyAccept:
         """A draft-off step's acceptance through the screen (the step recorded the final norm's digits,
         not logits): the same token as `record(recorder, 1)`."""
         self.screen.record(recorder, self.screened_combine)
+        recorder.dispatch(self.accept, self.accept_bind, 1)
+
+    def use_verify_screen(self, verify: ScreenedVerifyArgmax) -> None:
+        """Verify steps may take their rows' argmaxes from `verify` (`record_rows_screened`), which must
+        write them to `chosen`."""
+        if verify.out_ids is not self.chosen or verify.max_rows != self.max_rows:
+            raise ValueError("greedy acceptance: the verify screen must write this op's rows to `chosen`")
+        self.verify_screen = verify
+
+    def record_rows_screened(self, recorder: gpu.Recorder, n_rows: int) -> None:
+        """A verify step's acceptance through the int8 screen (the step recorded the final norm's digits
+        for every row, not logits): the same tokens as `record(recorder, n_rows)`."""
+        if self.verify_screen is None or n_rows != self.max_rows:
+            raise ValueError(f"greedy acceptance: a screened verify step of {n_rows} rows needs use_verify_screen")
+        self.verify_screen.record(recorder)
         recorder.dispatch(self.accept, self.accept_bind, 1)
 
     def record(self, recorder: gpu.Recorder, n_rows: int) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import gpu
 from ..kernels.embedding import Argmax
-from ..kernels.head_screen import ScreenedArgmax, ScreenedSampling
+from ..kernels.head_screen import ScreenedArgmax, ScreenedSampling, ScreenedVerifyArgmax
 from ..kernels.linear import split_min_live_rows
 from ..kernels.sampling import GPUSampler
 from ..kernels.spec_sampling import SpecSampleAccept
@@ -40,9 +40,11 @@ from .speculation import NGRAM_MAX, SpeculationPolicy, prompt_lookup_draft
 class Acceptance(Protocol):
     """What decides a verify step's output on the GPU: writes out = [n_emitted, tokens...] (SpecBuffers).
     A draft-off step (one row) may decide through an int8 screen instead of logits (`use_screen`, then
-    `record_screened`): GreedyAccept, SpecSampleAccept."""
+    `record_screened`): GreedyAccept, SpecSampleAccept; a verify step's rows too where `verify_screen` is
+    set (GreedyAccept: `record_rows_screened`)."""
 
     screen: ScreenedArgmax | None
+    verify_screen: ScreenedVerifyArgmax | None
 
     def record(self, recorder: gpu.Recorder, n_rows: int) -> None: ...
 
@@ -89,6 +91,9 @@ class FirstToken:
             device.cancel_read(self.staging)
 
 
+# Greedy verify steps take their rows' tokens through the int8 screen where the model has one
+# (kernels/head_screen.py ScreenedVerifyArgmax: the same tokens as the F16 head's rows)
+SCREEN_VERIFY_ROWS = True
 MAX_STEPS_PER_SUBMIT = 16  # decode steps one submit may hold (slots of the model's StepAdvance log)
 # Steps of a reply's first submit, at most: the GPU waits for that submit's recording (in a browser
 # ~0.4 ms a 2B-4T step), so a short one starts it sooner and brings the first tokens out early, while
@@ -351,6 +356,12 @@ class GPUDecodeLoop:
             )
             if self.screened_argmax is not None:  # draft-off steps' screened kernels, not compiled mid-reply
                 greedy.use_screen(self.screened_argmax)
+                if SCREEN_VERIFY_ROWS:  # verify rows through the screen too
+                    verify = ScreenedVerifyArgmax(
+                        self.screened_argmax, self.x_digits, self.x_digit_stats, self.step, greedy.chosen, k + 1
+                    )
+                    greedy.use_verify_screen(verify)
+                    self._buffers.extend(verify.buffers)
             log = VerifyStepLog(self.kernels, buffers.out, buffers.state, self.step, k, MAX_STEPS_PER_SUBMIT)
             self._buffers.extend(buffers.buffers + greedy.buffers + [log.log])
             ops = self._speculation[k] = SpeculationOps(buffers, draft, draft_off, greedy, log)
@@ -430,12 +441,18 @@ class GPUDecodeLoop:
         for buffer, offset in first_copies:
             rec.copy(self.token_ids, 0, buffer, offset, 4)
         through_screen = screened and rows == 1
+        rows_screened = screened and rows > 1 and accept.verify_screen is not None
         for j in range(n_steps):
             draft.record(rec)  # also writes the step's StepParams
             pos = pos_bound + j * rows
             if through_screen:
                 self._record_step(1, all_logits=False, rec=rec, pos=pos, params_on_gpu=True, logits=False)
                 accept.record_screened(rec)
+            elif rows_screened:
+                self._record_step(
+                    rows, all_logits=True, rec=rec, pos=pos, params_on_gpu=True, live_rows=live_rows, logits=False
+                )
+                accept.record_rows_screened(rec, rows)
             else:
                 self._record_step(rows, all_logits=True, rec=rec, pos=pos, params_on_gpu=True, live_rows=live_rows)
                 accept.record(rec, rows)

@@ -206,10 +206,11 @@ class BitNetModel(GPUDecodeLoop):
         self.attn_out = buf(4 * rows * cfg.q_dim, "attention out")  # (rows, q_dim) f32
         self.ffn_hidden = buf(4 * rows * cfg.ffn_dim, "ffn hidden")  # (rows, ffn_dim) f32
         self.x_final = buf(4 * rows * cfg.dim, "final normed x")  # (rows, dim) f32
-        # a decode step's x_final row as two int8 digits and their scales and norms (the screened head's
-        # input: RMSNorm with digits)
-        self.x_digits = buf(2 * cfg.dim, "final normed x digits")  # (2, dim/4) u32
-        self.x_digit_stats = buf(4 * DIGIT_STATS, "final normed x digit stats")  # (DIGIT_STATS,) f32
+        # x_final's rows as two int8 digits and their scales and norms (the screened head's input: RMSNorm
+        # with digits): a decode step's row, or a speculative verify step's rows
+        digit_rows = min(rows, SPECULATE_MAX + 1)
+        self.x_digits = buf(2 * digit_rows * cfg.dim, "final normed x digits")  # (digit_rows, 2, dim/4) u32
+        self.x_digit_stats = buf(4 * DIGIT_STATS * digit_rows, "final normed x digit stats")  # (digit_rows, 4) f32
         # (logits_rows, vocab) f32: only all-logits calls need more than one row, and they run in
         # pieces of at most LOGITS_ROWS, so long prefill chunks do not need a 128k-wide row each
         self.logits_rows = min(rows, LOGITS_ROWS)
