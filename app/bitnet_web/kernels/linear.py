@@ -472,8 +472,8 @@ class NormTernaryLinear:
         self.linear = TernaryLinear(kernels, weights, x_q, x_scale, out, step, epilogue, label, use_dot4=use_dot4)
         if x.nbytes < 4 * k:
             raise TernaryShapeError(f"{op}: x ({x.nbytes} bytes) holds less than one row of {k} f32")
-        rows = rows or norm_gemv_rows(weights.n_rows, k)
-        verify_rows = verify_rows or norm_gemv_rows(weights.n_rows, k)
+        default_rows = norm_gemv_rows(weights.n_rows, k)
+        rows, verify_rows = rows or default_rows, verify_rows or default_rows
         for r in (rows, verify_rows):
             if gw < chunks or gw < r or r % 2 or r <= 0 or row_groups not in (1, 2, 4):
                 raise TernaryShapeError(
