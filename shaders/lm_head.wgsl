@@ -31,10 +31,14 @@
 //           the top TAU_RANK - (repetition-penalized rows) logits. The kept rows (and NaN bounds) go to the
 //           candidate list as (F16 logit bits, row): room for n_kept is taken with one atomicAdd. Fewer
 //           than TAU_RANK keys set (tau's key 0): every row is kept. The sampler then sees the F16 head's
-//           top logits, bit for bit.
+//           top logits, bit for bit. LOGITS (a sampled verify step's rows): the kept rows' F16 logits go
+//           to logits[t, row] instead, every other row of the slice gets -inf, so the speculative
+//           sampler reads the row as the F16 head's wherever its top-k can reach.
+// BOUNDED: StepParams' n_tokens bounds the token rows (a row past the draft has no keys set).
 // Token row t = workgroup_id.y (greedy: a verify step's rows, each with its own bounds and keys).
-// Bindings: 0 table, 1 x [T, D/4], 2 upper [T, VOCAB] f32, 3 keys [T, KEY_SLOTS] u32 (TOPK: one row,
-// KEY_SLOTS + 1), 4 partials [T, PART_ROW] (TOPK: candidates, _candidates.wgsl).
+// Bindings: 0 table, 1 x [T, D/4], 2 upper [T, VOCAB] f32, 3 keys [T, KEY_STRIDE] u32 (TOPK: the tau
+// at KEY_SLOTS), 4 partials [T, PART_ROW] (TOPK: candidates, _candidates.wgsl; LOGITS: logits [T, V]),
+// 5 params (BOUNDED).
 // Dispatch (ceil(SHARD_ROWS / SLICE), T, 1).
 
 const D8: u32 = ${D8};  // 16-byte chunks per row
@@ -64,13 +68,22 @@ ${STEP_PARAMS}
 @group(0) @binding(2) var<storage, read> upper: array<f32>;
 @group(0) @binding(3) var<storage, read> keys: array<u32>;
 //#if TOPK
+//#if LOGITS
+@group(0) @binding(4) var<storage, read_write> logits: array<f32>;
+//#else
 //#include _candidates
 @group(0) @binding(4) var<storage, read_write> candidates: Candidates;
+//#endif
 //#else
 @group(0) @binding(4) var<storage, read_write> partials: array<vec2<u32>>;
 //#endif
+//#if BOUNDED
+${STEP_PARAMS}
+@group(0) @binding(5) var<uniform> params: StepParams;
+//#endif
 const SLICE: u32 = ${SLICE};
 const KEY_SLOTS: u32 = ${KEY_SLOTS};
+const KEY_STRIDE: u32 = ${KEY_STRIDE};  // words between token rows' keys
 const PART_BASE: u32 = ${PART_BASE};
 const PART_ROW: u32 = ${PART_ROW};  // partials per token row (every shard's rescoring workgroups)
 const VOCAB: u32 = ${VOCAB};  // rows from here on are never kept
@@ -80,6 +93,9 @@ var<workgroup> n_kept_at: atomic<u32>;
 var<workgroup> n_kept_wg: u32;
 //#if !TOPK
 var<workgroup> key_at: atomic<u32>;
+//#endif
+//#if LOGITS
+var<private> neg_inf_bits: u32 = 0xff800000u;  // -inf (a private, not a constant: Tint refuses -inf values)
 //#endif
 
 //#include _order_key
@@ -122,6 +138,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 //#endif
     let t0 = wid.y * TOK;
 //#if RESCORE
+//#if BOUNDED
+    if (t0 >= params.n_tokens) {  // uniform: a row past the step's draft (its keys are not set)
+        return;
+    }
+//#endif
     if (lid == 0u) {
         atomicStore(&n_kept_at, 0u);
 //#if !TOPK
@@ -130,10 +151,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     }
     workgroupBarrier();
 //#if TOPK
-    let key = keys[KEY_SLOTS];  // lm_head_screen_tau.wgsl: the TAU_RANK-th largest key (a lower bound)
+    let key = keys[t0 * KEY_STRIDE + KEY_SLOTS];  // lm_head_screen_tau.wgsl: the TAU_RANK-th largest key
 //#else
     for (var i = lid; i < KEY_SLOTS; i += WG) {
-        atomicMax(&key_at, keys[t0 * KEY_SLOTS + i]);
+        atomicMax(&key_at, keys[t0 * KEY_STRIDE + i]);
     }
     workgroupBarrier();
     let key = atomicLoad(&key_at);
@@ -147,6 +168,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             if (!bounded || !(upper[t0 * VOCAB + START + row] < tau)) {
                 kept[atomicAdd(&n_kept_at, 1u)] = row;
             }
+//#if LOGITS
+            else {
+                logits[t0 * V + START + row] = bitcast<f32>(neg_inf_bits);
+            }
+//#endif
 //#else
             if (bounded && upper[t0 * VOCAB + START + row] >= tau) {
                 kept[atomicAdd(&n_kept_at, 1u)] = row;
@@ -161,9 +187,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let n_kept = workgroupUniformLoad(&n_kept_wg);
 //#if TOPK
     var base = 0u;  // thread 0: where this workgroup's kept rows go in the candidate list
+//#if !LOGITS
     if (lid == 0u && n_kept > 0u) {
         base = atomicAdd(&candidates.count, n_kept);
     }
+//#endif
 //#else
     var best_v = 0.0;
     var best_i = NO_INDEX;
@@ -281,7 +309,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             let row = START + row{{r}};
 //#if TOPK
             if (k + {{r}}u < n_kept) {  // the last group's repeated row is written once
+//#if LOGITS
+                logits[t0 * V + row] = total;
+//#else
                 candidates.pairs[base + k + {{r}}u] = vec2<u32>(bitcast<u32>(total), row);
+//#endif
             }
 //#else
             if (total == total && (best_i == NO_INDEX || total > best_v || (total == best_v && row < best_i))) {

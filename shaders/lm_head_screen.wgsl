@@ -26,8 +26,8 @@
 // read once for all of them. BOUNDED: StepParams' n_tokens bounds the rows (a shorter draft's rows
 // cost nothing and set no keys, so the rescore keeps nothing there).
 //   Bindings: 0 table_i8, 1 scales, 2 norms, 3 digits [TOKENS, 2, D16] vec4<u32> (a row's q1, then q2),
-//   4 stats [TOKENS, 4] f32 (s1, s2, A, B), 5 upper [TOKENS, VOCAB] f32, 6 keys [TOKENS, KEY_SLOTS]
-//   atomic<u32> (zero before the step: argmax.wgsl's SCREENED combine clears them), 7 params (BOUNDED).
+//   4 stats [TOKENS, 4] f32 (s1, s2, A, B), 5 upper [TOKENS, VOCAB] f32, 6 keys [TOKENS, KEY_STRIDE]
+//   atomic<u32> (the first KEY_SLOTS of a row zero before the step: argmax.wgsl's SCREENED combine clears them), 7 params (BOUNDED).
 //   Mapping: ROWS rows per workgroup, thread lid takes chunks lid, lid + WG, ..., every weight load
 //   issued first (the rows' scales and norms too, so none waits behind the sums); integer partials are
 //   summed exactly (subgroupAdd, then one slot per subgroup, or per thread without subgroups); thread t
@@ -127,6 +127,7 @@ const TOKENS: u32 = ${TOKENS};  // token rows (a verify step's; 1 for a decode s
 const SLOTS: u32 = ${SLOTS};  // reduction slots: WG / (smallest subgroup size), or WG
 const ITERS: u32 = ${ITERS};  // ceil(D16 / WG)
 const KEY_SLOTS: u32 = ${KEY_SLOTS};
+const KEY_STRIDE: u32 = ${KEY_STRIDE};  // words between token rows' keys (KEY_SLOTS, + 1 where a tau follows)
 const VOCAB: u32 = ${VOCAB};  // rows from here on are left out (never the argmax)
 const SLACK: f32 = ${SLACK};
 //#if BOUNDED
@@ -267,7 +268,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         }
 //#endfor
         if (best != 0u) {
-            atomicMax(&keys[t * KEY_SLOTS + g % KEY_SLOTS], best);
+            atomicMax(&keys[t * KEY_STRIDE + g % KEY_SLOTS], best);
         }
     }
 }

@@ -25,6 +25,7 @@ from bitnet_web.kernels.head_screen import (
     ScreenedArgmax,
     ScreenedSampling,
     ScreenedVerifyArgmax,
+    ScreenedVerifyLogits,
     float_slack,
 )
 from bitnet_web.kernels.norm import RMSNorm
@@ -441,6 +442,7 @@ class VerifyRows:
         self.x_in = device.buffer(4 * rows * d, label="x in")
         self.x = device.buffer(4 * rows * d, label="x")
         digits, stats = device.buffer(2 * rows * d, label="digits"), device.buffer(4 * DIGIT_STATS * rows)
+        self.digits, self.stats = digits, stats
         norm_weight = upload(device, np.ones(d, np.float32), "norm weight")
         self.norm = RMSNorm(kernels, self.x_in, norm_weight, self.x, self.step, d, 1e-6, digits=(digits, stats))
         self.logits = device.buffer(4 * rows * v, label="logits")
@@ -450,6 +452,7 @@ class VerifyRows:
         rec = device.begin()
         screen.prepare(rec)
         rec.submit()
+        self.screen = screen
         self.verify = ScreenedVerifyArgmax(screen, digits, stats, self.step, self.ids, rows)
 
     def record(self, rec, xs: np.ndarray) -> None:
@@ -533,3 +536,35 @@ def test_verify_rows_need_digit_buffers_for_every_row(device):
     screen = ScreenedArgmax(kernels, head, matrix, x, digits, stats, device.buffer(16), 100)
     with pytest.raises(EmbeddingShapeError, match="3 rows"):
         ScreenedVerifyArgmax(screen, digits, stats, step, device.buffer(12), 3)
+
+
+def test_sampled_verify_rows_get_the_f16_logits_wherever_the_top_k_can_reach(device):
+    """ScreenedVerifyLogits: in each live row every row among the top TAU_RANK F16 logits is kept with its
+    logit bit for bit (so a top-k <= 64 sampler after a penalty >= 1 sees the F16 row), the rest are
+    -inf; rows past the step's count are left as they were; every row's keys are clear afterwards."""
+    rng = np.random.default_rng(14)
+    v, d, rows = 3000, 256, 4
+    table = (rng.standard_normal((v, d)) * rng.uniform(0.02, 0.2, (v, 1))).astype(np.float16)
+    verify = VerifyRows(device, table, rows)
+    out = device.buffer(4 * rows * v, label="screened logits")
+    logits_op = ScreenedVerifyLogits(verify.screen, out, verify.digits, verify.stats, verify.step, rows)
+    for n in (4, 2):
+        xs = rng.standard_normal((n, d)).astype(np.float32) * rng.uniform(0.1, 3.0, (n, 1))
+        device.upload(out, 0, np.full(rows * v, 7.0, np.float32))  # rows past n keep this
+        verify.step.write(n, 0, 0)
+        rec = device.begin()
+        verify.record(rec, xs)
+        logits_op.record(rec)
+        rec.submit()
+        f16 = device.read_sync(verify.logits, 0, verify.logits.nbytes).view(np.float32).reshape(rows, v)
+        got = device.read_sync(out, 0, out.nbytes).view(np.float32).reshape(rows, v)
+        for t in range(n):
+            kept = np.isfinite(got[t])
+            assert (got[t][kept].view(np.uint32) == f16[t][kept].view(np.uint32)).all(), t
+            assert (got[t][~kept] == -np.inf).all()
+            top = np.argsort(-f16[t], kind="stable")[:TAU_RANK]
+            assert kept[top].all(), t
+            assert kept.sum() < v  # the screen left most rows out
+        assert (got[n:] == 7.0).all()
+        keys = device.read_sync(logits_op.keys, 0, logits_op.keys.nbytes).view(np.uint32).reshape(rows, -1)
+        assert not keys[:, :SAMPLED_KEY_SLOTS].any()

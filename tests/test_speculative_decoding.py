@@ -674,6 +674,22 @@ def test_the_screened_head_picks_the_same_greedy_tokens(engine, tiny_path):
         # speculative replies' draft-off steps (one row, no draft) through the screen: the same tokens as
         # the F16 head's draft-off steps, greedy and sampled (the speculative sampler's own draws), with
         # every step draft-off and with the policy's mix of verify and draft-off steps
+        # sampled verify steps: their rows' logits through the screen (every row the sampler's top-k can
+        # reach, bit for bit; -inf elsewhere), so the speculative sampler draws the same tokens
+        sampler_op = screened.model._spec_sampler(4)
+        assert sampler_op.verify_screen is not None
+        sampled_rows, record_sampled = [], sampler_op.record_rows_screened
+        sampler_op.record_rows_screened = lambda rec, n: sampled_rows.append(n) or record_sampled(rec, n)
+        for settings in (sampled, SamplerSettings(temperature=1.2, top_k=64, repetition_penalty=1.0, seed=4)):
+            for prompt in prompts:
+                replies = []
+                for e in (engine, screened):
+                    e.reset()
+                    with fixed_k(e):
+                        list(e.generate(tokens=prompt, settings=settings, speculate=4, max_tokens=30))
+                    replies.append(list(e.generated_tokens))
+                assert replies[0] == replies[1], (settings.top_k, prompt[:3])
+        assert sampled_rows and set(sampled_rows) == {5}
         saved = {e: e.speculation_policy for e in (engine, screened)}
         try:
             for policy in (NoDrafts, SpeculationPolicy):

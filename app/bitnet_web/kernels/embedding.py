@@ -353,6 +353,9 @@ class LMHead:
         vocab_size: int,
         groups: list[int],
         top_k: bool = False,
+        key_stride: int | None = None,
+        into_logits: bool = False,
+        bounded_by: StepParams | None = None,
     ) -> list[tuple[gpu.Pipeline, gpu.BindGroup, int]]:
         """(pipeline, bindings, workgroups) per shard of lm_head.wgsl's RESCORE variant for
         kernels/head_screen.py: the logits of the rows an int8 screen kept, by this head's one-row
@@ -361,7 +364,10 @@ class LMHead:
         partials[sum(groups[:i])] (token row t, dispatched as the y dimension: from t * sum(groups),
         reading its row of x, upper and keys); rows from `vocab_size` on are never kept (as Argmax scans).
         `top_k`: the TOPK variant, where `partials` is a candidate list (shaders/_candidates.wgsl) that
-        gets the rows reaching the key at keys[key_slots] (shaders/lm_head_screen_tau.wgsl)."""
+        gets the rows reaching the key at keys[key_slots] (shaders/lm_head_screen_tau.wgsl).
+        `key_stride`: words between token rows' keys (default key_slots, + 1 with top_k). `into_logits`
+        (with top_k): `partials` is a logits buffer [rows, V] whose rows get the kept rows' logits and
+        -inf elsewhere. `bounded_by`: StepParams whose n_tokens bounds the token rows."""
         kernels, matrix, x, _, _, label, enables, shape_defines, _, _ = self._small_t_args
         if isinstance(matrix, Int8Matrix):
             raise EmbeddingShapeError(f"{label}: an int8 head has no exact logits to rescore")
@@ -371,8 +377,14 @@ class LMHead:
             pipeline = kernels.pipeline(
                 "lm_head",
                 enables=enables,
-                defines=shape_defines + ("RESCORE",) + (("TOPK",) if top_k else ()),
+                defines=shape_defines
+                + ("RESCORE",)
+                + (("TOPK",) if top_k else ())
+                + (("LOGITS",) if into_logits else ())
+                + (("BOUNDED",) if bounded_by else ()),
                 TOK=1,
+                KEY_STRIDE=key_slots + top_k if key_stride is None else key_stride,
+                STEP_PARAMS=STEP_PARAMS_WGSL,
                 SLICE=slice_rows,
                 KEY_SLOTS=key_slots,
                 PART_BASE=base,
@@ -380,7 +392,8 @@ class LMHead:
                 VOCAB=vocab_size,
                 **constants,
             )
-            bind = kernels.device.bind_group(pipeline, [buffer, x, upper, keys, partials], f"{label} rescore {i}")
+            binds = [buffer, x, upper, keys, partials] + ([bounded_by.buffer] if bounded_by else [])
+            bind = kernels.device.bind_group(pipeline, binds, f"{label} rescore {i}")
             found.append((pipeline, bind, count))
             base += count
         return found

@@ -197,6 +197,7 @@ class ScreenedArgmax:
             "lm_head_screen_tau",
             WG=TAU_WORKGROUP,
             KEY_SLOTS=SAMPLED_KEY_SLOTS,
+            KEY_STRIDE=SAMPLED_KEY_SLOTS + 1,
             TAU_RANK=TAU_RANK,
         )
         self.tau_op = (tau, device.bind_group(tau, [self.keys], f"{label} tau"), 1)
@@ -216,7 +217,7 @@ class ScreenedArgmax:
         self.prepared = False
 
     def _screen_pipeline(
-        self, shard: int, rows: int, tokens: int, key_slots: int, bounded: bool = False
+        self, shard: int, rows: int, tokens: int, key_slots: int, bounded: bool = False, key_stride: int | None = None
     ) -> gpu.Pipeline:
         """lm_head_screen.wgsl's SCREEN for shard `shard`: `rows` int8 rows a workgroup, `tokens` token rows
         (`bounded`: StepParams' n_tokens of them are live)."""
@@ -231,6 +232,7 @@ class ScreenedArgmax:
             ROWS=rows,
             TOKENS=tokens,
             KEY_SLOTS=key_slots,
+            KEY_STRIDE=key_slots if key_stride is None else key_stride,
             STEP_PARAMS=STEP_PARAMS_WGSL,
             **constants,
         )
@@ -289,19 +291,64 @@ class ScreenedArgmax:
         self.buffers.clear()
 
 
-class ScreenedVerifyArgmax:
-    """out_ids[t] = argmax of `screen`'s head for each token row t of a verify step, through its int8
-    copy: the same tokens as the F16 head's rows and an argmax each (a verify row's logits are its
-    decode step's bit for bit, and the rescore computes them with the one-row head's arithmetic).
+class _VerifyScreen:
+    """The screen over a verify step's `max_rows` token rows, shared by its greedy and sampled forms: one
+    pass reads the int8 rows once for all token rows (`verify_screen_rows` int8 rows a workgroup: the
+    decode screen's 8, times the token rows' sums, hold too many registers). Rows from StepParams'
+    n_tokens on are skipped and set no keys. `digits` / `digit_stats` hold the rows' digits
+    ([max_rows, 2, n_cols / 4] u32, [max_rows, DIGIT_STATS] f32: the final norm's `record(...,
+    digits=True)` over all rows); the rescore reads the normed rows from the screen's `x`. Buffers:
+    upper [max_rows, V] f32, keys [max_rows, key_stride] u32 (each row's first key_slots zero between
+    steps)."""
 
-    One screen reads the int8 rows once for all `max_rows` token rows (`verify_screen_rows` int8 rows a
-    workgroup: the decode screen's 8, times the token rows' sums, hold too many registers); rows from
-    StepParams' n_tokens on are skipped and set no keys, so their rescore keeps nothing and their
-    token is 0. `digits` / `digit_stats` hold the rows' digits ([max_rows, 2, n_cols / 4] u32,
-    [max_rows, DIGIT_STATS] f32: the final norm's `record(..., digits=True)` over all rows), and the
-    rescore reads the normed rows from the screen's `x`. Buffers: upper [max_rows, V] f32, keys
-    [max_rows, KEY_SLOTS] u32 (zero between steps: the combine clears them), partials.
-    """
+    def __init__(
+        self,
+        screen: ScreenedArgmax,
+        digits: gpu.Buffer,
+        digit_stats: gpu.Buffer,
+        step: StepParams,
+        max_rows: int,
+        key_slots: int,
+        key_stride: int,
+        label: str,
+    ):
+        n_cols, vocab = screen.matrix.n_cols, screen.vocab_size
+        if digits.nbytes < 2 * n_cols * max_rows or digit_stats.nbytes < 4 * DIGIT_STATS * max_rows:
+            raise EmbeddingShapeError(
+                f"{label}: digits of {digits.nbytes} bytes and stats of {digit_stats.nbytes} for {max_rows} rows "
+                f"of {n_cols} columns (expected {2 * n_cols * max_rows} and {4 * DIGIT_STATS * max_rows})"
+            )
+        device = screen.kernels.device
+        self.buffers: list[gpu.Buffer] = []
+        self.upper = self._buffer(device, 4 * max_rows * vocab, f"{label} upper bounds")  # (max_rows, V) f32
+        self.keys = self._buffer(device, 4 * max_rows * key_stride, f"{label} lower-bound keys")
+        limit = device.limits.max_compute_workgroups_per_dimension
+        self.screen_ops = []
+        for i, (start, stop, int8_rows) in enumerate(screen.int8_shards):
+            rows = max(verify_screen_rows(max_rows), ceil_div(stop - start, limit))
+            pipeline = screen._screen_pipeline(i, rows, max_rows, key_slots, bounded=True, key_stride=key_stride)
+            binds = [int8_rows, screen.scales, screen.norms, digits, digit_stats, self.upper, self.keys, step.buffer]
+            bind = device.bind_group(pipeline, binds, f"{label} screen {i}")
+            self.screen_ops.append((pipeline, bind, ceil_div(stop - start, rows)))
+        self.max_rows = max_rows
+
+    def _buffer(self, device: gpu.Device, nbytes: int, label: str) -> gpu.Buffer:
+        made = device.buffer(nbytes, label=label)
+        self.buffers.append(made)
+        return made
+
+    def release(self, device: gpu.Device) -> None:
+        for buffer in self.buffers:
+            device.release(buffer)
+        self.buffers.clear()
+
+
+class ScreenedVerifyArgmax(_VerifyScreen):
+    """out_ids[t] = argmax of `screen`'s head for each token row t of a greedy verify step, through its
+    int8 copy: the same tokens as the F16 head's rows and an argmax each (a verify row's logits are its
+    decode step's bit for bit, and the rescore computes them with the one-row head's arithmetic). The
+    screen (_VerifyScreen), then each row's rescore and combine (which clears the row's keys); rows past
+    the step's n_tokens keep nothing and get token 0. Buffers: _VerifyScreen's and the partials."""
 
     def __init__(
         self,
@@ -313,41 +360,18 @@ class ScreenedVerifyArgmax:
         max_rows: int,
         label: str = "verify screened argmax",
     ):
-        n_cols, vocab = screen.matrix.n_cols, screen.vocab_size
-        if digits.nbytes < 2 * n_cols * max_rows or digit_stats.nbytes < 4 * DIGIT_STATS * max_rows:
-            raise EmbeddingShapeError(
-                f"{label}: digits of {digits.nbytes} bytes and stats of {digit_stats.nbytes} for {max_rows} rows "
-                f"of {n_cols} columns (expected {2 * n_cols * max_rows} and {4 * DIGIT_STATS * max_rows})"
-            )
         if out_ids.nbytes < 4 * max_rows:
             raise EmbeddingShapeError(f"{label}: out_ids of {out_ids.nbytes} bytes for {max_rows} rows")
-        kernels = screen.kernels
-        device = kernels.device
-        self.buffers: list[gpu.Buffer] = []
-
-        def buffer(nbytes: int, what: str) -> gpu.Buffer:
-            made = device.buffer(nbytes, label=f"{label} {what}")
-            self.buffers.append(made)
-            return made
-
-        self.upper = buffer(4 * max_rows * vocab, "upper bounds")  # (max_rows, V) f32
-        self.keys = buffer(4 * max_rows * KEY_SLOTS, "lower-bound keys")  # (max_rows, KEY_SLOTS) u32, zero
+        super().__init__(screen, digits, digit_stats, step, max_rows, KEY_SLOTS, KEY_SLOTS, label)
+        device = screen.kernels.device
         groups = screen.rescore_groups
-        self.partials = buffer(8 * max_rows * sum(groups), "partials")  # (max_rows, sum(groups)) vec2<u32>
-        limit = device.limits.max_compute_workgroups_per_dimension
-        self.screen_ops = []
-        for i, (start, stop, int8_rows) in enumerate(screen.int8_shards):
-            rows = max(verify_screen_rows(max_rows), ceil_div(stop - start, limit))
-            pipeline = screen._screen_pipeline(i, rows, max_rows, KEY_SLOTS, bounded=True)
-            binds = [int8_rows, screen.scales, screen.norms, digits, digit_stats, self.upper, self.keys, step.buffer]
-            bind = device.bind_group(pipeline, binds, f"{label} screen {i}")
-            self.screen_ops.append((pipeline, bind, ceil_div(stop - start, rows)))
+        # (max_rows, sum(groups)) vec2<u32>
+        self.partials = self._buffer(device, 8 * max_rows * sum(groups), f"{label} partials")
         self.rescore_ops = screen.head.rescoring(
-            self.upper, self.keys, self.partials, RESCORE_SLICE, KEY_SLOTS, vocab, groups
+            self.upper, self.keys, self.partials, RESCORE_SLICE, KEY_SLOTS, screen.vocab_size, groups
         )
         self.combine = screen._combine_pipeline()
         self.combine_bind = device.bind_group(self.combine, [self.partials, out_ids, self.keys], f"{label} combine")
-        self.max_rows = max_rows
         self.out_ids = out_ids
 
     def record(self, recorder: gpu.Recorder) -> None:
@@ -359,10 +383,63 @@ class ScreenedVerifyArgmax:
             recorder.dispatch(pipeline, bind, groups, self.max_rows)
         recorder.dispatch(self.combine, self.combine_bind, self.max_rows)
 
-    def release(self, device: gpu.Device) -> None:
-        for buffer in self.buffers:
-            device.release(buffer)
-        self.buffers.clear()
+
+class ScreenedVerifyLogits(_VerifyScreen):
+    """A sampled verify step's logits rows through `screen`'s int8 copy: in each live token row, every
+    row that can be among its top TAU_RANK logits after a repetition penalty of at least 1 (the rule
+    of `ScreenedSampling`) gets its F16 logit bit for bit, every other row -inf. The speculative
+    sampler (top-k at most GPU_TOP_K_MAX, penalty window at most GPU_PENALTY_WINDOW_MAX) then draws as
+    from the F16 head's rows. The screen over SAMPLED_KEY_SLOTS keys a row, each row's tau
+    (lm_head_screen_tau.wgsl CLEAR, which also clears the row's keys), then the rescore's LOGITS
+    variant; rows past the step's n_tokens are left as they were."""
+
+    def __init__(
+        self,
+        screen: ScreenedArgmax,
+        logits: gpu.Buffer,
+        digits: gpu.Buffer,
+        digit_stats: gpu.Buffer,
+        step: StepParams,
+        max_rows: int,
+        label: str = "verify screened logits",
+    ):
+        vocab = screen.vocab_size
+        if logits.nbytes < 4 * screen.matrix.n_rows * max_rows:
+            raise EmbeddingShapeError(f"{label}: logits of {logits.nbytes} bytes for {max_rows} rows of {vocab}")
+        stride = SAMPLED_KEY_SLOTS + 1  # a row's keys, then its tau
+        super().__init__(screen, digits, digit_stats, step, max_rows, SAMPLED_KEY_SLOTS, stride, label)
+        kernels = screen.kernels
+        tau = kernels.pipeline(
+            "lm_head_screen_tau",
+            defines=("CLEAR",),
+            WG=TAU_WORKGROUP,
+            KEY_SLOTS=SAMPLED_KEY_SLOTS,
+            KEY_STRIDE=stride,
+            TAU_RANK=TAU_RANK,
+        )
+        self.tau_op = (tau, kernels.device.bind_group(tau, [self.keys], f"{label} tau"), max_rows)
+        self.rescore_ops = screen.head.rescoring(
+            self.upper,
+            self.keys,
+            logits,
+            RESCORE_SLICE,
+            SAMPLED_KEY_SLOTS,
+            vocab,
+            screen.rescore_groups,
+            top_k=True,
+            key_stride=stride,
+            into_logits=True,
+            bounded_by=step,
+        )
+        self.logits = logits
+
+    def record(self, recorder: gpu.Recorder) -> None:
+        """Every live row's logits (the final norm's digits over all rows must be recorded before)."""
+        for pipeline, bind, groups in self.screen_ops:
+            recorder.dispatch(pipeline, bind, groups)
+        recorder.dispatch(*self.tau_op)
+        for pipeline, bind, groups in self.rescore_ops:
+            recorder.dispatch(pipeline, bind, groups, self.max_rows)
 
 
 class ScreenedSampling:

@@ -17,7 +17,7 @@ import numpy as np
 from .. import gpu
 from ..text.sampler import GPU_PENALTY_WINDOW_MAX, GPU_TOP_K_MAX, SamplerSettings
 from .common import KernelCache, ceil_div
-from .head_screen import SAMPLED_KEY_SLOTS, ScreenedArgmax
+from .head_screen import SAMPLED_KEY_SLOTS, ScreenedArgmax, ScreenedVerifyLogits
 from .sampling import SORT_SHAPE, SORT_WIDTH, GPUSampler, candidate_draw_constants
 
 MAX_ROWS = 9  # verify rows: the last token and up to 8 drafted ones
@@ -62,6 +62,7 @@ class SpecSampleAccept(GPUSampler):
         device = kernels.device
         self.device = device
         self.max_rows = max_rows
+        self.logits = logits
         shape = SORT_SHAPE
         self.buffers: list[gpu.Buffer] = []
 
@@ -100,7 +101,7 @@ class SpecSampleAccept(GPUSampler):
         self._screen_args = (kernels, state, decisions, label)
         self.screen: ScreenedArgmax | None = None
         self.screened_draw: tuple[gpu.Pipeline, gpu.BindGroup, int] | None = None  # use_screen builds it
-        self.verify_screen = None  # verify rows are drawn from the F16 head's logits (p(x) of every row)
+        self.verify_screen: ScreenedVerifyLogits | None = None  # use_verify_screen sets it
 
     def use_screen(self, screen: ScreenedArgmax) -> None:
         """Draft-off steps (one row, no draft) may draw their token from `screen`'s candidates
@@ -112,6 +113,22 @@ class SpecSampleAccept(GPUSampler):
         binds = [screen.candidates, self.params, self.state, spec_state, decisions, screen.keys]
         self.screened_draw = (draw, kernels.device.bind_group(draw, binds, f"{label} draw from candidates"), 1)
         self.screen = screen
+
+    def use_verify_screen(self, verify: ScreenedVerifyLogits) -> None:
+        """Verify steps may take their rows' logits from `verify` (`record_rows_screened`), which must
+        write them where this op reads them."""
+        if verify.logits is not self.logits or verify.max_rows != self.max_rows:
+            raise ValueError("speculative sampler: the verify screen must write this op's logits rows")
+        self.verify_screen = verify
+
+    def record_rows_screened(self, recorder: gpu.Recorder, n_rows: int) -> None:
+        """A verify step's decision with its rows' logits from the int8 screen (the step recorded the final
+        norm's digits for every row, not the F16 head): the same tokens as `record(recorder, n_rows)` after
+        the F16 head, for settings ScreenedSampling.serves."""
+        if self.verify_screen is None or n_rows != self.max_rows:
+            raise ValueError(f"speculative sampler: a screened verify step of {n_rows} rows needs use_verify_screen")
+        self.verify_screen.record(recorder)
+        self.record(recorder, n_rows)
 
     def record_screened(self, recorder: gpu.Recorder) -> None:
         """A draft-off step's decision through the screen (the step recorded the final norm's digits,

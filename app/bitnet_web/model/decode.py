@@ -3,8 +3,8 @@ several to a submit; and its speculative form, where each step verifies a prompt
 
 Apart from the math (forward.py), as gpt-fast keeps generate.py apart from model.py. `GPUDecodeLoop`
 is a base class of `BitNetModel`; it uses the model's `_record_step`, `token_ids`, `argmax`, `screened_argmax`,
-`gpu_sampler`, `step`, `step_advance`, `cached_tokens`, `device`, `kv_cache`, `layer_ops` and `_buffers`, and
-owns the staging ring it reads token ids from.
+`logits`, `x_digits`, `x_digit_stats`, `gpu_sampler`, `step`, `step_advance`, `cached_tokens`, `device`,
+`kv_cache`, `layer_ops` and `_buffers`, and owns the staging ring it reads token ids from.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import gpu
 from ..kernels.embedding import Argmax
-from ..kernels.head_screen import ScreenedArgmax, ScreenedSampling, ScreenedVerifyArgmax
+from ..kernels.head_screen import ScreenedArgmax, ScreenedSampling, ScreenedVerifyArgmax, ScreenedVerifyLogits
 from ..kernels.linear import split_min_live_rows
 from ..kernels.sampling import GPUSampler
 from ..kernels.spec_sampling import SpecSampleAccept
@@ -41,10 +41,10 @@ class Acceptance(Protocol):
     """What decides a verify step's output on the GPU: writes out = [n_emitted, tokens...] (SpecBuffers).
     A draft-off step (one row) may decide through an int8 screen instead of logits (`use_screen`, then
     `record_screened`): GreedyAccept, SpecSampleAccept; a verify step's rows too where `verify_screen` is
-    set (GreedyAccept: `record_rows_screened`)."""
+    set (`record_rows_screened`: GreedyAccept the rows' tokens, SpecSampleAccept their logits)."""
 
     screen: ScreenedArgmax | None
-    verify_screen: ScreenedVerifyArgmax | None
+    verify_screen: ScreenedVerifyArgmax | ScreenedVerifyLogits | None
 
     def record(self, recorder: gpu.Recorder, n_rows: int) -> None: ...
 
@@ -91,8 +91,9 @@ class FirstToken:
             device.cancel_read(self.staging)
 
 
-# Greedy verify steps take their rows' tokens through the int8 screen where the model has one
-# (kernels/head_screen.py ScreenedVerifyArgmax: the same tokens as the F16 head's rows)
+# Verify steps take their rows' tokens (greedy) or logits (sampled, for settings ScreenedSampling
+# serves) through the int8 screen where the model has one (kernels/head_screen.py ScreenedVerifyArgmax,
+# ScreenedVerifyLogits: the same tokens as through the F16 head)
 SCREEN_VERIFY_ROWS = True
 MAX_STEPS_PER_SUBMIT = 16  # decode steps one submit may hold (slots of the model's StepAdvance log)
 # Steps of a reply's first submit, at most: the GPU waits for that submit's recording (in a browser
@@ -378,6 +379,12 @@ class GPUDecodeLoop:
             op = SpecSampleAccept(self.kernels, self.logits, buffers.draft, buffers.state, buffers.out, vocab, k + 1)
             if self.screened_argmax is not None:
                 op.use_screen(self.screened_argmax)
+                if SCREEN_VERIFY_ROWS:  # verify rows' logits through the screen too
+                    verify = ScreenedVerifyLogits(
+                        self.screened_argmax, self.logits, self.x_digits, self.x_digit_stats, self.step, k + 1
+                    )
+                    op.use_verify_screen(verify)
+                    self._buffers.extend(verify.buffers)
             self._buffers.extend(op.buffers)
             self._spec_samplers[k] = op
         return op
