@@ -17,9 +17,12 @@ The argmax's row always survives the screen and its logit is the F16 head's bit 
 is exactly `Argmax` over `LMHead`'s logits (ties to the smaller index, NaN never wins). The logits
 buffer is not written. Three dispatches, like LMHead + Argmax.
 
-Greedy speculative verify steps (`ScreenedVerifyArgmax`): the same three passes over all of a step's
-token rows at once, the int8 rows read once for all of them (on the H200 the head of 7 rows takes
-173-182 us against the F16 head's 401). Every row's token is the F16 head's argmax of that row.
+Speculative verify steps screen all of a step's token rows in one pass, the int8 rows read once for
+all of them (`_VerifyScreen`; on the H200 the head of 7 rows takes 173-182 us against the F16 head's
+401): greedy ones then rescore and combine each row (`ScreenedVerifyArgmax`: every row's token is the F16
+head's argmax of that row), sampled ones write each row's logits wherever the sampler's top-k can reach
+and -inf elsewhere (`ScreenedVerifyLogits`, the rule of `ScreenedSampling` below), so the speculative
+sampler draws as from the F16 head's rows.
 
 Sampled steps (`ScreenedSampling`): the screen over SAMPLED_KEY_SLOTS keys, then the rescore's TOPK
 variant lists the F16 logit of every row that can be among the sampler's top candidates
