@@ -510,11 +510,14 @@ def test_verify_rows_over_several_shards_and_steps_in_one_submit():
         verify = VerifyRows(device, table, rows)
         assert len(verify.matrix.shards) == 5 and len(verify.verify.screen_ops) == 5
         verify.step.write(rows, 0, 0)
+        out = device.buffer(4 * rows * v, label="screened logits")  # the sampled form, over the same shards
+        sampled = ScreenedVerifyLogits(verify.screen, out, verify.digits, verify.stats, verify.step, rows)
         steps = [rng.standard_normal((rows, d)).astype(np.float32) for _ in range(3)]
         picks = device.buffer(4 * rows * len(steps), label="picks")
         rec = device.begin()
         for i, xs in enumerate(steps):
             verify.record(rec, xs)
+            sampled.record(rec)
             rec.copy(verify.ids, 0, picks, 4 * rows * i, 4 * rows)
         rec.submit()
         got = device.read_sync(picks, 0, picks.nbytes).view(np.uint32).reshape(len(steps), rows)
@@ -522,6 +525,13 @@ def test_verify_rows_over_several_shards_and_steps_in_one_submit():
         for i, xs in enumerate(steps):
             normed = xs / np.sqrt(np.mean(xs.astype(np.float64) ** 2, axis=1, keepdims=True) + 1e-6)
             assert list(got[i]) == [int(np.argmax(wide @ x)) for x in normed], i
+        # the last step's sampled rows: the F16 head's logits wherever the top TAU_RANK reach, -inf elsewhere
+        f16 = device.read_sync(verify.logits, 0, verify.logits.nbytes).view(np.float32).reshape(rows, v)
+        screened = device.read_sync(out, 0, out.nbytes).view(np.float32).reshape(rows, v)
+        for t in range(rows):
+            kept = np.isfinite(screened[t])
+            assert (screened[t][kept].view(np.uint32) == f16[t][kept].view(np.uint32)).all()
+            assert (screened[t][~kept] == -np.inf).all() and kept[np.argsort(-f16[t])[:TAU_RANK]].all()
     finally:
         device.destroy()
 
