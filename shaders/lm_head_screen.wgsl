@@ -27,7 +27,8 @@
 // cost nothing and set no keys, so the rescore keeps nothing there).
 //   Bindings: 0 table_i8, 1 scales, 2 norms, 3 digits [TOKENS, 2, D16] vec4<u32> (a row's q1, then q2),
 //   4 stats [TOKENS, 4] f32 (s1, s2, A, B), 5 upper [TOKENS, VOCAB] f32, 6 keys [TOKENS, KEY_STRIDE]
-//   atomic<u32> (the first KEY_SLOTS of a row zero before the step: argmax.wgsl's SCREENED combine clears them), 7 params (BOUNDED).
+//   atomic<u32> (a row's first KEY_SLOTS zero before the step: argmax.wgsl's SCREENED combine, a draw or
+//   lm_head_screen_tau.wgsl CLEAR clears them), 7 params (BOUNDED).
 //   Mapping: ROWS rows per workgroup, thread lid takes chunks lid, lid + WG, ..., every weight load
 //   issued first (the rows' scales and norms too, so none waits behind the sums); integer partials are
 //   summed exactly (subgroupAdd, then one slot per subgroup, or per thread without subgroups); thread t
