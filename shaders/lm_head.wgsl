@@ -186,8 +186,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     }
     let n_kept = workgroupUniformLoad(&n_kept_wg);
 //#if TOPK
-    var base = 0u;  // thread 0: where this workgroup's kept rows go in the candidate list
 //#if !LOGITS
+    var base = 0u;  // thread 0: where this workgroup's kept rows go in the candidate list
     if (lid == 0u && n_kept > 0u) {
         base = atomicAdd(&candidates.count, n_kept);
     }

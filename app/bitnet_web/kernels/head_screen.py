@@ -164,8 +164,7 @@ class ScreenedArgmax:
         self.quantize_ops: list[tuple[gpu.Pipeline, gpu.BindGroup, int]] = []
         self.screen_ops: list[tuple[gpu.Pipeline, gpu.BindGroup, int]] = []
         self.sampled_screen_ops: list[tuple[gpu.Pipeline, gpu.BindGroup, int]] = []
-        rescore_groups = self.rescore_groups
-        self.partials = buffer(8 * sum(rescore_groups), "partials")
+        self.partials = buffer(8 * sum(self.rescore_groups), "partials")
         for i, (start, stop, f16_rows) in enumerate(matrix.shards):
             rows = stop - start
             int8_rows = buffer(n_cols * rows, f"int8 rows {start}:{stop}")
@@ -194,7 +193,7 @@ class ScreenedArgmax:
                     (screen, device.bind_group(screen, binds, f"{label} screen {i}"), ceil_div(rows, screen_rows))
                 )
         self.rescore_ops = head.rescoring(
-            self.upper, self.keys, self.partials, RESCORE_SLICE, KEY_SLOTS, vocab_size, rescore_groups
+            self.upper, self.keys, self.partials, RESCORE_SLICE, KEY_SLOTS, vocab_size, self.rescore_groups
         )
         tau = kernels.pipeline(
             "lm_head_screen_tau",
@@ -211,10 +210,10 @@ class ScreenedArgmax:
             RESCORE_SLICE,  # H200: slices of 32-128 rows no faster for a sampled step's ~2,000 kept rows
             SAMPLED_KEY_SLOTS,
             vocab_size,
-            rescore_groups,
+            self.rescore_groups,
             top_k=True,
         )
-        self._combine_args = (kernels, enables, sg, vocab_size, sum(rescore_groups))
+        self._combine_args = (kernels, enables, sg, vocab_size, sum(self.rescore_groups))
         self.label = label
         self.combine = self.combine_into(out_ids, slot)
         self.prepared = False
