@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,10 @@ def browser_egress():
     yield server
     server.stop()
     _BROWSER_OWN.extend(server.lines())
+    if _BROWSER_OWN and os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's terminal summary is not shown
+        warnings.warn(
+            f"requests Chromium made on its own (not the app's; refused by the recorder): {_BROWSER_OWN}", stacklevel=2
+        )
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

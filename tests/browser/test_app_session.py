@@ -256,6 +256,7 @@ def test_second_turn_uses_the_history(bundled, bundled_model):
 
 
 @needs_engine
+@pytest.mark.alone  # pieces in flight at the click: see test_long_page_session.py
 def test_stop_ends_the_reply_within_a_token(bundled):
     page = bundled
     set_settings(page, {**GREEDY_FORM, "max_tokens": "600"}, SYSTEM)

@@ -30,7 +30,9 @@ from browser_helpers import (
     wait_for_new_reply,
 )
 
-pytestmark = [pytest.mark.browser, needs_engine]
+# alone: "Stop ends it" counts the pieces the page receives after the click, which grows when another
+# test's Chromium takes the page's CPU (build.py runs the other browser tests two at a time)
+pytestmark = [pytest.mark.browser, pytest.mark.alone, needs_engine]
 
 TURNS = 40
 # Positive control: a kept PyProxy and a kept JS object must show up in the census.
