@@ -779,21 +779,20 @@ def test(pytest_args: list[str]) -> int:
     # Two pytest processes: pytest-playwright's sync fixtures leave an asyncio loop marked as running
     # in the main thread, which breaks code that runs its own loop (the engine's sync API, Playwright's
     # sync API in the kernel tests) for the rest of the session.
-    # Both run two test files at a time (pytest-xdist). A browser test's model load is ~40 s of SwiftShader
+    # Both run two test files at a time (pytest-xdist): most of a browser test's model load is SwiftShader
     # compiling pipelines on one core of Chromium's GPU process, so a second Chromium uses the core the
-    # first leaves idle (the browser suite in ~22 min instead of ~30; the other tests in ~9 instead of
-    # ~12). Tests marked `alone` bound what the page receives while the worker runs: they run after, one
-    # at a time.
+    # first leaves idle. Tests marked `alone` bound what the page receives while the worker runs: they
+    # run after, one at a time.
     status = 0
     two = ["-n", "2", "--dist", "loadfile"]
-    browser = ["tests/browser", *two, "-m", "not alone"]
-    for selection in (["tests", "--ignore=tests/browser", *two], browser, ["tests/browser", "-m", "alone"]):
+    alone = ["tests/browser", "-m", "alone"]
+    for selection in (["tests", "--ignore=tests/browser", *two], ["tests/browser", *two, "-m", "not alone"], alone):
         # --durations: the slowest tests are listed, to keep the suite within CI's time
         result = subprocess.run(
             [str(python), "-m", "pytest", *selection, "--durations=15", *pytest_args], cwd=ROOT, env=env
         )
         # 5: no test selected, which extra arguments (-k ...) can make of the `alone` run
-        status = status or (0 if result.returncode == 5 and "alone" in selection else result.returncode)
+        status = status or (0 if result.returncode == 5 and selection is alone else result.returncode)
     return status
 
 
